@@ -1,0 +1,3 @@
+from lmzfs.cli import main
+
+raise SystemExit(main())

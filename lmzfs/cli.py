@@ -1,0 +1,216 @@
+"""The `lmz` command line: argument parsing and output only; every operation lives below."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from lmzfs import __version__
+from lmzfs.errors import CorruptChunk
+from lmzfs.progress import ProgressLine, human_bytes
+from lmzfs.store.layout import StoreError, StorePaths, default_store_dir
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 512M or 2G)")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def _store(args) -> StorePaths:
+    return StorePaths(Path(args.store).expanduser() if args.store else default_store_dir())
+
+
+def cmd_add(args) -> int:
+    from lmzfs.store.add import add_model
+    store = _store(args)
+    src = Path(args.path)
+    progress = ProgressLine(f"adding {args.name or src.name}")
+    try:
+        r = add_model(store, src, args.name, progress=progress)
+    finally:
+        progress.finish()
+    saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
+    print(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
+          f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved), {r.reused_chunks} chunk(s) already "
+          f"in the store, {r.seconds:.1f} s")
+    return 0
+
+
+def cmd_ls(args) -> int:
+    from lmzfs.store.catalog import Catalog
+    store = _store(args)
+    if not store.exists():
+        if args.json:
+            print("[]")
+        else:
+            print(f"no store at {store.root} yet (lmz add DIR creates it)")
+        return 0
+    store.check_format()
+    catalog = Catalog(store.catalog, readonly=True)
+    try:
+        if args.model:
+            return _ls_model(catalog, args)
+        usage = catalog.usage()
+    finally:
+        catalog.close()
+    if args.json:
+        print(json.dumps([{"model": u.name, "files": u.files, "logical_bytes": u.logical_bytes,
+                           "stored_bytes": u.stored_bytes, "saved_pct": round(u.saved_pct, 3)} for u in usage],
+                         indent=1))
+        return 0
+    rows = [(u.name, str(u.files), human_bytes(u.logical_bytes), human_bytes(u.stored_bytes), f"{u.saved_pct:.2f}%")
+            for u in usage]
+    _table(("MODEL", "FILES", "LOGICAL", "STORED", "SAVED"), rows)
+    on_disk = sum(p.stat().st_size for p in store.packs.glob("pack-*.lmzp"))
+    on_disk += sum(p.stat().st_size for p in store.root.glob("catalog.sqlite*"))
+    total = sum(u.logical_bytes for u in usage)
+    print(f"\nstore {store.root}: {human_bytes(total)} of model files in {human_bytes(on_disk)} on disk "
+          f"(packs and catalog, shared chunks counted once)")
+    return 0
+
+
+def _ls_model(catalog, args) -> int:
+    if catalog.model(args.model) is None:
+        raise StoreError(f"no model named {args.model!r}")
+    charges = catalog.file_charges(args.model)
+    files = catalog.files(args.model)
+    if args.json:
+        print(json.dumps([{"path": f.path, "size": f.size, "stored_bytes": charges[f.path], "sha256": f.sha256,
+                           "format": f.format} for f in files], indent=1))
+        return 0
+    _table(("FILE", "FORMAT", "SIZE", "STORED", "SAVED"),
+           [(f.path, f.format, human_bytes(f.size), human_bytes(charges[f.path]),
+             f"{100 * (1 - charges[f.path] / f.size):.2f}%" if f.size else "-") for f in files])
+    print("\nSTORED counts each chunk once, against the first file (in this order) that uses it.")
+    return 0
+
+
+def _table(header, rows) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
+    for r in (header, *rows):
+        print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+
+def cmd_rm(args) -> int:
+    from lmzfs.store.remove import remove_models
+    n = remove_models(_store(args), args.models)
+    print(f"removed {', '.join(args.models)} ({n} file(s)); run `lmz gc` to reclaim their space")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    from lmzfs.store.gc import collect_garbage
+    r = collect_garbage(_store(args))
+    print(f"gc: dropped {r.chunks_dropped} unreferenced chunk(s), rewrote into {r.packs_rewritten} pack(s), "
+          f"deleted {r.packs_deleted}; reclaimed {human_bytes(r.reclaimed)}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from lmzfs.store.verify import verify_store
+    progress = ProgressLine("verifying")
+    try:
+        report = verify_store(_store(args), args.model, progress)
+    finally:
+        progress.finish()
+    for d in report.damaged:
+        print(f"DAMAGED {d.model}/{d.path}: {d.reason}")
+    state = "ok" if report.ok else f"{len(report.damaged)} damaged file(s)"
+    print(f"verify: {report.files} file(s), {human_bytes(report.bytes)} decoded and checked: {state}")
+    return 0 if report.ok else 1
+
+
+def cmd_cat(args) -> int:
+    from lmzfs.reader.archive import Archive
+    archive = Archive(_store(args).root, cache_bytes=0)
+    try:
+        entry = _find_entry(archive, args.file)
+        out = sys.stdout.buffer
+        with archive.open(entry) as reader:
+            for off in range(0, entry.size, 1 << 22):
+                out.write(reader.pread(off, 1 << 22))
+        out.flush()
+    finally:
+        archive.close()
+    return 0
+
+
+def _find_entry(archive, spec: str):
+    spec = spec.strip("/")
+    for e in archive.files():
+        if f"{e.model}/{e.path}" == spec:
+            return e
+    raise StoreError(f"{spec}: no such file (give MODEL/PATH as `lmz ls MODEL` shows it)")
+
+
+def cmd_mount(args) -> int:
+    from lmzfs.daemon.mount import mount
+    return mount(Path(args.mountpoint), _store(args).root, foreground=args.foreground,
+                 allow_other=args.allow_other, cache_bytes=args.cache_size, workers=args.workers)
+
+
+def cmd_umount(args) -> int:
+    from lmzfs.daemon.mount import umount
+    return umount(Path(args.mountpoint))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    store_opt = argparse.ArgumentParser(add_help=False)
+    store_opt.add_argument("--store", default=argparse.SUPPRESS, metavar="DIR",
+                           help="store directory (default: $LMZ_STORE, else ~/.local/share/lmzfs)")
+    p = argparse.ArgumentParser(prog="lmz", parents=[store_opt],
+                                description="Keep model files compressed and deduplicated; serve them as ordinary files.")
+    p.add_argument("--version", action="version", version=f"lmzfs {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name, func, help_):
+        sp = sub.add_parser(name, parents=[store_opt], help=help_, description=help_)
+        sp.set_defaults(func=func)
+        return sp
+
+    sp = cmd("add", cmd_add, "pack a model directory (or one file) into the store, losslessly")
+    sp.add_argument("path")
+    sp.add_argument("--name", help="model name (default: the directory's name); 'family/run' names allowed")
+    sp = cmd("ls", cmd_ls, "list models (or one model's files) with logical and stored sizes")
+    sp.add_argument("model", nargs="?")
+    sp.add_argument("--json", action="store_true")
+    sp = cmd("rm", cmd_rm, "remove models from the store (space returns with `lmz gc`)")
+    sp.add_argument("models", nargs="+", metavar="MODEL")
+    cmd("gc", cmd_gc, "reclaim space of removed models and interrupted adds")
+    sp = cmd("verify", cmd_verify, "decode and check every chunk and file; exit 1 if anything is damaged")
+    sp.add_argument("model", nargs="?")
+    sp = cmd("cat", cmd_cat, "write a stored file to stdout")
+    sp.add_argument("file", metavar="MODEL/FILE")
+    sp = cmd("mount", cmd_mount, "serve every stored model as read-only files under MOUNTPOINT")
+    sp.add_argument("mountpoint")
+    sp.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground (for systemd and debugging)")
+    sp.add_argument("--allow-other", action="store_true", help="let other users read the mount (needs user_allow_other)")
+    sp.add_argument("--cache-size", type=parse_size, default=256 << 20, metavar="SIZE",
+                    help="bytes of decoded chunks kept in memory (default 256M)")
+    sp.add_argument("--workers", type=int, default=None, help="parallel decodes (default: CPU count)")
+    sp = cmd("umount", cmd_umount, "unmount a mount made by `lmz mount`")
+    sp.add_argument("mountpoint")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not hasattr(args, "store"):
+        args.store = None
+    try:
+        return args.func(args)
+    except (StoreError, CorruptChunk) as exc:
+        print(f"lmz: {exc.strerror if isinstance(exc, CorruptChunk) else exc}", file=sys.stderr)
+        return 1 if isinstance(exc, CorruptChunk) else 2
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        print("lmz: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,83 @@
+"""The codec interface every codec module implements, and the varint used by payload headers."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+class CodecError(ValueError):
+    """A payload is corrupt, truncated, of an unknown codec or version, or decodes to the wrong size."""
+
+
+@dataclass(frozen=True)
+class ChunkHint:
+    """What the chunker knows about a chunk's bytes; codecs use it to choose a transform.
+
+    dtype is the Segment dtype ("F32", "BF16", "Q4_1", ...) or None for headers and opaque data;
+    itemsize is the element size in bytes (0 when unknown or block-quantised).
+    """
+
+    dtype: str | None = None
+    itemsize: int = 0
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+class Codec(ABC):
+    """One reversible transform of a chunk's bytes.
+
+    ``id`` is recorded in every payload and is stable forever: never reuse or renumber one.
+    A codec is stateless apart from encode-side settings (such as a compression level) that the
+    decoder does not need; anything the decoder needs goes into ``params``.
+    """
+
+    id: int
+    name: str
+
+    @abstractmethod
+    def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
+        """Return ``(params, body)`` for ``data``; the decoder is given both plus ``len(data)``."""
+
+    @abstractmethod
+    def decode(self, params: Buffer, body: Buffer, size: int) -> bytes:
+        """Return exactly ``size`` bytes, or raise CodecError. Never allocate much more than ``size``."""
+
+    def __repr__(self) -> str:
+        return f"<codec {self.name} id={self.id}>"
+
+
+# --- unsigned LEB128 varints, canonical (minimal) form only -----------------------------------
+
+VARINT_MAX_BYTES = 10  # enough for any value < 2**64
+
+
+def put_varint(value: int) -> bytes:
+    if value < 0 or value >= 1 << 64:
+        raise ValueError(f"varint out of range: {value}")
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def get_varint(buf: Buffer, pos: int, what: str) -> tuple[int, int]:
+    """Decode a canonical varint at ``buf[pos:]``; return ``(value, new_pos)`` or raise CodecError."""
+    value = 0
+    shift = 0
+    end = len(buf)
+    for i in range(VARINT_MAX_BYTES):
+        if pos + i >= end:
+            raise CodecError(f"truncated payload: {what} varint runs past the end")
+        b = buf[pos + i]
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            if b == 0 and i > 0:
+                raise CodecError(f"non-canonical {what} varint (redundant trailing zero group)")
+            if value >= 1 << 64:
+                raise CodecError(f"{what} varint exceeds 64 bits")
+            return value, pos + i + 1
+        shift += 7
+    raise CodecError(f"{what} varint longer than {VARINT_MAX_BYTES} bytes")

@@ -1,0 +1,38 @@
+"""A one-line progress display on stderr, shown only when stderr is a terminal."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+class ProgressLine:
+    def __init__(self, label: str, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.label = label
+        self.started = time.monotonic()
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self._last < 0.2 and done < total):
+            return
+        self._last = now
+        rate = done / max(now - self.started, 1e-6)
+        pct = 100.0 * done / total if total else 100.0
+        self.stream.write(f"\r{self.label}: {pct:5.1f}%  {human_bytes(done)} / {human_bytes(total)}  "
+                          f"{human_bytes(rate)}/s   ")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()

@@ -1,0 +1,215 @@
+"""`lmz add`: pack a model directory (or one file) into the store, atomically.
+
+Order of durability: chunk payloads are appended to packs and fsync'd first; only then does one
+catalog transaction make the model, its files, extents and new chunks visible. A process killed
+before that commit leaves only dead bytes at the end of a pack, which `lmz gc` reclaims.
+"""
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import stat
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from lmzfs.chunker import plan_chunks
+from lmzfs.codecs import encode_chunk
+from lmzfs.formats import parse_file
+from lmzfs.store.catalog import Catalog
+from lmzfs.store.layout import StoreError, StorePaths
+from lmzfs.store.lock import WriterLock
+from lmzfs.store.names import validate_file_path, validate_model_name
+from lmzfs.store.packs import PackWriter
+
+Progress = Callable[[int, int], None]     # (bytes done, bytes total)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    rel: str          # path inside the model, "/"-separated
+    path: Path        # where to read it (a symlink's target, when it stays inside the source)
+
+
+@dataclass
+class AddResult:
+    name: str
+    files: int = 0
+    logical_bytes: int = 0
+    new_chunks: int = 0
+    new_payload_bytes: int = 0
+    reused_chunks: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _NewChunk:
+    chunk_id: bytes
+    size: int
+    codec: str
+    pack: int
+    offset: int
+    length: int
+
+
+@dataclass
+class _FilePlan:
+    rel: str
+    size: int
+    mtime: float
+    sha256: str
+    format: str
+    extents: list[tuple[int, bytes]] = field(default_factory=list)   # (plain offset, chunk id)
+
+
+def default_model_name(source: Path) -> str:
+    source = source.resolve()
+    return source.name if source.is_dir() else source.stem
+
+
+def collect_sources(source: Path) -> list[SourceFile]:
+    """The regular files to add, refusing anything that would read outside `source`."""
+    if not source.exists():
+        raise StoreError(f"{source}: no such file or directory")
+    if source.is_file():
+        return [SourceFile(validate_file_path(source.name), source)]
+    if not source.is_dir():
+        raise StoreError(f"{source}: not a regular file or directory")
+    root = source.resolve()
+    found: list[SourceFile] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            st = os.lstat(full)
+            target = full
+            if stat.S_ISLNK(st.st_mode):
+                target = full.resolve()
+                if target != root and root not in target.parents:
+                    raise StoreError(f"{source}/{rel} is a symlink to {os.readlink(full)}, outside the added "
+                                     f"directory; copy the file in or add its target directory instead")
+                if target.is_dir():
+                    raise StoreError(f"{source}/{rel} is a symlink to a directory; only files are added")
+                st = os.stat(target)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError(f"{source}/{rel} is not a regular file (fifo, socket or device); remove it first")
+            found.append(SourceFile(validate_file_path(rel), target))
+    if not found:
+        raise StoreError(f"{source}: no files to add")
+    return found
+
+
+def check_name_free(catalog: Catalog, name: str) -> None:
+    for m in catalog.models():
+        if m.name == name:
+            raise StoreError(f"model {name!r} already exists (`lmz rm {name}` first, or choose --name)")
+        if m.name.startswith(name + "/") or name.startswith(m.name + "/"):
+            raise StoreError(f"model {name!r} would nest with existing model {m.name!r}; pick a sibling name")
+
+
+def add_model(store: StorePaths, source: Path, name: str | None = None, *,
+              progress: Progress | None = None, workers: int | None = None) -> AddResult:
+    name = validate_model_name(name or default_model_name(source))
+    sources = collect_sources(source)
+    store.create()
+    store.check_format()
+    started = time.monotonic()
+    with WriterLock(store.lock):
+        catalog = Catalog(store.catalog)
+        try:
+            check_name_free(catalog, name)
+            result = AddResult(name)
+            total = sum(os.stat(s.path).st_size for s in sources)
+            writer = PackWriter(store, *catalog.pack_ids())
+            try:
+                new: dict[bytes, _NewChunk] = {}
+                plans: list[_FilePlan] = []
+                done = 0
+                workers = workers or os.cpu_count() or 2
+                with ThreadPoolExecutor(max_workers=workers) as pool:
+                    for src in sources:
+                        plan = _add_file(src, catalog, writer, pool, 2 * workers + 2, new, result,
+                                         lambda n: progress and progress(done + n, total))
+                        done += plan.size
+                        plans.append(plan)
+                writer.sync()
+                _commit(catalog, name, str(source.resolve()), plans, new, writer)
+            finally:
+                writer.close()
+        finally:
+            catalog.close()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _add_file(src: SourceFile, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor, limit: int,
+              new: dict[bytes, _NewChunk], result: AddResult, progress: Callable[[int], None]) -> _FilePlan:
+    with open(src.path, "rb") as f:
+        before = os.fstat(f.fileno())
+        layout = parse_file(src.path)
+        if layout.size != before.st_size:
+            raise StoreError(f"{src.path} changed size while being added")
+        plan = _FilePlan(src.rel, before.st_size, before.st_mtime, "", layout.format)
+        whole = hashlib.sha256()
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if before.st_size else None
+        try:
+            window: deque[tuple[bytes, int, Future]] = deque()
+
+            def drain(keep: int) -> None:
+                while len(window) > keep:
+                    cid, size, fut = window.popleft()
+                    encoded = fut.result()
+                    loc = writer.append(cid, encoded.payload)
+                    new[cid] = _NewChunk(cid, size, encoded.codec, loc.pack, loc.offset, loc.length)
+                    result.new_payload_bytes += loc.length
+
+            pending: set[bytes] = set()
+            for cp in plan_chunks(layout):
+                data = memoryview(mm)[cp.offset:cp.offset + cp.length]
+                whole.update(data)
+                cid = hashlib.sha256(data).digest()
+                plan.extents.append((cp.offset, cid))
+                if cid in new or cid in pending or catalog.has_chunk(cid):
+                    result.reused_chunks += 1
+                else:
+                    pending.add(cid)
+                    result.new_chunks += 1
+                    window.append((cid, cp.length, pool.submit(encode_chunk, bytes(data), cp.hint)))
+                    drain(limit)
+                del data
+                progress(cp.offset + cp.length)
+            drain(0)
+        finally:
+            if mm is not None:
+                mm.close()
+        after = os.fstat(f.fileno())
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            raise StoreError(f"{src.path} changed while being added; try again when it is stable")
+    plan.sha256 = whole.hexdigest()
+    result.files += 1
+    result.logical_bytes += plan.size
+    return plan
+
+
+def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
+            new: dict[bytes, _NewChunk], writer: PackWriter) -> None:
+    with catalog.transaction() as db:
+        db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs) VALUES (?,?,?,?,?,?,0)",
+                       [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length) for c in new.values()])
+        model_id = db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
+                              (name, time.time(), source)).lastrowid
+        refs: dict[bytes, int] = {}
+        for p in plans:
+            file_id = db.execute("INSERT INTO files (model, path, size, mtime, sha256, format) VALUES (?,?,?,?,?,?)",
+                                 (model_id, p.rel, p.size, p.mtime, p.sha256, p.format)).lastrowid
+            db.executemany("INSERT INTO extents (file, seq, offset, chunk) VALUES (?,?,?,?)",
+                           [(file_id, i, off, cid) for i, (off, cid) in enumerate(p.extents)])
+            for _, cid in p.extents:
+                refs[cid] = refs.get(cid, 0) + 1
+        db.executemany("UPDATE chunks SET refs = refs + ? WHERE id = ?", [(n, cid) for cid, n in refs.items()])
+        Catalog.record_pack_ids(db, writer.pack_id, max(writer.touched))

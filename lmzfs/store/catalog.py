@@ -1,0 +1,231 @@
+"""The SQLite catalog: models, their files, each file's extents, and the chunks they point at.
+
+Writers hold the store's WriterLock and change the catalog only in single transactions, so a
+model appears whole or not at all. Readers open their own connection and never block writers
+(WAL mode).
+"""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmzfs.store.layout import StoreError
+from lmzfs.store.packs import ChunkLocation
+
+CATALOG_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS models (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    added REAL NOT NULL,
+    source TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY,
+    model INTEGER NOT NULL REFERENCES models(id),
+    path TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    mtime REAL NOT NULL,
+    sha256 TEXT NOT NULL,
+    format TEXT NOT NULL,
+    UNIQUE (model, path)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id BLOB PRIMARY KEY,          -- SHA-256 of the plain bytes
+    size INTEGER NOT NULL,        -- plain size
+    codec TEXT NOT NULL,
+    pack INTEGER NOT NULL,
+    offset INTEGER NOT NULL,      -- of the payload inside the pack
+    length INTEGER NOT NULL,      -- payload length
+    refs INTEGER NOT NULL         -- extents pointing here; 0 = garbage until `lmz gc`
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS extents (
+    file INTEGER NOT NULL REFERENCES files(id),
+    seq INTEGER NOT NULL,
+    offset INTEGER NOT NULL,      -- in the plain file
+    chunk BLOB NOT NULL REFERENCES chunks(id),
+    PRIMARY KEY (file, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS chunks_by_pack ON chunks(pack);
+"""
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    id: int
+    name: str
+    added: float
+    source: str
+
+
+@dataclass(frozen=True)
+class FileRow:
+    id: int
+    model: str
+    path: str
+    size: int
+    mtime: float
+    sha256: str
+    format: str
+
+
+@dataclass(frozen=True)
+class Extent:
+    offset: int          # in the plain file
+    size: int            # plain size of the chunk
+    chunk_id: bytes
+    codec: str
+    location: ChunkLocation
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    name: str
+    files: int
+    logical_bytes: int
+    stored_bytes: int    # payload bytes of the distinct chunks the model references
+
+    @property
+    def saved_pct(self) -> float:
+        return 100.0 * (1 - self.stored_bytes / self.logical_bytes) if self.logical_bytes else 0.0
+
+
+class Catalog:
+    """A connection to the catalog with the queries the store, the reader and the CLI need."""
+
+    def __init__(self, path: Path, *, readonly: bool = False):
+        self.path = path
+        if readonly and not path.exists():
+            raise StoreError(f"catalog {path} is missing")
+        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        try:
+            self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA busy_timeout=30000")
+            if not readonly:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=FULL")
+                self.db.executescript(SCHEMA)
+                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('catalog_version', ?)", (str(CATALOG_VERSION),))
+            version = self.db.execute("SELECT value FROM meta WHERE key='catalog_version'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"catalog {path} is unreadable: {exc}") from exc
+        if version is None or version[0] != str(CATALOG_VERSION):
+            raise StoreError(f"catalog {path}: version {version and version[0]} is not supported "
+                             f"(this lmzfs reads version {CATALOG_VERSION})")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def transaction(self) -> "_Transaction":
+        return _Transaction(self.db)
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits (SQLite's own counter); cheap to poll."""
+        return self.db.execute("PRAGMA data_version").fetchone()[0]
+
+    # -- models and files -------------------------------------------------------------------
+    def models(self) -> list[ModelRow]:
+        return [ModelRow(*r) for r in self.db.execute("SELECT id, name, added, source FROM models ORDER BY name")]
+
+    def model(self, name: str) -> ModelRow | None:
+        r = self.db.execute("SELECT id, name, added, source FROM models WHERE name=?", (name,)).fetchone()
+        return ModelRow(*r) if r else None
+
+    def files(self, model: str | None = None) -> list[FileRow]:
+        q = ("SELECT f.id, m.name, f.path, f.size, f.mtime, f.sha256, f.format "
+             "FROM files f JOIN models m ON m.id = f.model")
+        rows = self.db.execute(q + " WHERE m.name=? ORDER BY f.path", (model,)) if model is not None \
+            else self.db.execute(q + " ORDER BY m.name, f.path")
+        return [FileRow(*r) for r in rows]
+
+    def file_by_id(self, file_id: int) -> FileRow | None:
+        r = self.db.execute("SELECT f.id, m.name, f.path, f.size, f.mtime, f.sha256, f.format FROM files f "
+                            "JOIN models m ON m.id = f.model WHERE f.id=?", (file_id,)).fetchone()
+        return FileRow(*r) if r else None
+
+    def extents(self, file_id: int) -> list[Extent]:
+        rows = self.db.execute(
+            "SELECT e.offset, c.size, c.id, c.codec, c.pack, c.offset, c.length FROM extents e "
+            "JOIN chunks c ON c.id = e.chunk WHERE e.file=? ORDER BY e.seq", (file_id,))
+        return [Extent(o, s, cid, codec, ChunkLocation(p, po, pl)) for o, s, cid, codec, p, po, pl in rows]
+
+    def file_storage(self) -> dict[int, tuple[int, str]]:
+        """file id -> (payload bytes of its distinct chunks, comma-separated codec names)."""
+        out: dict[int, tuple[int, str]] = {}
+        rows = self.db.execute(
+            "SELECT file, SUM(length), GROUP_CONCAT(codec) FROM "
+            "(SELECT DISTINCT e.file, c.id, c.length, c.codec FROM extents e JOIN chunks c ON c.id = e.chunk) "
+            "GROUP BY file")
+        for fid, stored, codecs in rows:
+            out[fid] = (stored or 0, ",".join(sorted(set((codecs or "").split(",")) - {""})))
+        return out
+
+    def usage(self) -> list[ModelUsage]:
+        logical = {n: (c, s) for n, c, s in self.db.execute(
+            "SELECT m.name, COUNT(f.id), COALESCE(SUM(f.size), 0) FROM models m "
+            "LEFT JOIN files f ON f.model = m.id GROUP BY m.id")}
+        stored = dict(self.db.execute(
+            "SELECT name, SUM(length) FROM (SELECT DISTINCT m.name, c.id, c.length FROM models m "
+            "JOIN files f ON f.model = m.id JOIN extents e ON e.file = f.id JOIN chunks c ON c.id = e.chunk) "
+            "GROUP BY name"))
+        return [ModelUsage(n, c, s, stored.get(n) or 0) for n, (c, s) in sorted(logical.items())]
+
+    def file_charges(self, model: str) -> dict[str, int]:
+        """Per file of a model, payload bytes of the chunks it is the first (in path order) to use.
+
+        A file whose every chunk already serves an earlier file of the model costs nothing."""
+        seen: set[bytes] = set()
+        out: dict[str, int] = {}
+        for f in self.files(model):
+            cost = 0
+            for cid, length in self.db.execute(
+                    "SELECT c.id, c.length FROM extents e JOIN chunks c ON c.id = e.chunk WHERE e.file=?", (f.id,)):
+                if cid not in seen:
+                    seen.add(cid)
+                    cost += length
+            out[f.path] = cost
+        return out
+
+    # -- chunks -----------------------------------------------------------------------------
+    def has_chunk(self, chunk_id: bytes) -> bool:
+        return self.db.execute("SELECT 1 FROM chunks WHERE id=?", (chunk_id,)).fetchone() is not None
+
+    def chunk_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+
+    def pack_ids(self) -> tuple[int | None, int]:
+        """(the pack adds append to, or None; one above the highest pack id ever committed)."""
+        meta = dict(self.db.execute("SELECT key, value FROM meta WHERE key IN ('last_pack', 'pack_high')"))
+        last = int(meta["last_pack"]) if "last_pack" in meta else None
+        return last, int(meta.get("pack_high", 0)) + 1
+
+    @staticmethod
+    def record_pack_ids(db: sqlite3.Connection, last: int | None, high: int) -> None:
+        """Inside a write transaction: remember the append target and the id high-water mark."""
+        if last is None:
+            db.execute("DELETE FROM meta WHERE key = 'last_pack'")
+        else:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('last_pack', ?)", (str(last),))
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('pack_high', "
+                   "MAX(?, COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'pack_high'), 0)))",
+                   (high,))
+
+    def total_logical(self) -> tuple[int, int]:
+        return self.db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM files").fetchone()
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,27 @@
+"""Read one chunk back: payload from its pack, decode, and check the plain bytes against the id.
+
+The one place where stored bytes become plain bytes; the reader, `lmz verify` and `lmz cat` all
+go through it, so nothing can hand out bytes that were not checked.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from lmzfs.codecs import CodecError, decode_chunk
+from lmzfs.errors import CorruptChunk
+from lmzfs.store.catalog import Extent
+from lmzfs.store.packs import PackDamaged, read_payload
+
+
+def read_chunk(fd: int, extent: Extent) -> bytes:
+    try:
+        payload = read_payload(fd, extent.chunk_id, extent.location)
+        plain = decode_chunk(payload, extent.size)
+    except (PackDamaged, CodecError) as exc:
+        raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: {exc}") from exc
+    except OSError as exc:
+        raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: cannot read pack {extent.location.pack}: "
+                           f"{exc.strerror or exc}") from exc
+    if len(plain) != extent.size or hashlib.sha256(plain).digest() != extent.chunk_id:
+        raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: decoded bytes do not match the chunk's hash")
+    return plain

@@ -1,0 +1,88 @@
+"""Where a store lives on disk and how it is recognised.
+
+    STORE/
+      FORMAT              "lmzfs-store 1\n": the store layout version; unknown versions are refused
+      catalog.sqlite      models, files, extents, chunks (SQLite, WAL)
+      packs/pack-NNNNNNNN.lmzp   append-only chunk payloads
+      lock                flock(2) target that serialises writers
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+STORE_FORMAT = "lmzfs-store"
+STORE_VERSION = 1
+
+
+class StoreError(RuntimeError):
+    """A user-facing failure of a store operation; the CLI prints its message, without a traceback."""
+
+
+def default_store_dir() -> Path:
+    env = os.environ.get("LMZ_STORE")
+    if env:
+        return Path(env)
+    return Path.home() / ".local" / "share" / "lmzfs"
+
+
+@dataclass(frozen=True)
+class StorePaths:
+    root: Path
+
+    @property
+    def format_file(self) -> Path:
+        return self.root / "FORMAT"
+
+    @property
+    def catalog(self) -> Path:
+        return self.root / "catalog.sqlite"
+
+    @property
+    def packs(self) -> Path:
+        return self.root / "packs"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "lock"
+
+    def pack(self, pack_id: int) -> Path:
+        return self.packs / f"pack-{pack_id:08d}.lmzp"
+
+    def exists(self) -> bool:
+        return self.format_file.is_file()
+
+    def check_format(self) -> None:
+        """Refuse a directory that is not a store, or a store of a version this code does not know."""
+        if not self.exists():
+            raise StoreError(f"no lmzfs store at {self.root} (run `lmz add` to create one, or pass --store)")
+        text = self.format_file.read_text(errors="replace").strip()
+        name, _, version = text.partition(" ")
+        if name != STORE_FORMAT or not version.isdigit():
+            raise StoreError(f"{self.format_file}: not an lmzfs store marker: {text[:60]!r}")
+        if int(version) != STORE_VERSION:
+            raise StoreError(f"{self.root}: store format version {version} is not supported "
+                             f"(this lmzfs reads version {STORE_VERSION})")
+
+    def create(self) -> None:
+        """Create an empty store directory (idempotent); the marker is written last, durably."""
+        self.packs.mkdir(parents=True, exist_ok=True)
+        if self.exists():
+            self.check_format()
+            return
+        tmp = self.root / "FORMAT.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{STORE_FORMAT} {STORE_VERSION}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.format_file)
+        fsync_dir(self.root)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,35 @@
+"""Model names: "minilm", or "run1/step-1000" for families. They become directories in the mount."""
+from __future__ import annotations
+
+from lmzfs.store.layout import StoreError
+
+MAX_NAME = 255
+RESERVED_TOP = (".lmzfs",)   # the mount keeps this top-level name for its own virtual files
+
+
+def validate_model_name(name: str) -> str:
+    if not name:
+        raise StoreError("model name is empty")
+    if len(name.encode()) > MAX_NAME:
+        raise StoreError(f"model name is longer than {MAX_NAME} bytes")
+    if name.startswith("/"):
+        raise StoreError(f"model name {name!r} is absolute; use a relative name such as 'llama' or 'run1/step-1000'")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise StoreError(f"model name {name!r} contains a control character")
+    if "\\" in name:
+        raise StoreError(f"model name {name!r} contains a backslash")
+    parts = name.split("/")
+    for p in parts:
+        if p in ("", ".", ".."):
+            raise StoreError(f"model name {name!r} has an empty, '.' or '..' component")
+    if parts[0] in RESERVED_TOP:
+        raise StoreError(f"model name {name!r} uses the reserved top-level name {parts[0]!r}")
+    return name
+
+
+def validate_file_path(path: str) -> str:
+    """A path inside a model, as found by walking the added directory."""
+    parts = path.split("/")
+    if not path or any(p in ("", ".", "..") for p in parts) or "\x00" in path:
+        raise StoreError(f"unusable file path {path!r}")
+    return path

@@ -1,0 +1,126 @@
+"""Append-only pack files holding encoded chunk payloads.
+
+A pack starts with a 16-byte header (magic, version) and then holds records back to back:
+
+    b"LZCK" | chunk id (32 bytes, SHA-256 of the plain bytes) | u32 LE payload length | payload
+
+The catalog records (pack id, payload offset, payload length) for each chunk; the record header
+makes a pack self-describing so damage can be told from a catalog mismatch, and so a pack can be
+scanned without the catalog. Bytes appended by an add that never committed are dead space that
+`lmz gc` reclaims.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmzfs.store.layout import StorePaths, StoreError, fsync_dir
+
+PACK_MAGIC = b"LMZPACK\x00"
+PACK_VERSION = 1
+PACK_HEADER = PACK_MAGIC + struct.pack("<II", PACK_VERSION, 0)
+RECORD_MAGIC = b"LZCK"
+RECORD_HEADER = struct.Struct("<4s32sI")          # magic, chunk id, payload length
+MAX_PACK_BYTES = 1 << 30                          # start a new pack past this size
+
+
+class PackDamaged(OSError):
+    """A record cannot be read back as the catalog describes it."""
+
+
+@dataclass(frozen=True)
+class ChunkLocation:
+    pack: int
+    offset: int       # of the payload, not of the record header
+    length: int
+
+
+def check_pack_header(fd: int, path: Path) -> None:
+    head = os.pread(fd, len(PACK_HEADER), 0)
+    if head[:8] != PACK_MAGIC:
+        raise PackDamaged(f"{path}: not an lmzfs pack file")
+    version = struct.unpack("<I", head[8:12])[0] if len(head) >= 12 else -1
+    if version != PACK_VERSION:
+        raise PackDamaged(f"{path}: pack version {version} is not supported")
+
+
+def read_payload(fd: int, chunk_id: bytes, loc: ChunkLocation) -> bytes:
+    """Read one payload and check its record header names this chunk and length."""
+    start = loc.offset - RECORD_HEADER.size
+    raw = os.pread(fd, RECORD_HEADER.size + loc.length, start)
+    if len(raw) != RECORD_HEADER.size + loc.length:
+        raise PackDamaged(f"pack {loc.pack}: record at {start} is truncated")
+    magic, rid, length = RECORD_HEADER.unpack_from(raw)
+    if magic != RECORD_MAGIC or rid != chunk_id or length != loc.length:
+        raise PackDamaged(f"pack {loc.pack}: record at {start} does not hold chunk {chunk_id.hex()[:16]}")
+    return raw[RECORD_HEADER.size:]
+
+
+class PackWriter:
+    """Appends records for one add or gc; `sync()` makes everything appended so far durable."""
+
+    def __init__(self, paths: StorePaths, append_to: int | None, next_new: int):
+        """Append to pack `append_to` if it exists and has room, else create pack `next_new` (or the
+        first free id above it: ids are never reused while a committed catalog could name them)."""
+        self._paths = paths
+        self._next_new = next_new
+        self._fd: int | None = None
+        self._size = 0
+        self.touched: list[int] = []
+        path = paths.pack(append_to) if append_to is not None else None
+        if path is not None and path.exists() and path.stat().st_size < MAX_PACK_BYTES:
+            fd = os.open(path, os.O_RDWR)
+            check_pack_header(fd, path)
+            self._fd, self._pack_id, self._size = fd, append_to, os.fstat(fd).st_size
+            self.touched.append(append_to)
+        else:
+            self._create()
+
+    def _create(self) -> None:
+        pack_id = self._next_new
+        while True:
+            try:
+                fd = os.open(self._paths.pack(pack_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                break
+            except FileExistsError:
+                pack_id += 1
+        os.write(fd, PACK_HEADER)
+        os.fsync(fd)
+        fsync_dir(self._paths.packs)
+        self._fd, self._pack_id, self._size = fd, pack_id, len(PACK_HEADER)
+        self._next_new = pack_id + 1
+        self.touched.append(pack_id)
+
+    def append(self, chunk_id: bytes, payload: bytes) -> ChunkLocation:
+        if self._size >= MAX_PACK_BYTES:
+            self.sync()
+            os.close(self._fd)
+            self._create()
+        record = RECORD_HEADER.pack(RECORD_MAGIC, chunk_id, len(payload))
+        offset = self._size
+        try:
+            n = os.pwrite(self._fd, record + payload, offset)
+        except OSError as exc:
+            raise StoreError(f"cannot write to pack {self._pack_id}: {exc.strerror}") from exc
+        if n != len(record) + len(payload):
+            raise StoreError(f"short write to pack {self._pack_id} (disk full?)")
+        self._size += n
+        return ChunkLocation(self._pack_id, offset + RECORD_HEADER.size, len(payload))
+
+    @property
+    def pack_id(self) -> int:
+        return self._pack_id
+
+    def sync(self) -> None:
+        if self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise StoreError(f"cannot make pack {self._pack_id} durable: {exc.strerror}") from exc
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
