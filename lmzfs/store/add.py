@@ -114,7 +114,7 @@ def check_name_free(catalog: Catalog, name: str) -> None:
 
 def add_model(store: StorePaths, source: Path, name: str | None = None, *,
               progress: Progress | None = None, workers: int | None = None) -> AddResult:
-    name = validate_model_name(name or default_model_name(source))
+    name = validate_model_name(default_model_name(source) if name is None else name)
     sources = collect_sources(source)
     store.create()
     store.check_format()

@@ -1,0 +1,339 @@
+"""Store layer: add, ls, rm, gc, verify, crash safety and damage, called as functions and via the CLI."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmzfs.cli import main as lmz
+from lmzfs.errors import CorruptChunk
+from lmzfs.reader import Archive
+from lmzfs.store.add import add_model
+from lmzfs.store.catalog import Catalog
+from lmzfs.store.gc import collect_garbage
+from lmzfs.store.layout import StoreError, StorePaths
+from lmzfs.store.remove import remove_models
+from lmzfs.store.verify import verify_store
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def small_model(d: Path, seed: int = 0, mib: int = 3) -> Path:
+    """A synthetic safetensors model (weights are random normal FP32) plus a config file."""
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(seed)
+    d.mkdir(parents=True, exist_ok=True)
+    n = mib * (1 << 18)
+    save_file({"w": rng.standard_normal(n, dtype=np.float32), "b": rng.standard_normal(384, dtype=np.float32)},
+              str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"seed": seed, "hidden": 384}))
+    return d
+
+
+def model_names(store: StorePaths) -> list[str]:
+    cat = Catalog(store.catalog, readonly=True)
+    try:
+        return [m.name for m in cat.models()]
+    finally:
+        cat.close()
+
+
+def pack_bytes(store: StorePaths) -> int:
+    return sum(p.stat().st_size for p in store.packs.glob("pack-*.lmzp"))
+
+
+def read_all(store_dir: Path) -> dict[str, bytes]:
+    archive = Archive(store_dir)
+    try:
+        out = {}
+        for e in archive.files():
+            with archive.open(e) as r:
+                out[f"{e.model}/{e.path}"] = r.pread(0, e.size)
+        return out
+    finally:
+        archive.close()
+
+
+def test_a_real_model_dir_round_trips_and_the_copy_costs_no_payload(model_dir, store_dir, capsys):
+    store = StorePaths(store_dir)
+    result = add_model(store, model_dir, "real")
+    assert result.files == 4
+    served = read_all(store_dir)
+    for rel in ("model.safetensors", "model.gguf", "sub/copy-of-model.safetensors", "tokenizer.json"):
+        assert hashlib.sha256(served[f"real/{rel}"]).hexdigest() == sha(model_dir / rel)
+    assert lmz(["--store", str(store_dir), "ls", "real", "--json"]) == 0
+    files = {f["path"]: f for f in json.loads(capsys.readouterr().out)}
+    # Charges go in path order: the original comes first, its copy under sub/ costs nothing.
+    assert files["sub/copy-of-model.safetensors"]["stored_bytes"] == 0
+    assert files["model.safetensors"]["stored_bytes"] > 0
+    assert lmz(["--store", str(store_dir), "ls", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["model"] == "real" and row["files"] == 4
+    assert row["stored_bytes"] == sum(f["stored_bytes"] for f in files.values())
+    assert row["stored_bytes"] < row["logical_bytes"] - (model_dir / "model.safetensors").stat().st_size
+
+
+def test_identical_tensors_in_two_models_are_stored_once(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    a = small_model(tmp_path / "a", seed=1)
+    add_model(store, a, "one")
+    before = pack_bytes(store)
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "renamed.safetensors").write_bytes((a / "model.safetensors").read_bytes())
+    r = add_model(store, b, "two")
+    assert r.new_chunks == 0 and r.new_payload_bytes == 0
+    assert pack_bytes(store) == before
+
+
+def test_a_2000_random_preads_equal_the_original(model_dir, store_dir):
+    add_model(StorePaths(store_dir), model_dir, "m")
+    rng = random.Random(7)
+    archive = Archive(store_dir, cache_bytes=8 << 20)
+    try:
+        for e in archive.files():
+            original = (model_dir / e.path).read_bytes()
+            with archive.open(e) as r:
+                for _ in range(2000 // 4):
+                    off = rng.randrange(0, e.size + 10)
+                    n = rng.choice([1, 7, 4096, 131072, 1 << 20, 3 << 20])
+                    assert r.pread(off, n) == original[off:off + n]
+        assert archive.cache.size_bytes <= 8 << 20
+    finally:
+        archive.close()
+
+
+@pytest.mark.parametrize("name", ["", "/abs", "a/../b", "..", "a//b", "x\ny", "a\x00b", ".lmzfs", "./a", "a/"])
+def test_bad_model_names_are_refused_before_anything_is_written(tmp_path, store_dir, name):
+    src = small_model(tmp_path / "src", mib=1)
+    with pytest.raises(StoreError):
+        add_model(StorePaths(store_dir), src, name)
+    assert not (store_dir / "catalog.sqlite").exists()
+
+
+def test_family_names_nest_but_a_name_may_not_be_both_a_model_and_a_family(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    src = small_model(tmp_path / "src", mib=1)
+    add_model(store, src, "run1/step-1000")
+    add_model(store, src, "run1/step-2000")
+    with pytest.raises(StoreError, match="nest"):
+        add_model(store, src, "run1")
+    with pytest.raises(StoreError, match="already exists"):
+        add_model(store, src, "run1/step-1000")
+
+
+def test_a_symlink_pointing_outside_the_dir_is_refused_with_a_clear_message(tmp_path, store_dir):
+    src = small_model(tmp_path / "src", mib=1)
+    (tmp_path / "secret").write_text("outside")
+    (src / "link").symlink_to(tmp_path / "secret")
+    with pytest.raises(StoreError, match="outside the added directory"):
+        add_model(StorePaths(store_dir), src, "m")
+
+
+def test_a_symlink_inside_the_dir_is_served_as_the_file_it_points_to(tmp_path, store_dir):
+    src = small_model(tmp_path / "src", mib=1)
+    (src / "alias.json").symlink_to("config.json")
+    add_model(StorePaths(store_dir), src, "m")
+    assert read_all(store_dir)["m/alias.json"] == (src / "config.json").read_bytes()
+
+
+def test_rm_then_gc_returns_the_store_to_the_size_of_what_remains(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    add_model(store, small_model(tmp_path / "a", seed=1), "a")
+    only_a = pack_bytes(store)
+    add_model(store, small_model(tmp_path / "b", seed=2), "b")
+    assert pack_bytes(store) > only_a
+    remove_models(store, ["b"])
+    assert model_names(store) == ["a"]
+    r = collect_garbage(store)
+    assert r.reclaimed > 0
+    assert pack_bytes(store) == only_a
+    assert verify_store(store).ok
+    assert read_all(store_dir)["a/model.safetensors"] == (tmp_path / "a" / "model.safetensors").read_bytes()
+    assert collect_garbage(store).reclaimed == 0
+
+
+def test_rm_of_an_unknown_model_changes_nothing(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    add_model(store, small_model(tmp_path / "a"), "a")
+    with pytest.raises(StoreError, match="no model named 'nope'"):
+        remove_models(store, ["a", "nope"])
+    assert model_names(store) == ["a"]
+
+
+def test_a_reader_opened_before_rm_and_gc_keeps_reading_until_closed(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    src = small_model(tmp_path / "a", seed=3)
+    add_model(store, src, "a")
+    add_model(store, small_model(tmp_path / "b", seed=4), "b")
+    archive = Archive(store_dir, cache_bytes=0)
+    try:
+        (entry,) = [e for e in archive.files() if e.model == "a" and e.path == "model.safetensors"]
+        with archive.open(entry) as reader:
+            remove_models(store, ["a"])
+            collect_garbage(store)
+            assert reader.pread(0, entry.size) == (src / "model.safetensors").read_bytes()
+        with pytest.raises(FileNotFoundError):
+            archive.open(entry)
+    finally:
+        archive.close()
+
+
+def flip_byte_in_chunk_of(store: StorePaths, model: str, path: str, at: float = 0.5) -> int:
+    """Flip one byte in the middle of the payload of a chunk of MODEL/PATH; returns the plain offset."""
+    archive = Archive(store.root)
+    try:
+        entry = archive.entry(model, path)
+    finally:
+        archive.close()
+    cat = Catalog(store.catalog, readonly=True)
+    extents = cat.extents(entry.file_id)
+    cat.close()
+    e = max(extents, key=lambda x: x.location.length)      # a big chunk used only by this file
+    pos = e.location.offset + int(e.location.length * at)
+    with open(store.pack(e.location.pack), "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x10]))
+    return e.offset
+
+
+def test_a_flipped_byte_in_a_pack_is_named_by_verify_and_raises_on_read(tmp_path, store_dir, capsys):
+    store = StorePaths(store_dir)
+    a = small_model(tmp_path / "a", seed=5)
+    b = small_model(tmp_path / "b", seed=6)
+    add_model(store, a, "a")
+    add_model(store, b, "b")
+    bad_offset = flip_byte_in_chunk_of(store, "a", "model.safetensors")
+    assert lmz(["--store", str(store_dir), "verify"]) == 1
+    out = capsys.readouterr().out
+    assert "DAMAGED a/model.safetensors" in out
+    assert "b/model.safetensors" not in out and "a/config.json" not in out.replace("DAMAGED a/model", "")
+    archive = Archive(store_dir)
+    try:
+        with archive.open(archive.entry("a", "model.safetensors")) as r:
+            with pytest.raises(CorruptChunk) as info:
+                r.pread(bad_offset, 4096)
+            assert info.value.errno == 5
+        with archive.open(archive.entry("b", "model.safetensors")) as r:
+            assert r.pread(0, r.size) == (b / "model.safetensors").read_bytes()
+    finally:
+        archive.close()
+    assert lmz(["--store", str(store_dir), "verify", "b"]) == 0
+
+
+def test_a_truncated_pack_is_reported_not_served(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    add_model(store, small_model(tmp_path / "a", seed=8), "a")
+    (pack,) = store.packs.glob("pack-*.lmzp")
+    with open(pack, "r+b") as f:
+        f.truncate(pack.stat().st_size - 1000)
+    report = verify_store(store)
+    assert [d.path for d in report.damaged] == ["model.safetensors"]
+
+
+def test_a_store_of_an_unknown_version_is_refused(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    add_model(store, small_model(tmp_path / "a", mib=1), "a")
+    store.format_file.write_text("lmzfs-store 99\n")
+    with pytest.raises(StoreError, match="version 99 is not supported"):
+        Archive(store_dir)
+    assert lmz(["--store", str(store_dir), "ls"]) == 2
+
+
+def test_a_garbage_catalog_is_a_clear_error(tmp_path, store_dir, capsys):
+    store = StorePaths(store_dir)
+    add_model(store, small_model(tmp_path / "a", mib=1), "a")
+    for p in store_dir.glob("catalog.sqlite*"):
+        p.write_bytes(b"this is not sqlite" * 100)
+    assert lmz(["--store", str(store_dir), "ls"]) == 2
+    assert "catalog" in capsys.readouterr().err
+
+
+ADD_SCRIPT = """
+import sys, time
+from pathlib import Path
+import lmzfs.store.add as add
+from lmzfs.store.layout import StorePaths
+stage = sys.argv[3]
+real_append = add.PackWriter.append
+appended = 0
+def append(self, *a):
+    global appended
+    loc = real_append(self, *a)
+    appended += 1
+    if stage == f"after-append-{appended}":
+        print("HERE", flush=True); time.sleep(60)
+    return loc
+add.PackWriter.append = append
+def commit(*a, **k):
+    print("HERE", flush=True); time.sleep(60)
+if stage == "before-commit":
+    add._commit = commit
+add.add_model(StorePaths(Path(sys.argv[1])), Path(sys.argv[2]), "victim")
+print("DONE", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["after-append-1", "after-append-7", "before-commit"])
+def test_kill_9_during_add_leaves_nothing_visible_and_the_add_then_succeeds(tmp_path, store_dir, stage):
+    store = StorePaths(store_dir)
+    keep = small_model(tmp_path / "keep", seed=9, mib=2)
+    add_model(store, keep, "keep")
+    victim = small_model(tmp_path / "victim", seed=10, mib=12)
+    proc = subprocess.Popen([sys.executable, "-c", ADD_SCRIPT, str(store_dir), str(victim), stage],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "HERE"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert model_names(store) == ["keep"]
+    assert verify_store(store).ok
+    add_model(store, victim, "victim")
+    assert read_all(store_dir)["victim/model.safetensors"] == (victim / "model.safetensors").read_bytes()
+    remove_models(store, ["victim"])
+    assert collect_garbage(store).reclaimed > 0
+    assert verify_store(store).ok
+    assert read_all(store_dir)["keep/model.safetensors"] == (keep / "model.safetensors").read_bytes()
+    # Nothing of the killed add or of the removed model is left: the packs hold exactly what "keep" needs.
+    fresh = StorePaths(tmp_path / "fresh")
+    add_model(fresh, keep, "keep")
+    assert pack_bytes(store) == pack_bytes(fresh)
+
+
+def test_a_second_writer_waits_for_the_first(tmp_path, store_dir):
+    from lmzfs.store.lock import WriterLock
+    store = StorePaths(store_dir)
+    add_model(store, small_model(tmp_path / "a", mib=1), "a")
+    with WriterLock(store.lock):
+        with pytest.raises(StoreError, match="another lmz process"):
+            with WriterLock(store.lock, wait=False):
+                pass
+
+
+def test_cat_writes_the_exact_bytes(tmp_path, store_dir):
+    src = small_model(tmp_path / "a", mib=2)
+    add_model(StorePaths(store_dir), src, "fam/a")
+    out = subprocess.run([sys.executable, "-m", "lmzfs", "--store", str(store_dir), "cat", "fam/a/model.safetensors"],
+                         capture_output=True, check=True).stdout
+    assert out == (src / "model.safetensors").read_bytes()
+    bad = subprocess.run([sys.executable, "-m", "lmzfs", "--store", str(store_dir), "cat", "fam/a/nope"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
