@@ -1,0 +1,51 @@
+"""Container parsers: split a model file into segments (header, tensors, padding) tiling it exactly.
+
+parse_file never refuses a file: anything unrecognised, or a recognised container whose header is
+malformed or hostile, comes back as one opaque segment (with the reason in FileLayout.error).
+"""
+from __future__ import annotations
+
+import os
+import struct
+
+from .gguf import parse_gguf
+from .safetensors import parse_safetensors
+from .segments import FileLayout, FormatError, Segment, opaque_layout
+from .torchzip import NotTorchZip, parse_torch_zip
+
+__all__ = ["FileLayout", "FormatError", "Segment", "opaque_layout", "parse_file",
+           "parse_gguf", "parse_safetensors", "parse_torch_zip"]
+
+
+def _detect(head: bytes):
+    if head.startswith(b"GGUF"):
+        return parse_gguf
+    if head.startswith(b"PK\x03\x04"):
+        return parse_torch_zip   # raises NotTorchZip when there is no data.pkl entry
+    # safetensors has no magic: a JSON object right after the 8-byte length is the signature.
+    # The length itself is not required to be plausible here, so that a file with a corrupt
+    # length is reported as a broken safetensors file rather than silently as unknown data.
+    if len(head) >= 9 and head[8:9] == b"{" and struct.unpack_from("<Q", head)[0] > 0:
+        return parse_safetensors
+    return None
+
+
+def parse_file(path: str | os.PathLike) -> FileLayout:
+    """Open path, detect its container format by magic bytes and return its layout."""
+    p = os.fspath(path)
+    with open(p, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        parser = _detect(f.read(16))
+        if parser is None:
+            return opaque_layout(size)
+        try:
+            layout = parser(p, f, size)
+        except NotTorchZip:
+            return opaque_layout(size)
+        except FormatError as exc:
+            return opaque_layout(size, error=str(exc))
+    try:
+        layout.check_tiling()
+    except AssertionError as exc:   # a parser bug must not make a file unstorable
+        return opaque_layout(size, error=f"internal error: {p}: {exc}")
+    return layout

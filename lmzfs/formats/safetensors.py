@@ -1,0 +1,139 @@
+"""safetensors: 8-byte little-endian header length N, N bytes of JSON, then the data area.
+
+The header is untrusted: every length and offset is checked against the file before use, so a
+hostile header raises FormatError (and the file is stored as opaque bytes) instead of allocating
+or reading out of bounds.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from .segments import FileLayout, FormatError, Segment
+
+MAX_HEADER = 100 << 20   # the reference implementation refuses larger headers too
+
+# Element sizes in bytes. Sub-byte dtypes (F4, F6_*) are absent on purpose: they are accepted
+# with itemsize 0 and no length check, like any dtype we do not know.
+ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+    itemsize: int
+
+
+def _is_int(v: object) -> bool:
+    # JSON true/false decode to bool, which is an int subclass; they are not offsets or dims.
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    d: dict = {}
+    for k, v in pairs:
+        if k in d:
+            raise ValueError(f"duplicate key {k!r}")
+        d[k] = v
+    return d
+
+
+def _read_header(path: str, f: BinaryIO, size: int) -> tuple[int, dict]:
+    if size < 8:
+        raise FormatError(path, f"file of {size} bytes is shorter than the 8-byte header length")
+    f.seek(0)
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise FormatError(path, "could not read the 8-byte header length")
+    (n,) = struct.unpack("<Q", raw)
+    if n > MAX_HEADER:
+        raise FormatError(path, f"header length {n} exceeds the limit of {MAX_HEADER} bytes")
+    if 8 + n > size:
+        raise FormatError(path, f"header length {n} runs past the end of the {size}-byte file")
+    text = f.read(n)
+    if len(text) != n:
+        raise FormatError(path, f"header truncated: read {len(text)} of {n} bytes")
+    try:
+        header = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FormatError(path, f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise FormatError(path, f"header is a JSON {type(header).__name__}, not an object")
+    return n, header
+
+
+def _check_metadata(path: str, meta: object) -> None:
+    if not isinstance(meta, dict):
+        raise FormatError(path, "__metadata__ is not an object")
+    for k, v in meta.items():
+        if not isinstance(v, str):
+            raise FormatError(path, f"__metadata__ value for {k!r} is not a string")
+
+
+def _tensor(path: str, name: str, info: object, data_size: int) -> _Tensor:
+    if not isinstance(info, dict):
+        raise FormatError(path, f"tensor {name!r} entry is not an object")
+    dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or not dtype:
+        raise FormatError(path, f"tensor {name!r} has no string dtype")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise FormatError(path, f"tensor {name!r} shape {shape!r} is not a list of non-negative ints")
+    if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs)):
+        raise FormatError(path, f"tensor {name!r} data_offsets {offs!r} is not a pair of ints")
+    begin, end = offs
+    if not 0 <= begin <= end <= data_size:
+        raise FormatError(path, f"tensor {name!r} data_offsets [{begin}, {end}] exceed the data area "
+                                f"of {data_size} bytes")
+    dtype = dtype.upper()
+    itemsize = ITEMSIZE.get(dtype, 0)
+    if itemsize:
+        want = math.prod(shape) * itemsize
+        if want != end - begin:
+            raise FormatError(path, f"tensor {name!r} of shape {shape} and dtype {dtype} needs {want} "
+                                    f"bytes but data_offsets span {end - begin}")
+    return _Tensor(name, dtype, tuple(shape), begin, end, itemsize)
+
+
+def parse_safetensors(path: str, f: BinaryIO, size: int) -> FileLayout:
+    """Split a safetensors file into header, tensor and padding segments tiling [0, size)."""
+    n, header = _read_header(path, f, size)
+    base = 8 + n
+    data_size = size - base
+    tensors: list[_Tensor] = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            _check_metadata(path, info)
+            continue
+        t = _tensor(path, name, info, data_size)
+        if t.end > t.begin:   # zero-length tensors own no bytes, so no segment
+            tensors.append(t)
+    tensors.sort(key=lambda t: (t.begin, t.end))
+
+    segs = [Segment(0, base, "header")]
+    pos = 0   # relative to the data area
+    prev: _Tensor | None = None
+    for t in tensors:
+        if t.begin < pos:
+            assert prev is not None
+            raise FormatError(path, f"tensors {prev.name!r} [{prev.begin}, {prev.end}] and {t.name!r} "
+                                    f"[{t.begin}, {t.end}] overlap")
+        if t.begin > pos:
+            segs.append(Segment(base + pos, t.begin - pos, "padding"))
+        segs.append(Segment(base + t.begin, t.end - t.begin, "tensor", t.name, t.dtype, t.shape,
+                            t.itemsize))
+        pos, prev = t.end, t
+    if pos < data_size:
+        segs.append(Segment(base + pos, data_size - pos, "padding"))
+    return FileLayout("safetensors", size, tuple(segs))
