@@ -1,0 +1,133 @@
+"""Chunk codecs: a registry by stable id, the self-describing payload header, encode/decode.
+
+Every stored chunk is one *payload* (format described in docs/format.md)::
+
+    b"LC" | version (1 byte, = 1) | codec id (1 byte) | plain size (varint)
+          | params length (varint) | params | body (to the end of the payload)
+
+``encode_chunk`` measures the candidate codecs for a chunk and keeps the smallest payload;
+``decode_chunk`` never guesses: it dispatches on the recorded codec id and checks every field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from .bytegroup import ELEMENT_SIZES, BytegroupCodec
+from .raw import RawCodec
+from .zstd import DEFAULT_LEVEL, ZstdCodec
+
+__all__ = [
+    "MAGIC", "FORMAT_VERSION", "REGISTRY", "Codec", "CodecError", "ChunkHint", "EncodedChunk",
+    "PayloadHeader", "by_name", "encode_chunk", "decode_chunk", "parse_payload", "encode_with",
+]
+
+MAGIC = b"LC"
+FORMAT_VERSION = 1
+
+REGISTRY: dict[int, Codec] = {c.id: c for c in (RawCodec(), ZstdCodec(), BytegroupCodec())}
+_BY_NAME: dict[str, Codec] = {c.name: c for c in REGISTRY.values()}
+assert len(_BY_NAME) == len(REGISTRY) and all(0 <= i <= 255 for i in REGISTRY)
+
+# Ties between equally small payloads go to the codec that decodes fastest.
+_DECODE_COST = {RawCodec.id: 0, ZstdCodec.id: 1, BytegroupCodec.id: 2}
+
+
+def by_name(name: str) -> Codec:
+    """The registered codec called ``name`` ("raw", "zstd", "bytegroup")."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown codec {name!r}; known: {', '.join(_BY_NAME)}") from None
+
+
+@dataclass(frozen=True)
+class EncodedChunk:
+    payload: bytes
+    codec: str  # name of the codec recorded in the payload
+
+
+@dataclass(frozen=True)
+class PayloadHeader:
+    version: int
+    codec_id: int
+    size: int             # plain size recorded in the header
+    params: memoryview
+    body: memoryview
+
+
+def _header(codec_id: int, size: int, params: bytes) -> bytes:
+    return MAGIC + bytes((FORMAT_VERSION, codec_id)) + put_varint(size) + put_varint(len(params)) + params
+
+
+def _as_bytes_view(data: Buffer) -> memoryview:
+    mv = memoryview(data)
+    if mv.ndim != 1 or mv.format != "B" or mv.itemsize != 1:
+        mv = mv.cast("B")  # raises TypeError for non-contiguous buffers
+    return mv
+
+
+def encode_with(codec: Codec | str, data: Buffer, hint: ChunkHint = ChunkHint()) -> bytes:
+    """The payload of ``data`` under one given codec (no choice made); mainly for tests/fixtures."""
+    if isinstance(codec, str):
+        codec = by_name(codec)
+    mv = _as_bytes_view(data)
+    params, body = codec.encode(mv, hint)
+    return _header(codec.id, len(mv), params) + body
+
+
+def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL) -> EncodedChunk:
+    """Encode one chunk with whichever codec gives the smallest payload.
+
+    Candidates: bytegroup and zstd for element sizes 2, 4 and 8; zstd otherwise; raw whenever
+    nothing beats it. ``level`` is the zstd level (an encoder setting, not recorded).
+    """
+    mv = _as_bytes_view(data)
+    size = len(mv)
+    candidates: list[Codec] = []
+    if size:
+        candidates.append(ZstdCodec(level) if level != DEFAULT_LEVEL else REGISTRY[ZstdCodec.id])
+        if hint.itemsize in ELEMENT_SIZES and size >= hint.itemsize:
+            candidates.append(REGISTRY[BytegroupCodec.id])
+    best_id, best_params, best_body = RawCodec.id, b"", None
+    best_len = len(_header(RawCodec.id, size, b"")) + size
+    for codec in candidates:
+        params, body = codec.encode(mv, hint)
+        n = len(_header(codec.id, size, params)) + len(body)
+        if n < best_len or (n == best_len and _DECODE_COST[codec.id] < _DECODE_COST[best_id]):
+            best_id, best_params, best_body, best_len = codec.id, params, body, n
+    if best_body is None:
+        best_body = mv.tobytes()
+    payload = _header(best_id, size, best_params) + best_body
+    return EncodedChunk(payload, REGISTRY[best_id].name)
+
+
+def parse_payload(payload: Buffer) -> PayloadHeader:
+    """Split a payload into its header fields, params and body; CodecError if malformed."""
+    mv = _as_bytes_view(payload)
+    if len(mv) < 4:
+        raise CodecError(f"truncated payload: {len(mv)} bytes, the fixed header alone is 4")
+    if mv[:2] != MAGIC:
+        raise CodecError(f"bad payload magic {bytes(mv[:2])!r}, expected {MAGIC!r}")
+    version, codec_id = mv[2], mv[3]
+    if version != FORMAT_VERSION:
+        raise CodecError(f"unsupported payload format version {version} (this build reads {FORMAT_VERSION})")
+    if codec_id not in REGISTRY:
+        raise CodecError(f"unknown codec id {codec_id}")
+    size, pos = get_varint(mv, 4, "plain size")
+    plen, pos = get_varint(mv, pos, "params length")
+    if pos + plen > len(mv):
+        raise CodecError(f"truncated payload: params length {plen} runs past the end")
+    return PayloadHeader(version, codec_id, size, mv[pos:pos + plen], mv[pos + plen:])
+
+
+def decode_chunk(payload: Buffer, size: int) -> bytes:
+    """Decode a payload that must hold exactly ``size`` plain bytes, or raise CodecError."""
+    h = parse_payload(payload)
+    if h.size != size:
+        raise CodecError(f"payload records plain size {h.size}, expected {size}")
+    codec = REGISTRY[h.codec_id]
+    out = codec.decode(h.params, h.body, size)
+    if len(out) != size:  # codecs check this themselves; this is the last line of defence
+        raise CodecError(f"{codec.name} decoded {len(out)} bytes, expected {size}")
+    return out

@@ -1,0 +1,19 @@
+"""Codec 0, ``raw``: the body is the data itself, params are empty."""
+from __future__ import annotations
+
+from .base import Buffer, ChunkHint, Codec, CodecError
+
+
+class RawCodec(Codec):
+    id = 0
+    name = "raw"
+
+    def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
+        return b"", bytes(data)
+
+    def decode(self, params: Buffer, body: Buffer, size: int) -> bytes:
+        if len(params):
+            raise CodecError(f"raw: expected no params, got {len(params)} bytes")
+        if len(body) != size:
+            raise CodecError(f"raw: body is {len(body)} bytes, expected {size}")
+        return bytes(body)
