@@ -1,0 +1,39 @@
+# lmzfs: two commands on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install system-deps demo test test-all bench clean
+
+# apt packages FUSE needs (pyfuse3 builds against libfuse3); installed only when missing.
+system-deps:
+	@if command -v fusermount3 >/dev/null && pkg-config --exists fuse3 2>/dev/null; then :; else \
+	  echo "installing fuse3 libfuse3-dev pkg-config (apt)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 libfuse3-dev pkg-config; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -U pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	@bash scripts/demo.sh $(PY)
+
+# The default suite: units, store, reader, daemon operations, real mounts, kill -9 adds.
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: install
+	bash bench/setup.sh
+	bench/.venv/bin/python bench/run.py --out docs/results.md
+
+clean:
+	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .hypothesis
