@@ -1,0 +1,48 @@
+"""``python -m lmzfs.daemon [--foreground] MOUNTPOINT``: mount a store (the server process's entry point).
+
+Without ``--foreground`` it starts itself again as a background server and returns once the mount
+is live; ``lmz mount`` does the same through ``lmzfs.daemon.mount.mount``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from lmzfs.daemon.mount import mount, resolve_store_dir, serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lmzfs.daemon", description="Mount an lmzfs store read-only.")
+    parser.add_argument("mountpoint", type=Path, help="an existing empty directory")
+    parser.add_argument("--store", help="store directory (default: $LMZ_STORE or ~/.local/share/lmzfs)")
+    parser.add_argument("--foreground", action="store_true", help="serve in this process until unmounted")
+    parser.add_argument("--allow-other", action="store_true", help="let other users read the mount")
+    parser.add_argument("--cache-bytes", type=int, default=256 << 20, help="decoded-chunk cache size")
+    parser.add_argument("--workers", type=int, default=None, help="read threads (default: CPU count)")
+    parser.add_argument("--debug", action="store_true", help="log every detail")
+    # Internal: the launcher's readiness pipe, and a test hook naming the archive to serve.
+    parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--archive-factory", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    mountpoint = args.mountpoint.absolute()
+    store_dir = resolve_store_dir(args.store).absolute()
+    if not args.foreground:
+        return mount(mountpoint, store_dir, foreground=False, allow_other=args.allow_other,
+                     cache_bytes=args.cache_bytes, workers=args.workers, archive_factory=args.archive_factory)
+    if args.ready_fd is not None:
+        os.chdir("/")     # a background server must not keep the launcher's directory busy
+    return serve(mountpoint, store_dir, allow_other=args.allow_other, cache_bytes=args.cache_bytes,
+                 workers=args.workers, archive_factory=args.archive_factory, ready_fd=args.ready_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

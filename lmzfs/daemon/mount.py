@@ -1,0 +1,302 @@
+"""Mounting and unmounting: checks with clear errors, the foreground server, and the background
+launcher that starts the server as its own process and waits until the mount is live.
+
+The server always runs in a process that does nothing else: a program that mmaps a file served
+by its own process can deadlock (the page fault waits on the daemon, the daemon on the GIL).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MOUNT_OPTIONS = frozenset({"fsname=lmzfs", "subtype=lmzfs", "ro", "default_permissions", "noatime"})
+USAGE_ERROR = 2
+READY_TIMEOUT = 120.0            # opening a large store may take a while, but not forever
+LOG_NAME = "mount.log"
+
+
+class MountError(Exception):
+    """A problem the user can fix; reported as one line, exit status 2."""
+
+
+def resolve_store_dir(store: str | os.PathLike | None = None) -> Path:
+    """``--store DIR``, else ``$LMZ_STORE``, else ``~/.local/share/lmzfs``."""
+    if store:
+        return Path(store).expanduser()
+    if os.environ.get("LMZ_STORE"):
+        return Path(os.environ["LMZ_STORE"]).expanduser()
+    return Path.home() / ".local" / "share" / "lmzfs"
+
+
+def _unescape_mountinfo(field: str) -> str:
+    # The kernel writes space, tab, newline and backslash in paths as octal escapes.
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def mount_points() -> set[str]:
+    """Every mount point of this process's namespace, read from /proc/self/mountinfo (which,
+    unlike stat, never blocks on a hung FUSE daemon)."""
+    with open("/proc/self/mountinfo") as mountinfo:
+        return {_unescape_mountinfo(line.split()[4]) for line in mountinfo if line.strip()}
+
+
+def is_mount_point(path: str | os.PathLike) -> bool:
+    path = os.path.abspath(path)
+    points = mount_points()
+    return path in points or os.path.realpath(path) in points
+
+
+def check_mountpoint(mountpoint: Path) -> None:
+    if is_mount_point(mountpoint):
+        raise MountError(f"{mountpoint} is already a mount point (unmount it first: lmz umount {mountpoint})")
+    if not mountpoint.exists():
+        raise MountError(f"mountpoint {mountpoint} does not exist (create it with: mkdir -p {mountpoint})")
+    if not mountpoint.is_dir():
+        raise MountError(f"mountpoint {mountpoint} is not a directory")
+    if any(mountpoint.iterdir()):
+        raise MountError(f"mountpoint {mountpoint} is not empty")
+
+
+def check_store(store_dir: Path) -> None:
+    if not store_dir.is_dir():
+        raise MountError(f"no store at {store_dir}; add a model first with: lmz add")
+
+
+def _load_factory(spec: str):
+    """``"package.module:name"`` -> the callable it names."""
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise MountError(f"archive factory {spec!r} is not of the form module:name")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _factory_spec(factory) -> str:
+    """The import path of *factory*, so a child process can load the same one."""
+    if isinstance(factory, str):
+        return factory
+    spec = f"{factory.__module__}:{factory.__qualname__}"
+    if "<" in spec or _load_factory(spec) is not factory:
+        raise ValueError(f"archive_factory {factory!r} cannot be imported by name in the daemon process")
+    return spec
+
+
+def _default_factory(store_dir: Path, cache_bytes: int):
+    from lmzfs.reader.archive import Archive
+    return Archive(store_dir, cache_bytes=cache_bytes)
+
+
+def _report(message: str) -> None:
+    print(f"lmz: error: {message}", file=sys.stderr)
+
+
+def _write_ready(ready_fd: int | None, message: str) -> None:
+    if ready_fd is None:
+        return
+    try:
+        os.write(ready_fd, message.encode() + b"\n")
+    except OSError:
+        pass                      # the launcher went away; the mount itself is unaffected
+    os.close(ready_fd)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache_bytes: int = 256 << 20,
+          workers: int | None = None, archive_factory=None, ready_fd: int | None = None) -> int:
+    """Mount and serve in this process until unmounted or sent SIGTERM/SIGINT.
+
+    If *ready_fd* is given, one line goes to it once the mount is live ("ready") or has failed
+    ("error STATUS MESSAGE"), and it is closed.
+    """
+    import pyfuse3
+    import trio
+
+    from lmzfs.daemon.operations import LmzOperations
+
+    mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
+    try:
+        check_mountpoint(mountpoint)
+        check_store(store_dir)
+        factory = archive_factory or _default_factory
+        if isinstance(factory, str):
+            factory = _load_factory(factory)
+        archive = factory(store_dir, cache_bytes)
+    except MountError as exc:
+        _report(str(exc))
+        _write_ready(ready_fd, f"error {USAGE_ERROR} {exc}")
+        return USAGE_ERROR
+    except Exception as exc:
+        log.exception("cannot open the store at %s", store_dir)
+        _write_ready(ready_fd, f"error 1 cannot open the store at {store_dir}: {exc}")
+        return 1
+
+    ops = LmzOperations(archive, workers=workers)
+    options = set(MOUNT_OPTIONS) | ({"allow_other"} if allow_other else set())
+    # Until trio's signal receiver is installed (and after it is gone), SIGTERM and SIGINT must
+    # still unmount: turn them into an exception that reaches the finally below.
+    previous = {signum: signal.signal(signum, _exit_on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            pyfuse3.init(ops, str(mountpoint), options)
+        except Exception as exc:
+            ops.close_all()
+            _report(f"cannot mount {mountpoint}: {exc}")
+            _write_ready(ready_fd, f"error 1 cannot mount {mountpoint}: {exc}")
+            return 1
+        try:
+            log.info("serving %s at %s (%d entries)", store_dir, mountpoint, len(ops.tree))
+            _write_ready(ready_fd, "ready")
+            trio.run(_main_loop, ops)
+        finally:
+            pyfuse3.close(unmount=True)
+            ops.close_all()
+            log.info("unmounted %s", mountpoint)
+    except SystemExit:
+        pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 0
+
+
+def _exit_on_signal(signum, frame):
+    raise SystemExit(0)
+
+
+async def _main_loop(ops) -> None:
+    import pyfuse3
+    import trio
+
+    async def terminate_on_signal():
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("got %s, unmounting", signal.Signals(signum).name)
+                pyfuse3.terminate()
+                return
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(terminate_on_signal)
+        nursery.start_soon(ops.refresh_periodically, 1.0)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()     # main returned: unmounted or terminated
+
+
+# -- the public entry points ------------------------------------------------------------------
+
+def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: bool, cache_bytes: int,
+          workers: int | None = None, archive_factory=None) -> int:
+    """Mount the store at *mountpoint*; returns an exit status.
+
+    In the foreground this serves until unmounted (call it only from a process that does nothing
+    else). In the background it starts the server as a separate process, returns 0 once the mount
+    is live, or prints the server's error and returns non-zero.
+    """
+    mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
+    if foreground:
+        return serve(mountpoint, store_dir, allow_other=allow_other, cache_bytes=cache_bytes,
+                     workers=workers, archive_factory=archive_factory)
+    try:
+        check_mountpoint(mountpoint)
+        check_store(store_dir)
+    except MountError as exc:
+        _report(str(exc))
+        return USAGE_ERROR
+    argv = [sys.executable, "-m", "lmzfs.daemon", "--foreground", "--store", str(store_dir),
+            "--cache-bytes", str(cache_bytes)]
+    if allow_other:
+        argv.append("--allow-other")
+    if workers:
+        argv += ["--workers", str(workers)]
+    if archive_factory is not None:
+        argv += ["--archive-factory", _factory_spec(archive_factory)]
+    return _launch(argv, mountpoint, store_dir / LOG_NAME)
+
+
+def _launch(argv: list[str], mountpoint: Path, log_path: Path) -> int:
+    ready_r, ready_w = os.pipe()
+    argv = argv + ["--ready-fd", str(ready_w), str(mountpoint)]
+    log_start = log_path.stat().st_size if log_path.exists() else 0
+    try:
+        with open(log_path, "ab") as log_file, open(os.devnull, "rb") as devnull:
+            child = subprocess.Popen(argv, stdin=devnull, stdout=log_file, stderr=log_file,
+                                     pass_fds=(ready_w,), start_new_session=True)
+        os.close(ready_w)
+        ready_w = None
+        line = _read_line(ready_r, READY_TIMEOUT)
+    finally:
+        os.close(ready_r)
+        if ready_w is not None:
+            os.close(ready_w)
+
+    if line == "ready":
+        # Reap the server when it exits (no zombie, no "still running" warning for the Popen).
+        threading.Thread(target=child.wait, name=f"lmzfs-daemon-{child.pid}", daemon=True).start()
+        return 0
+    if line is None:
+        child.kill()
+        message = f"the file system did not come up within {READY_TIMEOUT:.0f}s"
+    elif line.startswith("error "):
+        status, _, message = line[len("error "):].partition(" ")
+        child.wait()
+        if status == str(USAGE_ERROR):
+            _report(message)
+            return USAGE_ERROR
+    else:
+        message = "the mount process exited before the file system came up"
+    child.wait()
+    _report(f"{message}; see {log_path}")
+    tail = _log_tail(log_path, log_start)
+    if tail:
+        print(tail, file=sys.stderr)
+    return child.returncode or 1
+
+
+def _read_line(fd: int, timeout: float) -> str | None:
+    """The first line written to *fd*, "" if closed without one, None on timeout."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0].decode(errors="replace")
+
+
+def _log_tail(log_path: Path, start: int, lines: int = 20) -> str:
+    try:
+        with open(log_path, "rb") as log_file:
+            log_file.seek(start)
+            text = log_file.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def umount(mountpoint: Path) -> int:
+    """Unmount a mounted store; returns an exit status."""
+    mountpoint = Path(mountpoint).absolute()
+    if not is_mount_point(mountpoint):
+        _report(f"{mountpoint} is not mounted")
+        return USAGE_ERROR
+    result = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, text=True)
+    if result.returncode != 0:
+        detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "fusermount3 failed"
+        _report(f"cannot unmount {mountpoint}: {detail}")
+        return 1
+    return 0

@@ -1,0 +1,315 @@
+"""The FUSE request handlers: a thin, read-only adapter from pyfuse3 to the archive.
+
+Everything here runs on the trio thread except ``FileReader.pread``, which runs in worker
+threads (bounded by a CapacityLimiter) because decoding chunks is CPU and disk work. The other
+archive calls (generation, files, totals, open) are short and stay on the trio thread, so the
+archive never sees them from two threads at once.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+from dataclasses import dataclass
+
+import pyfuse3
+import trio
+
+from lmzfs.daemon.tree import DirectoryTree, Node, Removal
+from lmzfs.reader.api import CorruptChunk, FileEntry
+
+log = logging.getLogger(__name__)
+
+BLOCK_SIZE = 4096                 # statfs block size
+IO_BLOCK_SIZE = 128 << 10         # st_blksize: tells cp and stdio to read in large pieces
+DIR_TIMEOUT = 1.0                 # short, so models added or removed show up within a second
+FILE_TIMEOUT = 60.0               # a file inode's attributes never change (see tree.py)
+FILE_ENTRY_TIMEOUT = 10.0         # removals are also pushed to the kernel by invalidation
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+XATTR_SHA256 = b"user.lmz.sha256"
+XATTR_STORED_BYTES = b"user.lmz.stored_bytes"
+XATTR_CODEC = b"user.lmz.codec"
+XATTRS = (XATTR_SHA256, XATTR_STORED_BYTES, XATTR_CODEC)
+
+
+def _fuse_errors(handler):
+    """Turn every failure into a FUSE error reply: pyfuse3 lets any other exception escape its
+    main loop, and one bad request must not take the whole mount down."""
+    @functools.wraps(handler)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await handler(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as exc:
+            if not isinstance(exc, CorruptChunk):
+                log.warning("%s failed: %s", handler.__name__, exc)
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("%s failed", handler.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+    return wrapper
+
+
+def _read_only(handler):
+    @functools.wraps(handler)
+    async def refuse(*args, **kwargs):
+        raise pyfuse3.FUSEError(errno.EROFS)
+    return refuse
+
+
+@dataclass
+class _OpenFile:
+    entry: FileEntry
+    reader: object                 # a FileReader
+
+
+@dataclass
+class _OpenDir:
+    inode: int
+    entries: list[tuple[bytes, Node]]    # snapshot, so offsets stay valid across refreshes
+
+
+class LmzOperations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, archive, *, workers: int | None = None):
+        super().__init__()
+        self._archive = archive
+        self._tree = DirectoryTree()
+        self._limiter = trio.CapacityLimiter(workers or os.cpu_count() or 4)
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._files: dict[int, _OpenFile] = {}
+        self._dirs: dict[int, _OpenDir] = {}
+        self._next_fh = 1
+        self._totals = None                 # (generation, StoreTotals)
+        self._mounted = False               # kernel notifications only make sense when mounted
+        self._refresh()
+
+    @property
+    def tree(self) -> DirectoryTree:
+        return self._tree
+
+    def init(self) -> None:
+        self._mounted = True
+
+    # -- keeping the tree current ---------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        try:
+            removals = self._tree.refresh(self._archive)
+        except Exception:
+            # Keep serving the tree we have; the next request or tick tries again.
+            log.exception("could not refresh the model list")
+            return
+        if removals:
+            self._invalidate(removals)
+
+    def _invalidate(self, removals: list[Removal]) -> None:
+        for removal in removals:
+            log.info("removed from the store: %s", removal.name)
+            if not self._mounted or self._tree.lookup_count(removal.inode) == 0:
+                continue       # the kernel holds no dentry for it: nothing to invalidate
+            # Files are also marked deleted (nlink 0). Directories are only dropped from the
+            # dentry cache: marking a directory deleted fails while something inside is open.
+            deleted = 0 if removal.is_dir else removal.inode
+            pyfuse3.invalidate_entry_async(removal.parent, os.fsencode(removal.name),
+                                           deleted=deleted, ignore_enoent=True)
+
+    async def refresh_periodically(self, interval: float = 1.0) -> None:
+        """Background task: pick up models added or removed while nobody is looking."""
+        while True:
+            await trio.sleep(interval)
+            self._refresh()
+
+    # -- attributes -------------------------------------------------------------------------------
+
+    def _node(self, inode: int) -> Node:
+        node = self._tree.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
+        attrs = pyfuse3.EntryAttributes()
+        attrs.st_ino = node.inode
+        attrs.generation = 0              # inode numbers are never reused
+        if node.is_dir:
+            attrs.st_mode = stat.S_IFDIR | 0o555
+            attrs.entry_timeout = attrs.attr_timeout = DIR_TIMEOUT
+        else:
+            attrs.st_mode = stat.S_IFREG | 0o444
+            attrs.entry_timeout, attrs.attr_timeout = FILE_ENTRY_TIMEOUT, FILE_TIMEOUT
+        attrs.st_nlink = node.nlink
+        attrs.st_uid, attrs.st_gid = self._uid, self._gid
+        attrs.st_rdev = 0
+        attrs.st_size = node.size
+        attrs.st_blksize = IO_BLOCK_SIZE
+        attrs.st_blocks = (node.size + 511) // 512
+        mtime_ns = round(node.mtime * 1e9)
+        attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
+        return attrs
+
+    @_fuse_errors
+    async def lookup(self, parent_inode, name, ctx=None):
+        self._refresh()
+        node = self._tree.lookup(parent_inode, os.fsdecode(name))
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)    # not cached, so a new model shows at once
+        self._tree.remember(node)
+        return self._attributes(node)
+
+    async def forget(self, inode_list):
+        for inode, count in inode_list:
+            self._tree.forget(inode, count)
+
+    @_fuse_errors
+    async def getattr(self, inode, ctx=None):
+        node = self._node(inode)
+        if node.is_dir:
+            self._refresh()
+            node = self._node(inode)
+        return self._attributes(node)
+
+    # -- directories ----------------------------------------------------------------------------
+
+    def _snapshot(self, inode: int) -> list[tuple[bytes, Node]]:
+        return [(os.fsencode(child.name), child) for child in self._tree.children(inode)]
+
+    @_fuse_errors
+    async def opendir(self, inode, ctx=None):
+        self._refresh()
+        if not self._node(inode).is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        fh = self._new_fh()
+        self._dirs[fh] = _OpenDir(inode, self._snapshot(inode))
+        return fh
+
+    @_fuse_errors
+    async def readdir(self, fh, start_id, token):
+        handle = self._dirs.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        if start_id == 0:               # a fresh listing (or rewinddir): take a new snapshot
+            self._refresh()
+            handle.entries = self._snapshot(handle.inode)
+        # next_id is the index of the following entry plus one, so 0 always means "from the top".
+        for index in range(start_id, len(handle.entries)):
+            name, node = handle.entries[index]
+            if not pyfuse3.readdir_reply(token, name, self._attributes(node), index + 1):
+                break
+            self._tree.remember(node)   # readdirplus hands the kernel a reference
+
+    @_fuse_errors
+    async def releasedir(self, fh):
+        self._dirs.pop(fh, None)
+
+    # -- files ----------------------------------------------------------------------------------
+
+    def _new_fh(self) -> int:
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        return fh
+
+    @_fuse_errors
+    async def open(self, inode, flags, ctx=None):
+        if flags & WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        node = self._node(inode)
+        if node.is_dir:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        # The handle holds its own reader, so the file keeps working if its model is removed.
+        try:
+            reader = self._archive.open(node.entry)
+        except FileNotFoundError:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None   # its model was removed meanwhile
+        fh = self._new_fh()
+        self._files[fh] = _OpenFile(node.entry, reader)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    @_fuse_errors
+    async def read(self, fh, off, size):
+        handle = self._files.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        try:
+            return await trio.to_thread.run_sync(handle.reader.pread, off, size, limiter=self._limiter)
+        except CorruptChunk as exc:
+            entry = handle.entry
+            log.error("corrupt data in model %s file %s, read at offset %d length %d: %s",
+                      entry.model, entry.path, off, size, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    async def flush(self, fh):
+        pass                            # nothing is ever buffered for writing
+
+    @_fuse_errors
+    async def release(self, fh):
+        handle = self._files.pop(fh, None)
+        if handle is not None:
+            handle.reader.close()
+
+    def close_all(self) -> None:
+        """Close every open reader and the archive; called once the main loop has ended."""
+        for handle in self._files.values():
+            try:
+                handle.reader.close()
+            except Exception:
+                log.exception("closing a reader of %s/%s", handle.entry.model, handle.entry.path)
+        self._files.clear()
+        self._dirs.clear()
+        self._archive.close()
+
+    # -- extended attributes --------------------------------------------------------------------
+
+    @_fuse_errors
+    async def getxattr(self, inode, name, ctx=None):
+        entry = self._node(inode).entry
+        if entry is not None:
+            if name == XATTR_SHA256:
+                return entry.sha256.encode()
+            if name == XATTR_STORED_BYTES:
+                return str(entry.stored_bytes).encode()
+            if name == XATTR_CODEC:
+                return entry.codecs.encode()
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    @_fuse_errors
+    async def listxattr(self, inode, ctx=None):
+        return list(XATTRS) if self._node(inode).entry is not None else []
+
+    # -- the file system as a whole -------------------------------------------------------------
+
+    @_fuse_errors
+    async def statfs(self, ctx=None):
+        generation = self._archive.generation()
+        if self._totals is None or self._totals[0] != generation:
+            self._totals = (generation, self._archive.totals())
+        totals = self._totals[1]
+        data = pyfuse3.StatvfsData()
+        data.f_bsize = data.f_frsize = BLOCK_SIZE
+        data.f_blocks = (totals.logical_bytes + BLOCK_SIZE - 1) // BLOCK_SIZE
+        data.f_bfree = data.f_bavail = 0           # read-only: nothing can be written
+        data.f_files = totals.files
+        data.f_ffree = data.f_favail = 0
+        data.f_namemax = 255
+        return data
+
+    # -- everything that would change something -------------------------------------------------
+
+    setattr = _read_only(pyfuse3.Operations.setattr)
+    write = _read_only(pyfuse3.Operations.write)
+    create = _read_only(pyfuse3.Operations.create)
+    mknod = _read_only(pyfuse3.Operations.mknod)
+    mkdir = _read_only(pyfuse3.Operations.mkdir)
+    unlink = _read_only(pyfuse3.Operations.unlink)
+    rmdir = _read_only(pyfuse3.Operations.rmdir)
+    rename = _read_only(pyfuse3.Operations.rename)
+    link = _read_only(pyfuse3.Operations.link)
+    symlink = _read_only(pyfuse3.Operations.symlink)
+    setxattr = _read_only(pyfuse3.Operations.setxattr)
+    removexattr = _read_only(pyfuse3.Operations.removexattr)

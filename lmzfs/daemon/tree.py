@@ -1,0 +1,215 @@
+"""The directory tree the daemon serves, built from ``archive.files()``; no FUSE in here.
+
+Layout: the root holds one directory per model ("run1/step-1000" nests as run1/step-1000/), and
+each model directory holds the model's files under their own subdirectories.
+
+Inode numbers are stable: a directory keeps its number for as long as its path exists, and a file
+keeps its number for as long as its path holds the same content (same sha256, size and mtime).
+A path that disappears, or a file whose content changes, gets a fresh number, and numbers are
+never reused during the daemon's life. The files are opened with ``keep_cache``, so the kernel's
+page cache is tied to an inode number: a number must never stand for different bytes.
+
+Nodes that left the tree but are still known to the kernel (lookup count above zero, e.g. an open
+file of a removed model) are kept as "retired" until the kernel forgets them, so getattr on them
+still answers; they report nlink 0, like an unlinked file.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from lmzfs.reader.api import FileEntry
+
+log = logging.getLogger(__name__)
+
+ROOT_INODE = 1     # what FUSE calls the root (pyfuse3.ROOT_INODE)
+
+
+@dataclass(eq=False)
+class Node:
+    inode: int
+    name: str                          # last path component ("" for the root)
+    parent: int                        # parent's inode; the root is its own parent
+    path: str                          # full path below the mountpoint, "" for the root
+    entry: FileEntry | None = None     # None for a directory
+    children: dict[str, Node] = field(default_factory=dict)
+    mtime: float = 0.0
+    retired: bool = False              # no longer in the tree, kept while the kernel knows it
+
+    @property
+    def is_dir(self) -> bool:
+        return self.entry is None
+
+    @property
+    def size(self) -> int:
+        return 0 if self.entry is None else self.entry.size
+
+    @property
+    def nlink(self) -> int:
+        if self.retired:
+            return 0
+        if self.is_dir:
+            return 2 + sum(1 for child in self.children.values() if child.is_dir)
+        return 1
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A name that left the tree; the kernel may still have it cached."""
+    parent: int
+    name: str
+    inode: int
+    is_dir: bool
+
+
+def _components(entry: FileEntry) -> list[str] | None:
+    parts = entry.model.split("/") + entry.path.split("/")
+    if any(p in ("", ".", "..") or "\0" in p for p in parts):
+        return None
+    return parts
+
+
+class DirectoryTree:
+    def __init__(self) -> None:
+        self._created = time.time()          # mtime of an empty root
+        self._next_inode = ROOT_INODE + 1
+        self._keys: dict[tuple, int] = {}    # identity key of each live node -> its inode
+        self._live: dict[int, Node] = {}
+        self._retired: dict[int, Node] = {}
+        self._lookups: Counter[int] = Counter()
+        self.generation: object = None       # archive generation the tree was built from
+        self.rebuild([])
+
+    # -- building ---------------------------------------------------------------------------
+
+    def refresh(self, archive) -> list[Removal] | None:
+        """Rebuild from *archive* if its generation changed; None if nothing changed, else the
+        names that disappeared (topmost ones only: a removed directory stands for its subtree)."""
+        generation = archive.generation()
+        if generation == self.generation:
+            return None
+        # Read the generation before the files: if the store changes in between, the next
+        # refresh sees a newer generation and rebuilds again.
+        removals = self.rebuild(archive.files())
+        self.generation = generation
+        return removals
+
+    def rebuild(self, files: list[FileEntry]) -> list[Removal]:
+        old_keys, old_live = self._keys, self._live
+        self._keys, self._live = {}, {}
+        root = Node(ROOT_INODE, "", ROOT_INODE, "", mtime=self._created)
+        self._keys[("dir", "")] = ROOT_INODE
+        self._live[ROOT_INODE] = root
+
+        def inode_for(key: tuple) -> int:
+            inode = old_keys.get(key)
+            if inode is None:
+                inode = self._next_inode
+                self._next_inode += 1
+            self._keys[key] = inode
+            return inode
+
+        # Sorted, so that when two entries claim the same path the same one wins every time.
+        for entry in sorted(files, key=lambda e: (e.model, e.path)):
+            parts = _components(entry)
+            if parts is None:
+                log.warning("skipping %r/%r: not a valid path", entry.model, entry.path)
+                continue
+            directory = self._make_directories(root, parts[:-1], inode_for)
+            if directory is None:
+                log.warning("skipping %s/%s: a file is in the way of its directory", entry.model, entry.path)
+                continue
+            name, path = parts[-1], "/".join(parts)
+            if name in directory.children:
+                log.warning("skipping %s/%s: %s already exists", entry.model, entry.path, path)
+                continue
+            key = ("file", path, entry.sha256, entry.size, entry.mtime)
+            node = Node(inode_for(key), name, directory.inode, path, entry=entry, mtime=entry.mtime)
+            directory.children[name] = node
+            self._live[node.inode] = node
+
+        self._set_directory_mtimes(root)
+        return self._retire_removed(old_live)
+
+    def _make_directories(self, root: Node, names: list[str], inode_for) -> Node | None:
+        """The directory at root/names..., created as needed; None if a file is in the way."""
+        directory = root
+        for depth, name in enumerate(names, start=1):
+            child = directory.children.get(name)
+            if child is None:
+                path = "/".join(names[:depth])
+                child = Node(inode_for(("dir", path)), name, directory.inode, path)
+                directory.children[name] = child
+                self._live[child.inode] = child
+            elif not child.is_dir:
+                return None
+            directory = child
+        return directory
+
+    def _set_directory_mtimes(self, node: Node) -> float:
+        # A directory shows the newest mtime below it: deterministic, and it moves when models
+        # are added, which is what `ls -lt` users expect.
+        if node.is_dir and node.children:
+            node.mtime = max(self._set_directory_mtimes(child) for child in node.children.values())
+        return node.mtime
+
+    def _retire_removed(self, old_live: dict[int, Node]) -> list[Removal]:
+        removals = []
+        for inode, node in old_live.items():
+            if inode in self._live:
+                continue
+            node.retired = True
+            if self._lookups[inode] > 0:
+                self._retired[inode] = node
+            # Only the topmost removed name needs invalidating; the kernel drops the subtree.
+            if node.parent in self._live:
+                removals.append(Removal(node.parent, node.name, inode, node.is_dir))
+        return removals
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def get(self, inode: int) -> Node | None:
+        """The node with this inode, live or retired."""
+        return self._live.get(inode) or self._retired.get(inode)
+
+    def lookup(self, parent_inode: int, name: str) -> Node | None:
+        parent = self._live.get(parent_inode)
+        if parent is None or not parent.is_dir:
+            return None
+        if name == ".":
+            return parent
+        if name == "..":
+            return self._live.get(parent.parent)
+        return parent.children.get(name)
+
+    def children(self, inode: int) -> list[Node]:
+        """A directory's entries sorted by name; empty for a retired or unknown directory."""
+        node = self._live.get(inode)
+        if node is None or not node.is_dir:
+            return []
+        return [node.children[name] for name in sorted(node.children)]
+
+    def lookup_count(self, inode: int) -> int:
+        return self._lookups[inode]
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    # -- the kernel's references ------------------------------------------------------------
+
+    def remember(self, node: Node) -> None:
+        """The kernel got a reference to *node* (lookup, or an entry of readdirplus)."""
+        self._lookups[node.inode] += 1
+        if node.inode not in self._live:
+            node.retired = True
+            self._retired[node.inode] = node
+
+    def forget(self, inode: int, count: int) -> None:
+        left = self._lookups[inode] - count
+        if left > 0:
+            self._lookups[inode] = left
+            return
+        del self._lookups[inode]
+        self._retired.pop(inode, None)

@@ -1,0 +1,46 @@
+"""Small synthetic models and deliberate damage, for tests of the store, the reader and the mount.
+
+Claims about compression are made on real files (lmzfs.testing.corpus); these are for behaviour.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lmzfs.reader.archive import Archive
+from lmzfs.store.catalog import Catalog
+from lmzfs.store.layout import StorePaths
+
+
+def small_model(d: Path, seed: int = 0, mib: int = 3) -> Path:
+    """A synthetic safetensors model (weights are random normal FP32) plus a config file."""
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(seed)
+    d.mkdir(parents=True, exist_ok=True)
+    n = mib * (1 << 18)
+    save_file({"w": rng.standard_normal(n, dtype=np.float32), "b": rng.standard_normal(384, dtype=np.float32)},
+              str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"seed": seed, "hidden": 384}))
+    return d
+
+
+def flip_byte_in_chunk_of(store: StorePaths, model: str, path: str, at: float = 0.5) -> int:
+    """Flip one byte in the middle of the payload of a chunk of MODEL/PATH; returns the plain offset."""
+    archive = Archive(store.root)
+    try:
+        entry = archive.entry(model, path)
+    finally:
+        archive.close()
+    cat = Catalog(store.catalog, readonly=True)
+    extents = cat.extents(entry.file_id)
+    cat.close()
+    e = max(extents, key=lambda x: x.location.length)      # a big chunk used only by this file
+    pos = e.location.offset + int(e.location.length * at)
+    with open(store.pack(e.location.pack), "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x10]))
+    return e.offset
