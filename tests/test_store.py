@@ -3,15 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from lmzfs.cli import main as lmz
@@ -23,22 +20,11 @@ from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
 from lmzfs.store.verify import verify_store
+from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 
 
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def small_model(d: Path, seed: int = 0, mib: int = 3) -> Path:
-    """A synthetic safetensors model (weights are random normal FP32) plus a config file."""
-    from safetensors.numpy import save_file
-    rng = np.random.default_rng(seed)
-    d.mkdir(parents=True, exist_ok=True)
-    n = mib * (1 << 18)
-    save_file({"w": rng.standard_normal(n, dtype=np.float32), "b": rng.standard_normal(384, dtype=np.float32)},
-              str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({"seed": seed, "hidden": 384}))
-    return d
 
 
 def model_names(store: StorePaths) -> list[str]:
@@ -188,26 +174,6 @@ def test_a_reader_opened_before_rm_and_gc_keeps_reading_until_closed(tmp_path, s
             archive.open(entry)
     finally:
         archive.close()
-
-
-def flip_byte_in_chunk_of(store: StorePaths, model: str, path: str, at: float = 0.5) -> int:
-    """Flip one byte in the middle of the payload of a chunk of MODEL/PATH; returns the plain offset."""
-    archive = Archive(store.root)
-    try:
-        entry = archive.entry(model, path)
-    finally:
-        archive.close()
-    cat = Catalog(store.catalog, readonly=True)
-    extents = cat.extents(entry.file_id)
-    cat.close()
-    e = max(extents, key=lambda x: x.location.length)      # a big chunk used only by this file
-    pos = e.location.offset + int(e.location.length * at)
-    with open(store.pack(e.location.pack), "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)
-        f.seek(pos)
-        f.write(bytes([b[0] ^ 0x10]))
-    return e.offset
 
 
 def test_a_flipped_byte_in_a_pack_is_named_by_verify_and_raises_on_read(tmp_path, store_dir, capsys):
