@@ -127,7 +127,7 @@ def cmd_verify(args) -> int:
 
 def cmd_cat(args) -> int:
     from lmzfs.reader.archive import Archive
-    archive = Archive(_store(args).root, cache_bytes=0)
+    archive = Archive(_store(args).root, cache_bytes=64 << 20)     # room for read-ahead
     try:
         entry = _find_entry(archive, args.file)
         out = sys.stdout.buffer

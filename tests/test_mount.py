@@ -235,3 +235,15 @@ def test_mounting_over_a_non_empty_or_mounted_dir_or_without_a_store_is_a_clear_
     with mounted(mnt, real_store):
         r = lmz("--store", str(real_store), "mount", str(mnt))
         assert r.returncode == 2 and "already" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_stats_file_counts_what_was_served_and_is_hidden_from_listings(served, model_dir):
+    import json
+    root = served.parent
+    assert os.listdir(root) == ["real"]
+    data = (served / "tokenizer.json").read_bytes()
+    assert data == (model_dir / "tokenizer.json").read_bytes()
+    stats = json.loads((root / ".lmzfs" / "stats.json").read_bytes())
+    assert stats["reader"]["bytes_served"] >= len(data)
+    assert stats["reader"]["corrupt_chunks"] == 0
+    assert stats["cache"]["capacity_bytes"] == 256 << 20

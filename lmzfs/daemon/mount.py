@@ -92,9 +92,9 @@ def _factory_spec(factory) -> str:
     return spec
 
 
-def _default_factory(store_dir: Path, cache_bytes: int):
+def _default_factory(store_dir: Path, cache_bytes: int, workers: int | None = None):
     from lmzfs.reader.archive import Archive
-    return Archive(store_dir, cache_bytes=cache_bytes)
+    return Archive(store_dir, cache_bytes=cache_bytes, workers=workers)
 
 
 def _report(message: str) -> None:
@@ -132,7 +132,7 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
         factory = archive_factory or _default_factory
         if isinstance(factory, str):
             factory = _load_factory(factory)
-        archive = factory(store_dir, cache_bytes)
+        archive = factory(store_dir, cache_bytes, workers)
     except MountError as exc:
         _report(str(exc))
         _write_ready(ready_fd, f"error {USAGE_ERROR} {exc}")

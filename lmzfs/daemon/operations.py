@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import logging
 import os
 import stat
@@ -63,8 +64,24 @@ def _read_only(handler):
 
 @dataclass
 class _OpenFile:
-    entry: FileEntry
+    entry: FileEntry | None        # None for the daemon's own /.lmzfs files
     reader: object                 # a FileReader
+
+
+class _BytesReader:
+    """A reader over bytes the daemon generated (the /.lmzfs files)."""
+
+    def __init__(self, data: bytes):
+        self.size = len(data)
+        self._data = data
+
+    def pread_cached(self, offset: int, length: int) -> bytes:
+        return self._data[offset:offset + length]
+
+    pread = pread_cached
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -89,6 +106,7 @@ class LmzOperations(pyfuse3.Operations):
         self._next_fh = 1
         self._totals = None                 # (generation, StoreTotals)
         self._mounted = False               # kernel notifications only make sense when mounted
+        self._counters = {"reads_inline": 0, "reads_threaded": 0}
         self._refresh()
 
     @property
@@ -222,6 +240,10 @@ class LmzOperations(pyfuse3.Operations):
         node = self._node(inode)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
+        if node.virtual is not None:
+            fh = self._new_fh()
+            self._files[fh] = _OpenFile(None, _BytesReader(self._virtual_content(node.virtual)))
+            return pyfuse3.FileInfo(fh=fh, direct_io=True)    # generated anew at each open
         # The handle holds its own reader, so the file keeps working if its model is removed.
         try:
             reader = self._archive.open(node.entry)
@@ -236,6 +258,13 @@ class LmzOperations(pyfuse3.Operations):
         handle = self._files.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        # Chunks already decoded (by an earlier read or by read-ahead) are served right here: a
+        # thread hop costs more than slicing a cached chunk.
+        data = handle.reader.pread_cached(off, size)
+        if data is not None:
+            self._counters["reads_inline"] += 1
+            return data
+        self._counters["reads_threaded"] += 1
         try:
             return await trio.to_thread.run_sync(handle.reader.pread, off, size, limiter=self._limiter)
         except CorruptChunk as exc:
@@ -253,13 +282,21 @@ class LmzOperations(pyfuse3.Operations):
         if handle is not None:
             handle.reader.close()
 
+    def _virtual_content(self, kind: str) -> bytes:
+        if kind != "stats":
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        snapshot = getattr(self._archive, "stats_snapshot", None)
+        doc = {"version": 1, "pid": os.getpid(), "open_files": len(self._files),
+               "daemon": dict(self._counters), **(snapshot() if snapshot else {})}
+        return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
     def close_all(self) -> None:
         """Close every open reader and the archive; called once the main loop has ended."""
         for handle in self._files.values():
             try:
                 handle.reader.close()
             except Exception:
-                log.exception("closing a reader of %s/%s", handle.entry.model, handle.entry.path)
+                log.exception("closing a reader of %s", handle.entry or "a /.lmzfs file")
         self._files.clear()
         self._dirs.clear()
         self._archive.close()

@@ -25,6 +25,8 @@ from lmzfs.reader.api import FileEntry
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1     # what FUSE calls the root (pyfuse3.ROOT_INODE)
+VIRTUAL_DIR = ".lmzfs"
+VIRTUAL_FILES = {"stats.json": "stats"}
 
 
 @dataclass(eq=False)
@@ -37,10 +39,12 @@ class Node:
     children: dict[str, Node] = field(default_factory=dict)
     mtime: float = 0.0
     retired: bool = False              # no longer in the tree, kept while the kernel knows it
+    virtual: str | None = None         # a file the daemon generates ("stats"), not a stored one
+    hidden: bool = False               # found by lookup, left out of listings (/.lmzfs)
 
     @property
     def is_dir(self) -> bool:
-        return self.entry is None
+        return self.entry is None and self.virtual is None
 
     @property
     def size(self) -> int:
@@ -51,7 +55,7 @@ class Node:
         if self.retired:
             return 0
         if self.is_dir:
-            return 2 + sum(1 for child in self.children.values() if child.is_dir)
+            return 2 + sum(1 for child in self.children.values() if child.is_dir and not child.hidden)
         return 1
 
 
@@ -131,7 +135,19 @@ class DirectoryTree:
             self._live[node.inode] = node
 
         self._set_directory_mtimes(root)
+        self._add_virtual_files(root, inode_for)
         return self._retire_removed(old_live)
+
+    def _add_virtual_files(self, root: Node, inode_for) -> None:
+        # /.lmzfs/ is reserved (model names may not start with it): the mount's own files. It is
+        # hidden from listings, so a listing of the root is exactly the models.
+        meta = self._make_directories(root, [VIRTUAL_DIR], inode_for)
+        meta.mtime, meta.hidden = self._created, True
+        for name, kind in VIRTUAL_FILES.items():
+            path = f"{VIRTUAL_DIR}/{name}"
+            node = Node(inode_for(("virtual", path)), name, meta.inode, path, mtime=self._created, virtual=kind)
+            meta.children[name] = node
+            self._live[node.inode] = node
 
     def _make_directories(self, root: Node, names: list[str], inode_for) -> Node | None:
         """The directory at root/names..., created as needed; None if a file is in the way."""
@@ -189,7 +205,7 @@ class DirectoryTree:
         node = self._live.get(inode)
         if node is None or not node.is_dir:
             return []
-        return [node.children[name] for name in sorted(node.children)]
+        return [node.children[name] for name in sorted(node.children) if not node.children[name].hidden]
 
     def lookup_count(self, inode: int) -> int:
         return self._lookups[inode]

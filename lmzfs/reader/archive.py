@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import bisect
+import os
 import threading
+import time
 from pathlib import Path
 
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreTotals
 from lmzfs.reader.cache import ChunkCache
+from lmzfs.reader.readahead import Prefetcher
+from lmzfs.reader.stats import ReaderStats
 from lmzfs.store.catalog import Catalog, Extent
 from lmzfs.store.chunkread import read_chunk
 from lmzfs.store.layout import StorePaths
@@ -16,15 +20,20 @@ DEFAULT_CACHE_BYTES = 256 << 20
 
 
 class Archive:
-    """Thread-safe: the catalog connection is used under a lock, chunk reads run in parallel."""
+    """Thread-safe: the catalog connection is used under a lock, chunk reads run in parallel.
 
-    def __init__(self, store_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES):
+    `workers` threads decode ahead of sequential readers (0 turns read-ahead off)."""
+
+    def __init__(self, store_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES, workers: int | None = None):
         self.store = StorePaths(Path(store_dir))
         self.store.check_format()
         self._catalog = Catalog(self.store.catalog, readonly=True)
         self._lock = threading.Lock()
         self.cache = ChunkCache(cache_bytes)
         self.packs = PackDescriptors(self.store)
+        self.stats = ReaderStats()
+        workers = (os.cpu_count() or 2) if workers is None else workers
+        self.prefetcher = Prefetcher(workers, cache_bytes) if workers > 0 else None
 
     def generation(self) -> int:
         with self._lock:
@@ -49,6 +58,20 @@ class Archive:
         stored += sum(p.stat().st_size for p in self.store.root.glob("catalog.sqlite*"))
         return StoreTotals(logical, stored, files)
 
+    def stats_snapshot(self) -> dict:
+        """What a running mount reports: reads, decodes, cache and read-ahead, as plain numbers."""
+        reader = self.stats.snapshot()
+        c = self.cache.stats
+        lookups = c.hits + c.misses + c.waits
+        return {
+            "reader": reader,
+            "cache": {"capacity_bytes": self.cache.capacity, "bytes": self.cache.size_bytes, "hits": c.hits,
+                      "misses": c.misses, "waits": c.waits,
+                      "hit_rate": round(c.hits / lookups, 4) if lookups else None},
+            "readahead": {"enabled": self.prefetcher is not None,
+                          "active_streams": self.prefetcher.active_streams() if self.prefetcher else 0},
+        }
+
     def open(self, entry: FileEntry) -> "FileReader":
         with self._lock:
             row = self._catalog.file_by_id(entry.file_id)
@@ -58,6 +81,8 @@ class Archive:
         return FileReader(self, f"{row.model}/{row.path}", row.size, extents)
 
     def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         self.packs.close()
         self.cache.clear()
         self._catalog.close()
@@ -74,36 +99,135 @@ class FileReader:
         if covered != size or any(a.offset + a.size != b.offset for a, b in zip(extents, extents[1:])):
             raise CorruptChunk(f"{label}: catalog extents do not tile the file")
         self._fds = archive.packs.acquire({e.location.pack for e in extents})
+        # Prefetch tasks use this reader's pack descriptors: close() waits until none is running.
+        self._cond = threading.Condition()
+        self._prefetching = 0
+        self._prefetched: set[bytes] = set()
+        prefetcher = archive.prefetcher
+        self._stream = prefetcher.register(id(self)) if prefetcher is not None else None
+
+    # -- decoding ---------------------------------------------------------------------------------
+    def _decode(self, e: Extent) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            data = read_chunk(self._fds[e.location.pack], e)
+        except CorruptChunk:
+            self._archive.stats.add(corrupt_chunks=1)
+            raise
+        self._archive.stats.add(chunks_decoded=1, bytes_decoded=e.size, decode_seconds=time.perf_counter() - t0)
+        return data
 
     def _chunk(self, e: Extent) -> bytes:
-        return self._archive.cache.get(e.chunk_id, lambda: read_chunk(self._fds[e.location.pack], e))
+        return self._archive.cache.get(e.chunk_id, lambda: self._decode(e))
 
-    def pread(self, offset: int, length: int) -> bytes:
+    def _prefetch(self, e: Extent) -> None:
+        with self._cond:
+            if self._fds is None:
+                return
+            self._prefetching += 1
+        try:
+            if e.chunk_id not in self._archive.cache:
+                self._chunk(e)
+                self._archive.stats.add(readahead_chunks=1)
+                with self._cond:
+                    self._prefetched.add(e.chunk_id)
+        finally:
+            with self._cond:
+                self._prefetching -= 1
+                self._cond.notify_all()
+
+    # -- reads ------------------------------------------------------------------------------------
+    def _span(self, offset: int, length: int) -> tuple[int, int, int]:
         if offset < 0 or length < 0:
             raise ValueError("negative offset or length")
         end = min(self.size, offset + length)
-        if offset >= end:
-            return b""
-        i = bisect.bisect_right(self._starts, offset) - 1
+        first = bisect.bisect_right(self._starts, offset) - 1 if offset < end else 0
+        return end, first, offset
+
+    def _assemble(self, offset: int, end: int, first: int, chunks: list[bytes]) -> bytes:
         parts = []
         pos = offset
-        while pos < end:
-            e = self._extents[i]
-            try:
-                data = self._chunk(e)
-            except CorruptChunk as exc:
-                raise CorruptChunk(f"{self.label} at offset {e.offset}: {exc.strerror}") from None
-            lo = pos - e.offset
-            hi = min(e.size, end - e.offset)
-            parts.append(data[lo:hi] if (lo, hi) != (0, e.size) else data)
+        for e, data in zip(self._extents[first:], chunks):
+            lo, hi = pos - e.offset, min(e.size, end - e.offset)
+            parts.append(data if (lo, hi) == (0, e.size) else data[lo:hi])
             pos = e.offset + hi
-            i += 1
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def _covering(self, first: int, end: int) -> list[Extent]:
+        out = []
+        i = first
+        while i < len(self._extents) and self._extents[i].offset < end:
+            out.append(self._extents[i])
+            i += 1
+        return out
+
+    def pread(self, offset: int, length: int) -> bytes:
+        """Exactly the original bytes of [offset, offset+length), short only at EOF; decodes what it must."""
+        end, first, offset = self._span(offset, length)
+        if offset >= end:
+            return b""
+        chunks = []
+        for e in self._covering(first, end):
+            try:
+                chunks.append(self._chunk(e))
+            except CorruptChunk as exc:
+                raise CorruptChunk(f"{self.label} at offset {e.offset}: {exc.strerror}") from None
+        return self._finish(offset, end, first, chunks)
+
+    def pread_cached(self, offset: int, length: int) -> bytes | None:
+        """The same bytes as pread() when every chunk they need is already decoded, else None.
+
+        Cheap enough to call on an event loop: it never decodes and never waits."""
+        end, first, offset = self._span(offset, length)
+        if offset >= end:
+            return b""
+        chunks = []
+        for e in self._covering(first, end):
+            data = self._archive.cache.peek(e.chunk_id)
+            if data is None:
+                return None
+            chunks.append(data)
+        return self._finish(offset, end, first, chunks)
+
+    def _finish(self, offset: int, end: int, first: int, chunks: list[bytes]) -> bytes:
+        out = self._assemble(offset, end, first, chunks)
+        stats = self._archive.stats
+        hit = False
+        if self._prefetched:
+            with self._cond:
+                for e in self._extents[first:first + len(chunks)]:
+                    if e.chunk_id in self._prefetched:
+                        self._prefetched.discard(e.chunk_id)
+                        hit = True
+        stats.add(reads=1, bytes_served=len(out), readahead_hits=int(hit))
+        self._read_ahead(offset, end)
+        return out
+
+    def _read_ahead(self, offset: int, end: int) -> None:
+        prefetcher = self._archive.prefetcher
+        if prefetcher is None or self._fds is None:
+            return
+        span = prefetcher.note_read(self._stream, offset, end)
+        if span is None:
+            return
+        start, stop = span
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        cache = self._archive.cache
+        while i < len(self._extents) and self._extents[i].offset < min(stop, self.size):
+            e = self._extents[i]
+            if e.chunk_id not in cache:
+                prefetcher.submit(lambda e=e: self._prefetch(e))
+            i += 1
+
     def close(self) -> None:
-        if self._fds is not None:
-            self._archive.packs.release(self._fds)
-            self._fds = None
+        with self._cond:
+            fds, self._fds = self._fds, None
+            while self._prefetching:
+                self._cond.wait()
+        if self._stream is not None:
+            self._archive.prefetcher.unregister(id(self))
+        if fds is not None:
+            self._archive.packs.release(fds)
 
     def __enter__(self) -> "FileReader":
         return self

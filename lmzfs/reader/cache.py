@@ -38,6 +38,19 @@ class ChunkCache:
     def size_bytes(self) -> int:
         return self._bytes
 
+    def peek(self, key: bytes) -> bytes | None:
+        """The cached value, or None; never loads, never waits."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+                self.stats.hits += 1
+            return value
+
+    def __contains__(self, key: bytes) -> bool:
+        with self._lock:
+            return key in self._items or key in self._inflight
+
     def get(self, key: bytes, load: Callable[[], bytes]) -> bytes:
         with self._lock:
             value = self._items.get(key)

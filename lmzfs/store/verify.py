@@ -40,7 +40,7 @@ def verify_store(store: StorePaths, model: str | None = None,
     finally:
         catalog.close()
     # A zero-byte cache: every chunk is decoded and hashed afresh, none is taken on trust.
-    archive = Archive(store.root, cache_bytes=0)
+    archive = Archive(store.root, cache_bytes=0, workers=0)
     report = VerifyReport()
     try:
         entries = [e for e in archive.files() if model is None or e.model == model]

@@ -56,6 +56,10 @@ class FakeFileReader:
                 raise CorruptChunk(f"{entry.model}/{entry.path}: damaged chunk at offset {bad}")
         return self._file.data[offset:end]
 
+    def pread_cached(self, offset: int, length: int) -> bytes | None:
+        """The fake keeps no decoded-chunk cache: every read takes the pread() path."""
+        return None
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -188,6 +192,6 @@ class SavedFakeArchive(FakeArchive):
         return self._generation
 
 
-def open_saved(store_dir: Path, cache_bytes: int = 0) -> SavedFakeArchive:
+def open_saved(store_dir: Path, cache_bytes: int = 0, workers: int | None = None) -> SavedFakeArchive:
     """An ``archive_factory`` for the daemon: serve the FakeArchive saved under *store_dir*."""
     return SavedFakeArchive(store_dir)

@@ -1,0 +1,102 @@
+"""Read-ahead: recognise sequential streams and decode the chunks they will ask for next.
+
+The kernel asks a FUSE daemon for at most 128 KiB at a time, so a lone sequential reader would
+wait for every chunk decode. Each open file keeps a `StreamState`; a read that starts near where
+the previous one ended (mmap faults and the kernel's own read-ahead arrive slightly out of
+order, hence the slack) grows the window, any other read resets it. Prefetches go through the
+shared chunk cache, so a chunk being decoded is awaited, never decoded twice, and the cache's
+byte budget bounds everything read ahead. With many active streams each one's window shrinks so
+that together they stay within half the cache.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+SLACK = 2 << 20                 # how far from the expected offset a read still counts as sequential
+MIN_WINDOW = 2 << 20            # bytes read ahead once a stream is recognised
+MAX_WINDOW = 32 << 20           # bytes read ahead by one stream at full speed
+ACTIVE_SECONDS = 1.0            # a stream with no read for this long no longer counts as active
+
+
+@dataclass
+class StreamState:
+    expected: int = -1          # where the next sequential read would start
+    window: int = 0             # bytes to keep decoded ahead of the reader
+    prefetched_upto: int = 0    # plain offset up to which chunks were already scheduled
+    last_access: float = 0.0
+    sequential_reads: int = 0
+
+
+class Prefetcher:
+    """One pool of decode threads shared by every open file of an archive."""
+
+    def __init__(self, workers: int, cache_capacity: int):
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="lmz-readahead")
+        self._cache_capacity = cache_capacity
+        self._lock = threading.Lock()
+        self._streams: dict[int, StreamState] = {}
+        self._closed = False
+
+    def register(self, key: int) -> StreamState:
+        state = StreamState()
+        with self._lock:
+            self._streams[key] = state
+        return state
+
+    def unregister(self, key: int) -> None:
+        with self._lock:
+            self._streams.pop(key, None)
+
+    def active_streams(self) -> int:
+        now = time.monotonic()
+        with self._lock:
+            return sum(1 for s in self._streams.values() if s.window and now - s.last_access < ACTIVE_SECONDS)
+
+    def window_limit(self) -> int:
+        """Per-stream window: at most MAX_WINDOW, and all active streams within half the cache."""
+        share = self._cache_capacity // (2 * max(1, self.active_streams()))
+        return max(0, min(MAX_WINDOW, share))
+
+    def note_read(self, state: StreamState, offset: int, end: int) -> tuple[int, int] | None:
+        """Record a read of [offset, end); return the plain byte range to prefetch, if any."""
+        now = time.monotonic()
+        sequential = state.expected >= 0 and state.expected - SLACK <= offset <= state.expected + SLACK
+        state.last_access = now
+        state.expected = max(end, state.expected) if sequential else end
+        if not sequential:
+            state.window = 0
+            state.sequential_reads = 0
+            state.prefetched_upto = end
+            return None
+        state.sequential_reads += 1
+        limit = self.window_limit()
+        state.window = min(limit, max(MIN_WINDOW, state.window * 2) if state.window else MIN_WINDOW)
+        if state.window < MIN_WINDOW // 2:
+            return None         # the cache is too small to read ahead without evicting what is in use
+        start = max(state.prefetched_upto, end)
+        stop = end + state.window
+        if stop <= start:
+            return None
+        state.prefetched_upto = stop
+        return start, stop
+
+    def submit(self, load: Callable[[], object]) -> None:
+        if not self._closed:
+            self._pool.submit(_quietly, load)
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _quietly(load: Callable[[], object]) -> None:
+    # A prefetch that fails (damaged chunk) is not an error yet: the reader that asks for that
+    # chunk decodes it again and gets the error itself.
+    try:
+        load()
+    except Exception:
+        pass

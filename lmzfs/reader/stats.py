@@ -1,0 +1,29 @@
+"""Counters a running mount reports (`lmz stats`, /.lmzfs/stats.json)."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class ReaderStats:
+    started: float = field(default_factory=time.time)
+    reads: int = 0
+    bytes_served: int = 0
+    chunks_decoded: int = 0
+    bytes_decoded: int = 0
+    decode_seconds: float = 0.0
+    readahead_chunks: int = 0        # chunks decoded ahead of a sequential reader
+    readahead_hits: int = 0          # reads served entirely from chunks that read-ahead decoded
+    corrupt_chunks: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas) -> None:
+        with self._lock:
+            for k, v in deltas.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}

@@ -1,0 +1,164 @@
+"""Read-ahead and the decoded-chunk cache, at the reader layer (no mount)."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lmzfs.reader import Archive
+from lmzfs.store.add import add_model
+from lmzfs.store.layout import StorePaths
+
+CHUNK = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def eight_files(tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
+    """A store with one model of eight distinct 6 MiB files (48 MiB, far larger than the caches used here)."""
+    root = tmp_path_factory.mktemp("ra")
+    src = root / "src"
+    src.mkdir()
+    rng = random.Random(1)
+    originals = {}
+    for i in range(8):
+        data = rng.randbytes(6 * CHUNK)
+        (src / f"f{i}.bin").write_bytes(data)
+        originals[f"f{i}.bin"] = data
+    add_model(StorePaths(root / "store"), src, "big")
+    return root / "store", originals
+
+
+def test_a_sequential_reader_is_served_by_read_ahead(eight_files):
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=32 << 20, workers=2)
+    try:
+        entry = archive.entry("big", "f0.bin")
+        with archive.open(entry) as reader:
+            got = bytearray()
+            for off in range(0, entry.size, 128 << 10):
+                data = reader.pread_cached(off, 128 << 10)
+                if data is None:
+                    data = reader.pread(off, 128 << 10)
+                got += data
+            assert bytes(got) == originals["f0.bin"]
+        stats = archive.stats.snapshot()
+        assert stats["readahead_chunks"] > 0 and stats["readahead_hits"] > 0
+        assert stats["chunks_decoded"] == 6        # each chunk decoded once, by a reader or ahead of it
+    finally:
+        archive.close()
+
+
+def test_random_reads_do_not_read_ahead(eight_files):
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=32 << 20, workers=2)
+    rng = random.Random(3)
+    try:
+        entry = archive.entry("big", "f1.bin")
+        with archive.open(entry) as reader:
+            for _ in range(200):
+                off = rng.randrange(0, entry.size - 4096)
+                off -= off % 4096
+                assert reader.pread(off, 4096) == originals["f1.bin"][off:off + 4096]
+        # Two reads that happen to land within the slack may look sequential; nothing more.
+        assert archive.stats.snapshot()["readahead_chunks"] <= 4
+    finally:
+        archive.close()
+
+
+def test_read_ahead_never_returns_bytes_of_the_wrong_chunk(eight_files):
+    """Eight threads interleave sequential runs and random jumps over different files, through a
+    cache smaller than one file so that prefetched chunks are evicted while in use."""
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=4 << 20, workers=2)
+    errors: list[str] = []
+
+    def reader(i: int) -> None:
+        rng = random.Random(i)
+        name = f"f{i}.bin"
+        data = originals[name]
+        with archive.open(archive.entry("big", name)) as r:
+            off = 0
+            for _ in range(300):
+                if rng.random() < 0.1:
+                    off = rng.randrange(0, len(data))
+                n = rng.choice([4096, 128 << 10, 300_000])
+                got = r.pread_cached(off, n)
+                if got is None:
+                    got = r.pread(off, n)
+                if got != data[off:off + n]:
+                    errors.append(f"{name} at {off}+{n}")
+                off = (off + n) % len(data)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert archive.stats.snapshot()["readahead_chunks"] > 0
+    finally:
+        archive.close()
+
+
+def test_the_cache_budget_holds_while_8_readers_stream_a_model_larger_than_it(eight_files):
+    store, originals = eight_files
+    budget = 6 << 20
+    archive = Archive(store, cache_bytes=budget, workers=2)
+    peak = 0
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, archive.cache.size_bytes)
+            time.sleep(0.0005)
+
+    def stream(name: str) -> None:
+        with archive.open(archive.entry("big", name)) as r:
+            out = bytearray()
+            for off in range(0, r.size, 128 << 10):
+                out += r.pread(off, 128 << 10)
+            assert bytes(out) == originals[name]
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    readers = [threading.Thread(target=stream, args=(f"f{i}.bin",)) for i in range(8)]
+    try:
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join()
+    finally:
+        done.set()
+        watcher.join()
+        archive.close()
+    assert 0 < peak <= budget
+
+
+def test_closing_a_reader_while_it_reads_ahead_releases_every_pack(eight_files):
+    store, _ = eight_files
+    archive = Archive(store, cache_bytes=32 << 20, workers=2)
+    try:
+        for _ in range(20):
+            with archive.open(archive.entry("big", "f2.bin")) as r:
+                for off in range(0, 4 * (128 << 10), 128 << 10):
+                    r.pread(off, 128 << 10)
+        assert archive.packs._holders == {} and archive.packs._fds == {}
+    finally:
+        archive.close()
+
+
+def test_a_cache_of_zero_bytes_still_serves_exact_bytes(eight_files):
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=0, workers=2)
+    try:
+        with archive.open(archive.entry("big", "f3.bin")) as r:
+            assert r.pread(0, r.size) == originals["f3.bin"]
+            assert r.pread_cached(0, 10) is None
+        assert archive.cache.size_bytes == 0
+    finally:
+        archive.close()
