@@ -162,3 +162,46 @@ def test_a_cache_of_zero_bytes_still_serves_exact_bytes(eight_files):
         assert archive.cache.size_bytes == 0
     finally:
         archive.close()
+
+
+def test_the_process_decoder_serves_exact_bytes_and_reports_damage(eight_files, tmp_path):
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=8 << 20, workers=2, decoder="process")
+    try:
+        assert len(archive.decoder._all) == 2
+        for name in ("f4.bin", "f5.bin"):
+            with archive.open(archive.entry("big", name)) as r:
+                assert r.pread(0, r.size) == originals[name]
+                assert r.pread(3 * CHUNK - 5, 10) == originals[name][3 * CHUNK - 5:3 * CHUNK + 5]
+    finally:
+        archive.close()
+
+
+@pytest.mark.allow_log_warnings
+def test_a_killed_decode_worker_is_replaced_and_the_read_still_succeeds(eight_files):
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=0, workers=1, decoder="process")
+    try:
+        archive.decoder._all[0].process.kill()
+        archive.decoder._all[0].process.wait()
+        with archive.open(archive.entry("big", "f6.bin")) as r:
+            assert r.pread(0, r.size) == originals["f6.bin"]
+    finally:
+        archive.close()
+
+
+def test_the_process_decoder_turns_a_flipped_byte_into_corrupt_chunk(tmp_path):
+    from lmzfs.errors import CorruptChunk
+    from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
+    store = StorePaths(tmp_path / "store")
+    src = small_model(tmp_path / "a", seed=21)
+    add_model(store, src, "a")
+    bad = flip_byte_in_chunk_of(store, "a", "model.safetensors")
+    archive = Archive(store.root, cache_bytes=0, workers=1, decoder="process")
+    try:
+        with archive.open(archive.entry("a", "model.safetensors")) as r:
+            with pytest.raises(CorruptChunk):
+                r.pread(bad, 100)
+            assert r.pread(0, 100) == (src / "model.safetensors").read_bytes()[:100]
+    finally:
+        archive.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreTotals
 from lmzfs.reader.cache import ChunkCache
+from lmzfs.reader.decodepool import ProcessDecoder
 from lmzfs.reader.readahead import Prefetcher
 from lmzfs.reader.stats import ReaderStats
 from lmzfs.store.catalog import Catalog, Extent
@@ -22,9 +23,12 @@ DEFAULT_CACHE_BYTES = 256 << 20
 class Archive:
     """Thread-safe: the catalog connection is used under a lock, chunk reads run in parallel.
 
-    `workers` threads decode ahead of sequential readers (0 turns read-ahead off)."""
+    `workers` threads decode ahead of sequential readers (0 turns read-ahead off). With
+    decoder="process", chunks are decoded in that many worker processes instead of in the
+    calling threads (see decodepool.py for why)."""
 
-    def __init__(self, store_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES, workers: int | None = None):
+    def __init__(self, store_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES, workers: int | None = None,
+                 decoder: str = "thread"):
         self.store = StorePaths(Path(store_dir))
         self.store.check_format()
         self._catalog = Catalog(self.store.catalog, readonly=True)
@@ -34,6 +38,9 @@ class Archive:
         self.stats = ReaderStats()
         workers = (os.cpu_count() or 2) if workers is None else workers
         self.prefetcher = Prefetcher(workers, cache_bytes) if workers > 0 else None
+        if decoder not in ("thread", "process"):
+            raise ValueError(f"decoder must be 'thread' or 'process', not {decoder!r}")
+        self.decoder = ProcessDecoder(max(1, workers)) if decoder == "process" else None
 
     def generation(self) -> int:
         with self._lock:
@@ -68,6 +75,7 @@ class Archive:
             "cache": {"capacity_bytes": self.cache.capacity, "bytes": self.cache.size_bytes, "hits": c.hits,
                       "misses": c.misses, "waits": c.waits,
                       "hit_rate": round(c.hits / lookups, 4) if lookups else None},
+            "decoder": "process" if self.decoder is not None else "thread",
             "readahead": {"enabled": self.prefetcher is not None,
                           "active_streams": self.prefetcher.active_streams() if self.prefetcher else 0},
         }
@@ -83,6 +91,8 @@ class Archive:
     def close(self) -> None:
         if self.prefetcher is not None:
             self.prefetcher.close()
+        if self.decoder is not None:
+            self.decoder.close()
         self.packs.close()
         self.cache.clear()
         self._catalog.close()
@@ -110,7 +120,9 @@ class FileReader:
     def _decode(self, e: Extent) -> bytes:
         t0 = time.perf_counter()
         try:
-            data = read_chunk(self._fds[e.location.pack], e)
+            fd = self._fds[e.location.pack]
+            decoder = self._archive.decoder
+            data = decoder.decode(fd, e) if decoder is not None else read_chunk(fd, e)
         except CorruptChunk:
             self._archive.stats.add(corrupt_chunks=1)
             raise
