@@ -247,3 +247,45 @@ def test_the_stats_file_counts_what_was_served_and_is_hidden_from_listings(serve
     assert stats["reader"]["bytes_served"] >= len(data)
     assert stats["reader"]["corrupt_chunks"] == 0
     assert stats["cache"]["capacity_bytes"] == 256 << 20
+
+
+def test_sigterm_during_heavy_reads_unmounts_cleanly_and_no_reader_gets_wrong_bytes(real_store, tmp_path, model_dir):
+    import signal
+    import time
+    originals = {rel: (model_dir / rel).read_bytes() for rel in ("model.safetensors", "model.gguf")}
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    wrong: list[str] = []
+    failures: list[int] = []
+    stop = threading.Event()
+
+    def reader(i: int, root: Path) -> None:
+        rng = random.Random(i)
+        rel = list(originals)[i % 2]
+        data = originals[rel]
+        while not stop.is_set():
+            try:
+                with open(root / "real" / rel, "rb", buffering=0) as f:
+                    off = rng.randrange(0, len(data))
+                    f.seek(off)
+                    got = f.read(1 << 20)
+                if got != data[off:off + len(got)] or (not got and off < len(data)):
+                    wrong.append(f"{rel} at {off}")
+            except OSError as exc:
+                failures.append(exc.errno)
+                time.sleep(0.01)
+
+    with mounted(mnt, real_store, "--cache-bytes", str(8 << 20)) as fs:
+        threads = [threading.Thread(target=reader, args=(i, fs.mountpoint)) for i in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        fs.process.send_signal(signal.SIGTERM)
+        assert fs.process.wait(timeout=20) == 0, fs.log()
+        assert not is_mount_point(mnt)
+        time.sleep(0.3)
+        stop.set()
+        for t in threads:
+            t.join()
+    assert wrong == []
+    assert failures, "the readers should have seen the mount go away"
