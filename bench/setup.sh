@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Prepare the benchmark environment. Idempotent: safe to run again, it only
+# installs what is missing or at another version.
+#
+#   bench/.venv  the competitors, pinned. lmzip's command is also called `lmz`,
+#                so it must never go into the project's own .venv.
+#   zstd, fuse3  from Debian, if zstd or fusermount3 is not on PATH.
+#
+# ZipNN needs torch (it imports it at top level, even for plain bytes). PyPI's
+# torch wheel carries ~4.5 GB of CUDA libraries the benchmark never uses, so a
+# CPU-only torch wheel is preferred when pip's configured find-links has one;
+# otherwise PyPI's torch is taken. torch does not change ZipNN's byte output.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="$here/.venv"
+py="$venv/bin/python"
+
+# The versions the numbers in COMPETITORS.md were taken with.
+# zstandard is pinned on purpose: lmzip uses it as its entropy coder backend.
+pins=(lmzip==1.3.0 zipnn==0.5.4 zstandard==0.25.0 numpy==2.4.6)
+
+pip_install() { "$py" -m pip install --disable-pip-version-check -q "$@"; }
+
+if [[ ! -x "$py" ]]; then
+  echo "setup: creating $venv" >&2
+  python3 -m venv "$venv"
+fi
+
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  cpu_torch=""
+  for dir in $("$py" -m pip config get global.find-links 2>/dev/null || true); do
+    dir="${dir#file://}"
+    cpu_torch="$(ls "$dir"/torch-*+cpu-cp311-*.whl 2>/dev/null | sort -V | tail -n1 || true)"
+    [[ -n "$cpu_torch" ]] && break
+  done
+  if [[ -n "$cpu_torch" ]]; then
+    echo "setup: installing CPU-only torch from $cpu_torch" >&2
+    pip_install "$cpu_torch"
+  fi
+fi
+
+echo "setup: installing ${pins[*]} into $venv" >&2
+pip_install "${pins[@]}"
+
+# Debian packages: the zstd CLI, and fusermount3 (fuse3) that lmzip's mount calls.
+missing=()
+command -v zstd >/dev/null 2>&1 || missing+=(zstd)
+command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
+if ((${#missing[@]})); then
+  echo "setup: apt-get install ${missing[*]}" >&2
+  sudo=""; [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 || {
+    $sudo apt-get update -q >/dev/null
+    $sudo apt-get install -y -q "${missing[@]}" >/dev/null
+  }
+fi
+
+# lmzip compiles its native kernel (C, with cc) into its own package directory
+# on first use. Do it now, so no timed run pays for a compile.
+"$venv/bin/lmz" doctor >/dev/null
+
+"$py" - <<'PY'
+import importlib.metadata as md
+names = ("lmzip", "zipnn", "zstandard", "numpy", "torch")
+print("setup: bench/.venv:", ", ".join(f"{n} {md.version(n)}" for n in names))
+PY
+echo "setup: $(zstd --version)"
