@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import random
 import signal
@@ -303,3 +304,46 @@ def test_cat_writes_the_exact_bytes(tmp_path, store_dir):
     bad = subprocess.run([sys.executable, "-m", "lmzfs", "--store", str(store_dir), "cat", "fam/a/nope"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_is_a_clear_error_and_loses_nothing(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(disk)], check=True)
+    try:
+        store = StorePaths(disk / "store")
+        keep = small_model(tmp_path / "keep", seed=30, mib=2)
+        add_model(store, keep, "keep")
+        big = tmp_path / "big"
+        big.mkdir()
+        (big / "weights.bin").write_bytes(os.urandom(16 << 20))
+        with pytest.raises(StoreError, match="disk full|No space left|full"):
+            add_model(store, big, "big")
+        assert model_names(store) == ["keep"]
+        assert verify_store(store).ok
+        assert read_all(store.root)["keep/model.safetensors"] == (keep / "model.safetensors").read_bytes()
+        collect_garbage(store)
+        assert verify_store(store).ok
+        add_model(store, small_model(tmp_path / "after", seed=31, mib=1), "after")
+        assert model_names(store) == ["after", "keep"]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_removing_the_older_of_two_models_rewrites_the_pack_and_keeps_the_newer_readable(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    a = small_model(tmp_path / "a", seed=40)
+    b = small_model(tmp_path / "b", seed=41)
+    add_model(store, a, "a")
+    add_model(store, b, "b")
+    remove_models(store, ["a"])
+    r = collect_garbage(store)
+    assert r.packs_rewritten == 1 and r.packs_deleted == 1 and r.reclaimed > 0
+    fresh = StorePaths(tmp_path / "fresh")
+    add_model(fresh, b, "b")
+    assert pack_bytes(store) == pack_bytes(fresh)
+    assert read_all(store_dir)["b/model.safetensors"] == (b / "model.safetensors").read_bytes()
+    assert verify_store(store).ok
+    add_model(store, a, "a-again")       # appends to the rewritten pack
+    assert read_all(store_dir)["a-again/model.safetensors"] == (a / "model.safetensors").read_bytes()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import sqlite3
 import stat
 import time
 from collections import deque
@@ -138,7 +139,13 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
                         done += plan.size
                         plans.append(plan)
                 writer.sync()
-                _commit(catalog, name, str(source.resolve()), plans, new, writer)
+                try:
+                    _commit(catalog, name, str(source.resolve()), plans, new, writer)
+                except sqlite3.Error as exc:
+                    # e.g. a full disk: the transaction rolled back, so nothing of this add is
+                    # visible; its pack bytes are garbage for `lmz gc`.
+                    raise StoreError(f"could not record {name!r} in the catalog ({exc}); nothing was "
+                                     f"added, and `lmz gc` reclaims the space it used") from exc
             finally:
                 writer.close()
         finally:

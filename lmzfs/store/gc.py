@@ -25,6 +25,7 @@ class GcResult:
     chunks_dropped: int = 0
     packs_rewritten: int = 0
     packs_deleted: int = 0
+    packs_truncated: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
 
@@ -57,15 +58,26 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     on_disk = _packs_on_disk(store)
     result.bytes_before = sum(on_disk.values())
     db = catalog.db
-    expected = {pid: len(PACK_HEADER) + n * RECORD_HEADER.size + used for pid, n, used in db.execute(
-        "SELECT pack, COUNT(*), SUM(length) FROM chunks WHERE refs > 0 GROUP BY pack")}
-    holding_garbage = {pid for (pid,) in db.execute("SELECT DISTINCT pack FROM chunks WHERE refs <= 0")}
-    # A pack is rewritten when it holds dropped chunks or bytes no catalog row accounts for
-    # (an add that was killed before its commit); a pack with no live chunk is just deleted.
-    dirty = sorted(pid for pid, size in on_disk.items()
-                   if pid in holding_garbage or size != expected.get(pid, -1))
+    live = {pid: (n, used, end) for pid, n, used, end in db.execute(
+        "SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks WHERE refs > 0 GROUP BY pack")}
     result.chunks_dropped = db.execute("SELECT COUNT(*) FROM chunks WHERE refs <= 0").fetchone()[0]
-    if not dirty and not result.chunks_dropped:
+    # Three remedies, cheapest first. A pack whose live records lie back to back from its header
+    # has garbage only at its tail (an add that failed or was killed, dropped chunks appended
+    # last): it is truncated in place, which works even on a full disk. A pack with no live
+    # record is deleted. Any other pack with garbage is rewritten into a new pack.
+    truncate: dict[int, int] = {}
+    delete: list[int] = []
+    rewrite: list[int] = []
+    for pid, size in sorted(on_disk.items()):
+        n, used, end = live.get(pid, (0, 0, 0))
+        if n == 0:
+            delete.append(pid)
+        elif end == len(PACK_HEADER) + n * RECORD_HEADER.size + used:
+            if size > end:
+                truncate[pid] = end
+        elif size != end or db.execute("SELECT 1 FROM chunks WHERE pack = ? AND refs <= 0 LIMIT 1", (pid,)).fetchone():
+            rewrite.append(pid)
+    if not (truncate or delete or rewrite or result.chunks_dropped):
         result.bytes_after = result.bytes_before
         return result
 
@@ -73,11 +85,9 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     writer: PackWriter | None = None
     moves: list[tuple[int, int, int, bytes]] = []
     try:
-        for pid in dirty:
+        for pid in rewrite:
             rows = db.execute("SELECT id, offset, length FROM chunks WHERE pack = ? AND refs > 0 ORDER BY offset",
                               (pid,)).fetchall()
-            if not rows:
-                continue
             fd = os.open(store.pack(pid), os.O_RDONLY)
             try:
                 for cid, off, length in rows:
@@ -98,15 +108,24 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
             tx.execute("DELETE FROM chunks WHERE refs <= 0")
             if writer is not None:
                 Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
-            elif last in dirty:
+            elif last in delete or last in rewrite:
                 Catalog.record_pack_ids(tx, None, 0)
     finally:
         if writer is not None:
             writer.close()
-    for pid in dirty:
+    # The catalog no longer points into any of these bytes.
+    for pid, end in truncate.items():
+        fd = os.open(store.pack(pid), os.O_RDWR)
+        try:
+            os.ftruncate(fd, end)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for pid in delete + rewrite:
         os.unlink(store.pack(pid))
     fsync_dir(store.packs)
-    result.packs_deleted = len(dirty)
+    result.packs_deleted = len(delete) + len(rewrite)
+    result.packs_truncated = len(truncate)
     result.packs_rewritten = len(writer.touched) if writer is not None else 0
     result.bytes_after = sum(_packs_on_disk(store).values())
     return result

@@ -86,9 +86,16 @@ class PackWriter:
                 break
             except FileExistsError:
                 pack_id += 1
-        os.write(fd, PACK_HEADER)
-        os.fsync(fd)
-        fsync_dir(self._paths.packs)
+            except OSError as exc:
+                raise StoreError(f"cannot create pack {pack_id}: {exc.strerror}") from exc
+        try:
+            if os.write(fd, PACK_HEADER) != len(PACK_HEADER):
+                raise OSError(28, "short write (disk full?)")
+            os.fsync(fd)
+            fsync_dir(self._paths.packs)
+        except OSError as exc:
+            os.close(fd)
+            raise StoreError(f"cannot create pack {pack_id}: {exc.strerror}") from exc
         self._fd, self._pack_id, self._size = fd, pack_id, len(PACK_HEADER)
         self._next_new = pack_id + 1
         self.touched.append(pack_id)
