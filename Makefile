@@ -7,12 +7,14 @@ PYTEST_ARGS ?=
 
 .PHONY: install system-deps demo test test-all bench clean
 
-# apt packages FUSE needs (pyfuse3 builds against libfuse3); installed only when missing.
+# apt packages FUSE needs (pyfuse3 builds against libfuse3), and systemd for `systemd-analyze
+# verify` of the units in systemd/; installed only when missing.
 system-deps:
-	@if command -v fusermount3 >/dev/null && pkg-config --exists fuse3 2>/dev/null; then :; else \
-	  echo "installing fuse3 libfuse3-dev pkg-config (apt)"; \
+	@if command -v fusermount3 >/dev/null && pkg-config --exists fuse3 2>/dev/null \
+	    && command -v systemd-analyze >/dev/null; then :; else \
+	  echo "installing fuse3 libfuse3-dev pkg-config systemd (apt)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 libfuse3-dev pkg-config; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 libfuse3-dev pkg-config systemd; \
 	fi
 
 $(VENV)/.installed: pyproject.toml

@@ -11,7 +11,10 @@ from pathlib import Path
 from lmzfs import __version__
 from lmzfs.errors import CorruptChunk
 from lmzfs.progress import ProgressLine, human_bytes
-from lmzfs.store.layout import StoreError, StorePaths, default_store_dir
+from lmzfs.singlefile.errors import SingleFileError
+from lmzfs.servicecli import add_commands as add_service_commands
+from lmzfs.servicecli import add_mount_arguments, cmd_mount, cmd_umount   # mount, umount, doctor, stats
+from lmzfs.store.layout import StoreError, StorePaths
 
 
 def parse_size(text: str) -> int:
@@ -22,7 +25,8 @@ def parse_size(text: str) -> int:
 
 
 def _store(args) -> StorePaths:
-    return StorePaths(Path(args.store).expanduser() if args.store else default_store_dir())
+    from lmzfs.config import resolve_store        # --store, else $LMZ_STORE, else the config's, else default
+    return StorePaths(resolve_store(args.store))
 
 
 def cmd_add(args) -> int:
@@ -107,7 +111,7 @@ def cmd_gc(args) -> int:
     from lmzfs.store.gc import collect_garbage
     r = collect_garbage(_store(args))
     print(f"gc: dropped {r.chunks_dropped} unreferenced chunk(s), rewrote into {r.packs_rewritten} pack(s), "
-          f"deleted {r.packs_deleted}; reclaimed {human_bytes(r.reclaimed)}")
+          f"truncated {r.packs_truncated}, deleted {r.packs_deleted}; reclaimed {human_bytes(r.reclaimed)}")
     return 0
 
 
@@ -148,21 +152,63 @@ def _find_entry(archive, spec: str):
     raise StoreError(f"{spec}: no such file (give MODEL/PATH as `lmz ls MODEL` shows it)")
 
 
-def cmd_mount(args) -> int:
-    from lmzfs.daemon.mount import mount
-    return mount(Path(args.mountpoint), _store(args).root, foreground=args.foreground,
-                 allow_other=args.allow_other, cache_bytes=args.cache_size, workers=args.workers)
+def _os_error(exc: OSError) -> str:
+    return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
 
 
-def cmd_umount(args) -> int:
-    from lmzfs.daemon.mount import umount
-    return umount(Path(args.mountpoint))
+def cmd_pack(args) -> int:
+    from lmzfs.singlefile import pack_file
+    progress = ProgressLine(f"packing {Path(args.file).name}")
+    try:
+        r = pack_file(args.file, args.out, overwrite=args.overwrite, report=args.report, progress=progress)
+    except OSError as exc:     # unreadable source, unwritable destination, disk full
+        progress.finish()
+        print(f"lmz: {_os_error(exc)}", file=sys.stderr)
+        return 1
+    finally:
+        progress.finish()
+    codecs = ", ".join(f"{name} {u.chunks}" for name, u in sorted(r.codecs.items(), key=lambda kv: -kv[1].chunks))
+    print(f"packed {r.source} ({r.format}, {human_bytes(r.plain_bytes)}) into {r.dest}: "
+          f"{human_bytes(r.archive_bytes)}, {r.saved_pct:.2f}% saved; {r.chunks} chunk(s) ({codecs or 'none'}); "
+          f"{r.seconds:.1f} s, {r.mb_per_s:.1f} MB/s")
+    return 0
+
+
+def cmd_unpack(args) -> int:
+    from lmzfs.singlefile import unpack_file
+    progress = ProgressLine(f"unpacking {Path(args.archive).name}")
+    try:
+        r = unpack_file(args.archive, args.file, max_output_bytes=args.max_output_bytes, overwrite=args.overwrite,
+                        report=args.report, progress=progress)
+    except OSError as exc:     # unreadable source, unwritable destination, disk full
+        progress.finish()
+        print(f"lmz: {_os_error(exc)}", file=sys.stderr)
+        return 1
+    finally:
+        progress.finish()
+    print(f"unpacked {r.source} into {r.dest}: {human_bytes(r.plain_bytes)}, {r.chunks} chunk(s), SHA-256 "
+          f"{r.sha256} verified; {r.seconds:.1f} s, {r.mb_per_s:.1f} MB/s")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from lmzfs.inspect import inspect_file
+    try:
+        report = inspect_file(args.file, sha256=args.sha256)
+    except OSError as exc:
+        print(f"lmz: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print("\n".join(report.human_lines()))
+    return 0 if report.ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
     store_opt = argparse.ArgumentParser(add_help=False)
     store_opt.add_argument("--store", default=argparse.SUPPRESS, metavar="DIR",
-                           help="store directory (default: $LMZ_STORE, else ~/.local/share/lmzfs)")
+                           help="store directory (default: $LMZ_STORE, else the config's store, else ~/.local/share/lmzfs)")
     p = argparse.ArgumentParser(prog="lmz", parents=[store_opt],
                                 description="Keep model files compressed and deduplicated; serve them as ordinary files.")
     p.add_argument("--version", action="version", version=f"lmzfs {__version__}")
@@ -187,14 +233,27 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("cat", cmd_cat, "write a stored file to stdout")
     sp.add_argument("file", metavar="MODEL/FILE")
     sp = cmd("mount", cmd_mount, "serve every stored model as read-only files under MOUNTPOINT")
-    sp.add_argument("mountpoint")
-    sp.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground (for systemd and debugging)")
-    sp.add_argument("--allow-other", action="store_true", help="let other users read the mount (needs user_allow_other)")
-    sp.add_argument("--cache-size", type=parse_size, default=256 << 20, metavar="SIZE",
-                    help="bytes of decoded chunks kept in memory (default 256M)")
-    sp.add_argument("--workers", type=int, default=None, help="parallel decodes (default: CPU count)")
+    add_mount_arguments(sp, parse_size)
     sp = cmd("umount", cmd_umount, "unmount a mount made by `lmz mount`")
-    sp.add_argument("mountpoint")
+    sp.add_argument("mountpoint", nargs="?", help="default: the config's mountpoint")
+    add_service_commands(cmd)
+    sp = cmd("pack", cmd_pack, "compress one file into a standalone single-file archive (no store needed)")
+    sp.add_argument("file", metavar="FILE")
+    sp.add_argument("out", metavar="OUT")
+    sp.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    sp.add_argument("--report", metavar="FILE.json", help="write sizes, codecs, speed and SHA-256 as JSON")
+    sp = cmd("unpack", cmd_unpack, "restore the file in a single-file archive, checked before it appears")
+    sp.add_argument("archive", metavar="IN")
+    sp.add_argument("file", metavar="FILE")
+    sp.add_argument("--max-output-bytes", type=parse_size, required=True, metavar="N",
+                    help="refuse archives that would unpack to more than N bytes (e.g. 512M, 2G)")
+    sp.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    sp.add_argument("--report", metavar="FILE.json", help="write sizes, speed and SHA-256 as JSON")
+    sp = cmd("inspect", cmd_inspect, "check a model file's container, list its tensors and pickle imports, "
+                                     "predict the saving; exit 1 on a malformed header or a suspicious import")
+    sp.add_argument("file", metavar="FILE")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--sha256", action="store_true", help="also hash the whole file")
     return p
 
 
@@ -207,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     except (StoreError, CorruptChunk) as exc:
         print(f"lmz: {exc.strerror if isinstance(exc, CorruptChunk) else exc}", file=sys.stderr)
         return 1 if isinstance(exc, CorruptChunk) else 2
+    except SingleFileError as exc:
+        print(f"lmz: {exc}", file=sys.stderr)
+        return exc.exit_status
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

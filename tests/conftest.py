@@ -2,11 +2,27 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
 
 from lmzfs.testing.corpus import fetch
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_host_config(tmp_path_factory):
+    """Tests never read the host's /etc/lmzfs/config.toml: $LMZ_CONFIG names an empty file, for
+    this process and every `lmz` it starts. A test that wants a config sets its own."""
+    path = tmp_path_factory.mktemp("config") / "empty.toml"
+    path.write_text("")
+    previous = os.environ.get("LMZ_CONFIG")
+    os.environ["LMZ_CONFIG"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("LMZ_CONFIG", None)
+    else:
+        os.environ["LMZ_CONFIG"] = previous
 
 
 @pytest.fixture(scope="session")

@@ -6,12 +6,11 @@ is live; ``lmz mount`` does the same through ``lmzfs.daemon.mount.mount``.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
 
-from lmzfs.daemon.mount import mount, resolve_store_dir, serve
+from lmzfs.daemon.mount import configure_logging, mount, resolve_store_dir, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     parser.add_argument("--cache-bytes", type=int, default=256 << 20, help="decoded-chunk cache size")
     parser.add_argument("--workers", type=int, default=None, help="read threads (default: CPU count)")
+    parser.add_argument("--no-readahead", dest="readahead", action="store_false",
+                        help="decode only what is read, nothing ahead of sequential readers")
     parser.add_argument("--debug", action="store_true", help="log every detail")
     # Internal: the launcher's readiness pipe, and a test hook naming the archive to serve.
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
@@ -31,17 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.debug)
     mountpoint = args.mountpoint.absolute()
     store_dir = resolve_store_dir(args.store).absolute()
     if not args.foreground:
         return mount(mountpoint, store_dir, foreground=False, allow_other=args.allow_other,
-                     cache_bytes=args.cache_bytes, workers=args.workers, archive_factory=args.archive_factory)
+                     cache_bytes=args.cache_bytes, workers=args.workers, archive_factory=args.archive_factory,
+                     readahead=args.readahead)
     if args.ready_fd is not None:
         os.chdir("/")     # a background server must not keep the launcher's directory busy
     return serve(mountpoint, store_dir, allow_other=args.allow_other, cache_bytes=args.cache_bytes,
-                 workers=args.workers, archive_factory=args.archive_factory, ready_fd=args.ready_fd)
+                 workers=args.workers, archive_factory=args.archive_factory, ready_fd=args.ready_fd,
+                 readahead=args.readahead)
 
 
 if __name__ == "__main__":

@@ -97,6 +97,13 @@ def _default_factory(store_dir: Path, cache_bytes: int, workers: int | None = No
     return Archive(store_dir, cache_bytes=cache_bytes, workers=workers)
 
 
+def configure_logging(debug: bool = False) -> None:
+    """Log to stderr; under systemd (stderr is the journal) without timestamps, which it adds."""
+    journal = bool(os.environ.get("JOURNAL_STREAM"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, stream=sys.stderr,
+                        format=("" if journal else "%(asctime)s ") + "%(levelname)s %(name)s: %(message)s")
+
+
 def _report(message: str) -> None:
     print(f"lmz: error: {message}", file=sys.stderr)
 
@@ -114,16 +121,24 @@ def _write_ready(ready_fd: int | None, message: str) -> None:
 # -- the server ---------------------------------------------------------------------------------
 
 def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache_bytes: int = 256 << 20,
-          workers: int | None = None, archive_factory=None, ready_fd: int | None = None) -> int:
+          workers: int | None = None, archive_factory=None, ready_fd: int | None = None,
+          readahead: bool = True, notifier=None) -> int:
     """Mount and serve in this process until unmounted or sent SIGTERM/SIGINT.
 
     If *ready_fd* is given, one line goes to it once the mount is live ("ready") or has failed
-    ("error STATUS MESSAGE"), and it is closed.
+    ("error STATUS MESSAGE"), and it is closed. The service manager (``$NOTIFY_SOCKET``, or
+    *notifier*) gets READY=1 once the kernel has the mount and STOPPING=1 when it goes.
+    *readahead* False gives the archive no read-ahead workers; reads still run in up to
+    *workers* threads.
     """
     import pyfuse3
     import trio
 
+    from lmzfs.daemon.notify import Notifier
     from lmzfs.daemon.operations import LmzOperations
+    from lmzfs.store.layout import StoreError
+
+    notifier = notifier or Notifier()
 
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     try:
@@ -132,8 +147,8 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
         factory = archive_factory or _default_factory
         if isinstance(factory, str):
             factory = _load_factory(factory)
-        archive = factory(store_dir, cache_bytes, workers)
-    except MountError as exc:
+        archive = factory(store_dir, cache_bytes, workers if readahead else 0)
+    except (MountError, StoreError) as exc:       # no store, unknown format, unreadable catalog
         _report(str(exc))
         _write_ready(ready_fd, f"error {USAGE_ERROR} {exc}")
         return USAGE_ERROR
@@ -158,8 +173,10 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
         try:
             log.info("serving %s at %s (%d entries)", store_dir, mountpoint, len(ops.tree))
             _write_ready(ready_fd, "ready")
-            trio.run(_main_loop, ops)
+            notifier.ready(_service_status(archive, store_dir, mountpoint))
+            trio.run(_main_loop, ops, archive, notifier, store_dir, mountpoint)
         finally:
+            notifier.stopping(f"unmounting {mountpoint}")
             pyfuse3.close(unmount=True)
             ops.close_all()
             log.info("unmounted %s", mountpoint)
@@ -175,7 +192,29 @@ def _exit_on_signal(signum, frame):
     raise SystemExit(0)
 
 
-async def _main_loop(ops) -> None:
+def _service_status(archive, store_dir: Path, mountpoint: Path) -> str:
+    try:
+        models = len({entry.model for entry in archive.files()})
+    except Exception:                       # a status line is not worth failing over
+        log.exception("counting the models of %s", store_dir)
+        return f"serving {store_dir} at {mountpoint}"
+    return f"serving {models} model{'' if models == 1 else 's'} from {store_dir} at {mountpoint}"
+
+
+async def _report_changes(archive, notifier, store_dir: Path, mountpoint: Path, interval: float = 2.0) -> None:
+    """Keep the service manager's STATUS= current as models are added and removed."""
+    import trio
+
+    seen = archive.generation()
+    while True:
+        await trio.sleep(interval)
+        generation = archive.generation()
+        if generation != seen:
+            seen = generation
+            notifier.status(_service_status(archive, store_dir, mountpoint))
+
+
+async def _main_loop(ops, archive=None, notifier=None, store_dir=None, mountpoint=None) -> None:
     import pyfuse3
     import trio
 
@@ -189,6 +228,8 @@ async def _main_loop(ops) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(terminate_on_signal)
         nursery.start_soon(ops.refresh_periodically, 1.0)
+        if notifier is not None and notifier.enabled:
+            nursery.start_soon(_report_changes, archive, notifier, store_dir, mountpoint)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()     # main returned: unmounted or terminated
 
@@ -196,7 +237,7 @@ async def _main_loop(ops) -> None:
 # -- the public entry points ------------------------------------------------------------------
 
 def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: bool, cache_bytes: int,
-          workers: int | None = None, archive_factory=None) -> int:
+          workers: int | None = None, archive_factory=None, readahead: bool = True) -> int:
     """Mount the store at *mountpoint*; returns an exit status.
 
     In the foreground this serves until unmounted (call it only from a process that does nothing
@@ -206,7 +247,7 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     if foreground:
         return serve(mountpoint, store_dir, allow_other=allow_other, cache_bytes=cache_bytes,
-                     workers=workers, archive_factory=archive_factory)
+                     workers=workers, archive_factory=archive_factory, readahead=readahead)
     try:
         check_mountpoint(mountpoint)
         check_store(store_dir)
@@ -219,6 +260,8 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
         argv.append("--allow-other")
     if workers:
         argv += ["--workers", str(workers)]
+    if not readahead:
+        argv.append("--no-readahead")
     if archive_factory is not None:
         argv += ["--archive-factory", _factory_spec(archive_factory)]
     return _launch(argv, mountpoint, store_dir / LOG_NAME)
@@ -228,10 +271,12 @@ def _launch(argv: list[str], mountpoint: Path, log_path: Path) -> int:
     ready_r, ready_w = os.pipe()
     argv = argv + ["--ready-fd", str(ready_w), str(mountpoint)]
     log_start = log_path.stat().st_size if log_path.exists() else 0
+    # A background server is not the process a service manager watches: it must not claim READY.
+    env = {key: value for key, value in os.environ.items() if key != "NOTIFY_SOCKET"}
     try:
         with open(log_path, "ab") as log_file, open(os.devnull, "rb") as devnull:
             child = subprocess.Popen(argv, stdin=devnull, stdout=log_file, stderr=log_file,
-                                     pass_fds=(ready_w,), start_new_session=True)
+                                     pass_fds=(ready_w,), start_new_session=True, env=env)
         os.close(ready_w)
         ready_w = None
         line = _read_line(ready_r, READY_TIMEOUT)

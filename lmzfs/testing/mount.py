@@ -7,6 +7,7 @@ the serving process could deadlock on the GIL.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Mapping
 
 from lmzfs.daemon.mount import is_mount_point
 
@@ -40,11 +41,12 @@ def daemon_command(mountpoint: Path, store_dir: Path, *extra_args: str) -> list[
 
 @contextmanager
 def mounted(mountpoint: str | Path, store_dir: str | Path, *extra_args: str, fake=None,
-            timeout: float = 30.0) -> Iterator[MountedFS]:
+            timeout: float = 30.0, env: Mapping[str, str] | None = None) -> Iterator[MountedFS]:
     """Serve *store_dir* at *mountpoint* until the block ends.
 
     With *fake* (a FakeArchive) the fake is saved under *store_dir* and served instead of a real
-    store; save it again to change what the mount shows.
+    store; save it again to change what the mount shows. *env*: variables set for the server on
+    top of this process's environment (e.g. NOTIFY_SOCKET).
     """
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     args = list(extra_args)
@@ -53,7 +55,8 @@ def mounted(mountpoint: str | Path, store_dir: str | Path, *extra_args: str, fak
         args += ["--archive-factory", FAKE_ARCHIVE_FACTORY]
     with tempfile.TemporaryFile() as log, open("/dev/null", "rb") as devnull:
         process = subprocess.Popen(daemon_command(mountpoint, store_dir, *args),
-                                   stdin=devnull, stdout=log, stderr=log)
+                                   stdin=devnull, stdout=log, stderr=log,
+                                   env=None if env is None else {**os.environ, **env})
         fs = MountedFS(mountpoint, process, log)
         try:
             _wait_until_mounted(fs, timeout)
