@@ -8,6 +8,7 @@
     workers     = 8                    # parallel decodes (default: CPU count)
     allow_other = false                # let other users read the mount
     readahead   = true                 # decode ahead of sequential readers
+    decoder     = "auto"               # "thread", "process", or "auto" (currently threads)
 
 Precedence, highest first: command-line flags, the environment ($LMZ_STORE, for the store only),
 the config file, the defaults. A missing default config file is fine; a missing file named by
@@ -29,7 +30,8 @@ CONFIG_ENV = "LMZ_CONFIG"
 STORE_ENV = "LMZ_STORE"
 DEFAULT_CACHE_SIZE = 256 << 20
 
-KEYS = ("store", "mountpoint", "cache_size", "workers", "allow_other", "readahead")
+KEYS = ("store", "mountpoint", "cache_size", "workers", "allow_other", "readahead", "decoder")
+DECODERS = ("auto", "thread", "process")
 
 
 def parse_size(text: str) -> int:
@@ -53,6 +55,7 @@ class Settings:
     workers: int | None = None           # None: the CPU count
     allow_other: bool = False
     readahead: bool = True
+    decoder: str = "auto"
     config_file: Path | None = None      # the file that was read, if any
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -130,6 +133,10 @@ def _check(path: Path, key: str, value):
         if value < 1:
             raise bad(f"must be at least 1, not {value} (to turn read-ahead off, set readahead = false)")
         return value
+    if key == "decoder":
+        if value not in DECODERS:
+            raise bad(f"must be one of {', '.join(map(repr, DECODERS))}, not {_show(value)}")
+        return value
     if not isinstance(value, bool):               # allow_other, readahead
         raise bad(f"must be true or false, not {_show(value)}")
     return value
@@ -143,7 +150,7 @@ def _show(value) -> str:
 
 def resolve(*, store: str | os.PathLike | None = None, mountpoint: str | os.PathLike | None = None,
             cache_size: int | None = None, workers: int | None = None, allow_other: bool | None = None,
-            readahead: bool | None = None, config: dict | None = None,
+            readahead: bool | None = None, decoder: str | None = None, config: dict | None = None,
             config_file: Path | None = None) -> Settings:
     """The effective settings. Arguments are the command-line flags (None: not given). The config
     file is loaded unless *config* (already loaded keys) is passed."""
@@ -151,9 +158,11 @@ def resolve(*, store: str | os.PathLike | None = None, mountpoint: str | os.Path
         config, config_file = load_config()
     flags = {"store": Path(store).expanduser() if store else None,
              "mountpoint": Path(mountpoint).expanduser() if mountpoint else None,
-             "cache_size": cache_size, "workers": workers, "allow_other": allow_other, "readahead": readahead}
+             "cache_size": cache_size, "workers": workers, "allow_other": allow_other, "readahead": readahead,
+             "decoder": decoder}
     defaults = {"store": default_store(), "mountpoint": None, "cache_size": DEFAULT_CACHE_SIZE,
-                "workers": None, "allow_other": False, "readahead": True}
+                "workers": None, "allow_other": False, "readahead": True,
+                "decoder": "auto"}
     env = {"store": Path(os.environ[STORE_ENV]).expanduser()} if os.environ.get(STORE_ENV) else {}
     values, sources = {}, {}
     for key in KEYS:

@@ -79,16 +79,17 @@ def lmzfs_mounted(path: Path) -> bool:
 
 def test_flags_beat_the_environment_which_beats_the_config_which_beats_the_defaults(config, tmp_path, monkeypatch):
     path = config('store = "/cfg/store"\nmountpoint = "/cfg/mnt"\ncache_size = "512M"\nworkers = 3\n'
-                  'allow_other = true\nreadahead = false\n')
+                  'allow_other = true\nreadahead = false\ndecoder = "thread"\n')
     s = resolve()
-    assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead) == \
-        (Path("/cfg/store"), Path("/cfg/mnt"), 512 << 20, 3, True, False)
+    assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead, s.decoder) == \
+        (Path("/cfg/store"), Path("/cfg/mnt"), 512 << 20, 3, True, False, "thread")
     assert set(s.sources.values()) == {"config"} and s.config_file == path
     monkeypatch.setenv("LMZ_STORE", "/env/store")
     s = resolve()
     assert s.store == Path("/env/store") and s.sources["store"] == "env"
     s = resolve(store="/flag/store", mountpoint="/flag/mnt", cache_size=1 << 20, workers=1, allow_other=False,
-                readahead=True)
+                readahead=True, decoder="process")
+    assert s.decoder == "process"
     assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead) == \
         (Path("/flag/store"), Path("/flag/mnt"), 1 << 20, 1, False, True)
     assert set(s.sources.values()) == {"flag"}
@@ -97,6 +98,7 @@ def test_flags_beat_the_environment_which_beats_the_config_which_beats_the_defau
     s = resolve()
     assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead) == \
         (Path.home() / ".local/share/lmzfs", None, DEFAULT_CACHE_SIZE, None, False, True)
+    assert s.decoder == "auto"
     assert set(s.sources.values()) == {"default"}
 
 
@@ -130,6 +132,7 @@ def test_cache_size_takes_bytes_or_a_size_string(config):
     ("workers = true\n", "'workers': must be an integer"),
     ("allow_other = 'yes'\n", "'allow_other': must be true or false"),
     ("readahead = 1\n", "'readahead': must be true or false"),
+    ("decoder = 'gpu'\n", "'decoder': must be one of"),
     ("store = \n", "not valid TOML"),
 ])
 def test_each_bad_config_is_an_error_naming_the_file_the_key_and_the_reason(config, text, reason):

@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from lmzfs.daemon.kernel_readahead import raise_kernel_readahead
+
 log = logging.getLogger(__name__)
 
 MOUNT_OPTIONS = frozenset({"fsname=lmzfs", "subtype=lmzfs", "ro", "default_permissions", "noatime"})
@@ -92,9 +94,16 @@ def _factory_spec(factory) -> str:
     return spec
 
 
-def _default_factory(store_dir: Path, cache_bytes: int, workers: int | None = None):
+def resolve_decoder(decoder: str) -> str:
+    """What "auto" means, decided by measurement (docs/results.md): threads, for now. On the
+    2-core reference host worker processes decoded a cold sequential read more slowly than
+    threads (IPC and an extra copy per chunk outweighed the GIL), so they stay opt-in."""
+    return "thread" if decoder == "auto" else decoder
+
+
+def _default_factory(store_dir: Path, cache_bytes: int, workers: int | None = None, decoder: str = "thread"):
     from lmzfs.reader.archive import Archive
-    return Archive(store_dir, cache_bytes=cache_bytes, workers=workers)
+    return Archive(store_dir, cache_bytes=cache_bytes, workers=workers, decoder=decoder)
 
 
 def configure_logging(debug: bool = False) -> None:
@@ -122,7 +131,7 @@ def _write_ready(ready_fd: int | None, message: str) -> None:
 
 def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache_bytes: int = 256 << 20,
           workers: int | None = None, archive_factory=None, ready_fd: int | None = None,
-          readahead: bool = True, notifier=None) -> int:
+          readahead: bool = True, notifier=None, decoder: str = "auto") -> int:
     """Mount and serve in this process until unmounted or sent SIGTERM/SIGINT.
 
     If *ready_fd* is given, one line goes to it once the mount is live ("ready") or has failed
@@ -147,7 +156,7 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
         factory = archive_factory or _default_factory
         if isinstance(factory, str):
             factory = _load_factory(factory)
-        archive = factory(store_dir, cache_bytes, workers if readahead else 0)
+        archive = factory(store_dir, cache_bytes, workers if readahead else 0, decoder=resolve_decoder(decoder))
     except (MountError, StoreError) as exc:       # no store, unknown format, unreadable catalog
         _report(str(exc))
         _write_ready(ready_fd, f"error {USAGE_ERROR} {exc}")
@@ -170,6 +179,7 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
             _report(f"cannot mount {mountpoint}: {exc}")
             _write_ready(ready_fd, f"error 1 cannot mount {mountpoint}: {exc}")
             return 1
+        raise_kernel_readahead(mountpoint)
         try:
             log.info("serving %s at %s (%d entries)", store_dir, mountpoint, len(ops.tree))
             _write_ready(ready_fd, "ready")
@@ -237,7 +247,7 @@ async def _main_loop(ops, archive=None, notifier=None, store_dir=None, mountpoin
 # -- the public entry points ------------------------------------------------------------------
 
 def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: bool, cache_bytes: int,
-          workers: int | None = None, archive_factory=None, readahead: bool = True) -> int:
+          workers: int | None = None, archive_factory=None, readahead: bool = True, decoder: str = "auto") -> int:
     """Mount the store at *mountpoint*; returns an exit status.
 
     In the foreground this serves until unmounted (call it only from a process that does nothing
@@ -247,7 +257,7 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     if foreground:
         return serve(mountpoint, store_dir, allow_other=allow_other, cache_bytes=cache_bytes,
-                     workers=workers, archive_factory=archive_factory, readahead=readahead)
+                     workers=workers, archive_factory=archive_factory, readahead=readahead, decoder=decoder)
     try:
         check_mountpoint(mountpoint)
         check_store(store_dir)
@@ -262,6 +272,7 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
         argv += ["--workers", str(workers)]
     if not readahead:
         argv.append("--no-readahead")
+    argv += ["--decoder", decoder]
     if archive_factory is not None:
         argv += ["--archive-factory", _factory_spec(archive_factory)]
     return _launch(argv, mountpoint, store_dir / LOG_NAME)

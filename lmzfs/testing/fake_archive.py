@@ -192,6 +192,7 @@ class SavedFakeArchive(FakeArchive):
         return self._generation
 
 
-def open_saved(store_dir: Path, cache_bytes: int = 0, workers: int | None = None) -> SavedFakeArchive:
+def open_saved(store_dir: Path, cache_bytes: int = 0, workers: int | None = None,
+               decoder: str = "thread") -> SavedFakeArchive:
     """An ``archive_factory`` for the daemon: serve the FakeArchive saved under *store_dir*."""
     return SavedFakeArchive(store_dir)
