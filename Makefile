@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps demo test test-all bench clean
+.PHONY: install system-deps demo test bench clean
 
 # apt packages FUSE needs (pyfuse3 builds against libfuse3), and systemd for `systemd-analyze
 # verify` of the units in systemd/; installed only when missing.
