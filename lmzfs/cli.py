@@ -161,10 +161,6 @@ def cmd_pack(args) -> int:
     progress = ProgressLine(f"packing {Path(args.file).name}")
     try:
         r = pack_file(args.file, args.out, overwrite=args.overwrite, report=args.report, progress=progress)
-    except OSError as exc:     # unreadable source, unwritable destination, disk full
-        progress.finish()
-        print(f"lmz: {_os_error(exc)}", file=sys.stderr)
-        return 1
     finally:
         progress.finish()
     codecs = ", ".join(f"{name} {u.chunks}" for name, u in sorted(r.codecs.items(), key=lambda kv: -kv[1].chunks))
@@ -180,10 +176,6 @@ def cmd_unpack(args) -> int:
     try:
         r = unpack_file(args.archive, args.file, max_output_bytes=args.max_output_bytes, overwrite=args.overwrite,
                         report=args.report, progress=progress)
-    except OSError as exc:     # unreadable source, unwritable destination, disk full
-        progress.finish()
-        print(f"lmz: {_os_error(exc)}", file=sys.stderr)
-        return 1
     finally:
         progress.finish()
     print(f"unpacked {r.source} into {r.dest}: {human_bytes(r.plain_bytes)}, {r.chunks} chunk(s), SHA-256 "
@@ -271,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_status
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:     # unreadable source, unwritable destination, disk full
+        print(f"lmz: {_os_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("lmz: interrupted", file=sys.stderr)

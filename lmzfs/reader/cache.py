@@ -38,14 +38,17 @@ class ChunkCache:
     def size_bytes(self) -> int:
         return self._bytes
 
+    def _hit_locked(self, key: bytes) -> bytes | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+            self.stats.hits += 1
+        return value
+
     def peek(self, key: bytes) -> bytes | None:
         """The cached value, or None; never loads, never waits."""
         with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-                self.stats.hits += 1
-            return value
+            return self._hit_locked(key)
 
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
@@ -53,10 +56,8 @@ class ChunkCache:
 
     def get(self, key: bytes, load: Callable[[], bytes]) -> bytes:
         with self._lock:
-            value = self._items.get(key)
+            value = self._hit_locked(key)
             if value is not None:
-                self._items.move_to_end(key)
-                self.stats.hits += 1
                 return value
             flight = self._inflight.get(key)
             owner = flight is None

@@ -12,6 +12,8 @@ import os
 import secrets
 from pathlib import Path
 
+from lmzfs.store.layout import fsync_dir
+
 from .errors import DestinationExists, UsageError
 
 
@@ -60,7 +62,7 @@ class PendingOutput:
             os.replace(self.path, self.dest)
         else:
             _rename_no_clobber(self.path, self.dest)
-        _fsync_dir(self.dest.parent)
+        fsync_dir(self.dest.parent)
 
     def discard(self) -> None:
         try:
@@ -88,11 +90,3 @@ def _rename_no_clobber(tmp: Path, dest: Path) -> None:
         os.rename(tmp, dest)
         return
     os.unlink(tmp)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
