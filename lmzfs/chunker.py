@@ -2,13 +2,16 @@
 different files and models produce identical chunks and are stored once."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from lmzfs.codecs.base import ChunkHint
+from lmzfs.formats.gguf import GGML_TYPES
 from lmzfs.formats.segments import FileLayout
 
 CHUNK_SIZE = 1 << 20     # plain bytes; a multiple of every element size, and small enough for random access
+# bytes per block of each block-quantised ggml type ("Q4_1" -> 20)
+BLOCK_BYTES = {t.name: t.type_size for t in GGML_TYPES.values() if t.block_size > 1}
 
 
 @dataclass(frozen=True)
@@ -20,12 +23,17 @@ class ChunkPlan:
 
 def plan_chunks(layout: FileLayout, chunk_size: int = CHUNK_SIZE) -> Iterator[ChunkPlan]:
     for seg in layout.segments:
-        hint = ChunkHint(seg.dtype, seg.itemsize) if seg.kind == "tensor" else ChunkHint()
+        hint = ChunkHint()
+        unit = 1
+        if seg.kind == "tensor":
+            block = BLOCK_BYTES.get(seg.dtype or "", 0) if seg.itemsize == 0 else 0
+            hint = ChunkHint(seg.dtype, seg.itemsize, block, seg.shape)
+            unit = block or seg.itemsize or 1
         step = chunk_size
-        if seg.itemsize > 1:
-            step -= chunk_size % seg.itemsize
+        if unit > 1 and chunk_size >= unit:
+            step -= chunk_size % unit
         pos = seg.offset
         while pos < seg.end:
             n = min(step, seg.end - pos)
-            yield ChunkPlan(pos, n, hint)
+            yield ChunkPlan(pos, n, replace(hint, offset=pos - seg.offset) if hint.dtype else hint)
             pos += n

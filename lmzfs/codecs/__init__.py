@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
 from .bytegroup import ELEMENT_SIZES, BytegroupCodec
+from .entropy import EntropyCodec
+from .floatsplit import FORMAT_OF, FloatSplitCodec
+from .ggufblocks import TYPE_OF, GgufBlocksCodec
 from .raw import RawCodec
 from .zstd import DEFAULT_LEVEL, ZstdCodec
 
@@ -25,16 +30,22 @@ __all__ = [
 MAGIC = b"LC"
 FORMAT_VERSION = 1
 
-REGISTRY: dict[int, Codec] = {c.id: c for c in (RawCodec(), ZstdCodec(), BytegroupCodec())}
+REGISTRY: dict[int, Codec] = {c.id: c for c in (RawCodec(), ZstdCodec(), BytegroupCodec(), FloatSplitCodec(),
+                                                 EntropyCodec(), GgufBlocksCodec())}
 _BY_NAME: dict[str, Codec] = {c.name: c for c in REGISTRY.values()}
 assert len(_BY_NAME) == len(REGISTRY) and all(0 <= i <= 255 for i in REGISTRY)
 
 # Ties between equally small payloads go to the codec that decodes fastest.
-_DECODE_COST = {RawCodec.id: 0, ZstdCodec.id: 1, BytegroupCodec.id: 2}
+_DECODE_COST = {RawCodec.id: 0, ZstdCodec.id: 1, BytegroupCodec.id: 2, FloatSplitCodec.id: 3,
+                GgufBlocksCodec.id: 3, EntropyCodec.id: 4}
+# zstd at this level is also tried when level-DEFAULT already halves a chunk (text, metadata).
+TEXT_LEVEL = 19
+# tANS coders are only tried on chunks at least this long (below it their tables cost more).
+MIN_ENTROPY_SIZE = 256
 
 
 def by_name(name: str) -> Codec:
-    """The registered codec called ``name`` ("raw", "zstd", "bytegroup")."""
+    """The registered codec called ``name`` ("raw", "zstd", "bytegroup", "floatsplit", ...)."""
     try:
         return _BY_NAME[name]
     except KeyError:
@@ -76,26 +87,56 @@ def encode_with(codec: Codec | str, data: Buffer, hint: ChunkHint = ChunkHint())
     return _header(codec.id, len(mv), params) + body
 
 
+def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL) -> list[Codec]:
+    """The codecs encode_chunk tries for a chunk of ``size`` bytes with this hint."""
+    if not size:
+        return []
+    out: list[Codec] = [ZstdCodec(level) if level != DEFAULT_LEVEL else REGISTRY[ZstdCodec.id]]
+    dtype = (hint.dtype or "").upper()
+    if hint.itemsize in ELEMENT_SIZES and size >= hint.itemsize:
+        out.append(REGISTRY[BytegroupCodec.id])
+    if size >= MIN_ENTROPY_SIZE:
+        if dtype in FORMAT_OF:
+            out.append(REGISTRY[FloatSplitCodec.id])
+        elif dtype in TYPE_OF:
+            out.append(REGISTRY[GgufBlocksCodec.id])
+        else:
+            out.append(REGISTRY[EntropyCodec.id])
+    return out
+
+
+def _order0_bytes(mv: memoryview) -> float:
+    """The order-0 entropy of the bytes, in bytes: about what the entropy codec can reach."""
+    c = np.bincount(np.frombuffer(mv, dtype=np.uint8), minlength=256)
+    c = c[c > 0].astype(np.float64)
+    return float(-(c * np.log2(c / c.sum())).sum()) / 8
+
+
 def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL) -> EncodedChunk:
     """Encode one chunk with whichever codec gives the smallest payload.
 
-    Candidates: bytegroup and zstd for element sizes 2, 4 and 8; zstd otherwise; raw whenever
-    nothing beats it. ``level`` is the zstd level (an encoder setting, not recorded).
+    Candidates (see ``candidates``): zstd always; bytegroup for element sizes 2, 4 and 8;
+    floatsplit for float dtypes, ggufblocks for GGUF block-quantised dtypes and entropy for
+    everything else, on chunks of at least MIN_ENTROPY_SIZE bytes; zstd at TEXT_LEVEL when the
+    default level already halves the chunk; raw whenever nothing beats it. ``level`` is the zstd
+    level (an encoder setting, not recorded).
     """
     mv = _as_bytes_view(data)
     size = len(mv)
-    candidates: list[Codec] = []
-    if size:
-        candidates.append(ZstdCodec(level) if level != DEFAULT_LEVEL else REGISTRY[ZstdCodec.id])
-        if hint.itemsize in ELEMENT_SIZES and size >= hint.itemsize:
-            candidates.append(REGISTRY[BytegroupCodec.id])
     best_id, best_params, best_body = RawCodec.id, b"", None
     best_len = len(_header(RawCodec.id, size, b"")) + size
-    for codec in candidates:
+    for codec in candidates(hint, size, level):
+        if codec.id == EntropyCodec.id and _order0_bytes(mv) * 0.97 + 64 >= best_len:
+            continue    # order-0 coding cannot win (zstd found repeats): skip its time and memory
         params, body = codec.encode(mv, hint)
         n = len(_header(codec.id, size, params)) + len(body)
         if n < best_len or (n == best_len and _DECODE_COST[codec.id] < _DECODE_COST[best_id]):
             best_id, best_params, best_body, best_len = codec.id, params, body, n
+        if codec.id == ZstdCodec.id and len(body) * 2 <= size and level < TEXT_LEVEL:
+            body = ZstdCodec(TEXT_LEVEL).encode(mv, hint)[1]
+            n = len(_header(codec.id, size, b"")) + len(body)
+            if n < best_len:
+                best_id, best_params, best_body, best_len = codec.id, b"", body, n
     if best_body is None:
         best_body = mv.tobytes()
     payload = _header(best_id, size, best_params) + best_body

@@ -1,0 +1,293 @@
+"""Codec 4, ``entropy``: tANS over the chunk's bytes (order-0, or one table per class of matrix
+columns when the hint gives a shape: int8 output channels differ in spread); and the coded
+streams that ``ggufblocks`` and ``floatsplit`` use (the best of stored, zstd and tANS).
+
+A *symbol section* (docs/format.md, "tANS symbol sections") codes n symbols < S, optionally with
+a fixed context per symbol (K tables). Frequencies are sent as a compact integer table. With no
+stored bits to hide in the lanes' end states, the last symbols of each lane lend theirs: for
+g > 0 the last ceil(R / g) symbols of every lane are coded as (symbol >> g) under the table's
+marginal, and their low g bits form the lane's end state ("bits back"), so a lane costs about
+as many bytes as its symbols and not R more bits for its flush.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from . import tans
+from . import zstd as _zstd
+from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+
+RAW, ZSTD, TANS = 0, 1, 2
+EMPTY_SECTION = b"\x01\x00\x01\x00"     # R = 1, g = 0, one lane, no table: the section of zero symbols
+
+
+def _marginal(freqs: np.ndarray, g: int) -> np.ndarray:
+    K, S = freqs.shape
+    pad = -S % (1 << g)
+    f = np.concatenate([freqs, np.zeros((K, pad), dtype=np.int64)], axis=1)
+    m = f.reshape(K, -1, 1 << g).sum(axis=2)
+    return np.concatenate([m, np.zeros((K, S + pad - m.shape[1]), dtype=np.int64)], axis=1)[:, :S]
+
+
+def _tails(n: int, lanes: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (interleaved lanes) of the last k symbols of every lane, lane by lane, and a mask
+    of those that exist (a lane shorter than k has fewer)."""
+    T, wp, act = tans.layout(n, lanes, True)
+    j = np.arange(wp)
+    tj = np.where(j < act[-1], T, T - 1)
+    steps = tj[:, None] - k + np.arange(k)[None, :]
+    ok = steps >= 0
+    return np.where(ok, steps * wp + j[:, None], 0), ok
+
+
+def _table_log(counts: np.ndarray, n: int, S: int, K: int) -> int:
+    """Smallest table log whose rounding costs under 0.05% of the entropy (within memory bounds)."""
+    used = int((counts > 0).sum(axis=1).max())
+    lo = max(6, int(used - 1).bit_length() + 1)
+    hi = 14
+    while hi > lo and 2 * K * ((1 << hi) + S) > max(1 << 16, 8 * n):
+        hi -= 1
+    rows = [r for r in counts if r.any()]
+    c = np.concatenate(rows).astype(np.float64)
+    tot = np.concatenate([np.full(len(r), r.sum()) for r in rows]).astype(np.float64)
+    nzm = c > 0
+    H = float(-(c[nzm] * np.log2(c[nzm] / tot[nzm])).sum())
+    for R in range(lo, hi + 1):
+        f = np.concatenate([tans.quantize(r, R) for r in rows]).astype(np.float64)
+        Hq = float(-(c[nzm] * np.log2(f[nzm] / (1 << R))).sum())
+        if Hq - H <= 0.0005 * H + 8:
+            return R
+    return max(lo, hi)
+
+
+def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int = 1,
+                 lanes: int | None = None) -> bytes:
+    """A tANS symbol section for ``sym`` (< S) with optional per-symbol contexts (< K)."""
+    n = len(sym)
+    if n == 0:
+        return EMPTY_SECTION
+    sym = np.asarray(sym, dtype=np.int64)
+    c = np.zeros(n, dtype=np.int64) if ctx is None else np.asarray(ctx, dtype=np.int64)
+    counts = np.bincount(c * S + sym, minlength=K * S).reshape(K, S)
+    R = _table_log(counts, n, S, K)
+    freqs = np.zeros((K, S), dtype=np.int64)
+    for k in range(K):
+        if counts[k].any():
+            freqs[k] = tans.quantize(counts[k], R)
+        else:
+            freqs[k, 0] = 1 << R
+    lanes = lanes or tans.lanes_for(n, 128)
+    T, wp, _ = tans.layout(n, lanes, True)
+    # choose g (bits lent per tail symbol) by the estimated cost of coding the tails on the marginal
+    p = np.where(freqs > 0, freqs, 1) / (1 << R)
+    base_cost = -np.log2(p[c, sym])
+    best_g, best_extra = 0, float(R) * wp
+    for g in (1, 2, 3, 4, 5, 8):
+        if (1 << g) > S:
+            break
+        k = R // g
+        if k > T:
+            continue
+        idx, ok = _tails(n, lanes, k)
+        pm = np.where(_marginal(freqs, g) > 0, _marginal(freqs, g), 1) / (1 << R)
+        ti = idx[ok]
+        extra = float((-np.log2(pm[c[ti], sym[ti] >> g]) + g - base_cost[ti]).sum()) + (R - k * g) * wp
+        if extra < best_extra:
+            best_g, best_extra = g, extra
+    bb = None
+    tctx, tsym = c, sym
+    tab_f = freqs
+    if best_g:
+        g = best_g
+        k = R // g
+        idx, ok = _tails(n, lanes, k)
+        lo = np.where(ok, sym[np.clip(idx, 0, n - 1)] & ((1 << g) - 1), 0)
+        bb = (lo << (g * np.arange(k))[None, :]).sum(axis=1)
+        tctx, tsym = c.copy(), sym.copy()
+        ti = idx[ok]
+        tctx[ti] += K
+        tsym[ti] >>= g
+        tab_f = np.concatenate([freqs, _marginal(freqs, g)])
+    stream = tans.encode(tsym, tans.Tables(tab_f, R), lanes, ctx=tctx if (K > 1 or best_g) else None,
+                         bits_back=bb, interleaved=True)
+    blob = tans.pack_uints(freqs.ravel())
+    return bytes((R, best_g)) + put_varint(lanes) + put_varint(len(blob)) + blob + stream
+
+
+def _symbol_values(S: int) -> np.ndarray | None:
+    """Decode small alphabets straight into uint8 (symbols < 256), larger ones as int64."""
+    return np.arange(S, dtype=np.uint8) if S <= 256 else None
+
+
+def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: int = 1,
+                        values: np.ndarray | None = None) -> np.ndarray:
+    mv = memoryview(sec)
+    if n == 0:
+        if bytes(mv) != EMPTY_SECTION:
+            raise CodecError("tans section: malformed empty section")
+        return np.zeros(0, dtype=np.int64)
+    if len(mv) < 2 or n > tans.MAX_N:
+        raise CodecError("tans section: truncated, or too many symbols")
+    R, g = mv[0], mv[1]
+    if not 1 <= R <= tans.MAX_R or g not in (0, 1, 2, 3, 4, 5, 8) or (g and (1 << g) > S):
+        raise CodecError("tans section: bad table log or tail width")
+    lanes, pos = get_varint(mv, 2, "tans section lanes")
+    blen, pos = get_varint(mv, pos, "tans section table length")
+    if pos + blen > len(mv) or not 1 <= lanes <= max(n, 1):
+        raise CodecError("tans section: bad lanes or table length")
+    if K * ((1 << R) + S) > max(1 << 16, 8 * n) * 2:
+        raise CodecError("tans section: tables too large for the data")
+    freqs = tans.unpack_uints(mv[pos:pos + blen], K * S, "tans section").reshape(K, S)
+    stream = mv[pos + blen:]
+    if n == 0:
+        if len(stream):
+            raise CodecError("tans section: data for zero symbols")
+        return np.zeros(0, dtype=np.int64)
+    c = np.zeros(n, dtype=np.int64) if ctx is None else np.asarray(ctx, dtype=np.int64)
+    if g:
+        k = R // g
+        T = tans.layout(n, lanes, True)[0]
+        if k > T:
+            raise CodecError("tans section: lanes too short for their tails")
+        idx, ok = _tails(n, lanes, k)
+        ti = idx[ok]
+        c = c.copy()
+        c[ti] += K
+        tab = tans.Tables(np.concatenate([freqs, _marginal(freqs, g)]), R)
+        sym, fin = tans.decode(stream, n, tab, lanes, ctx=c, interleaved=True, values=_symbol_values(S))
+        lo = (fin[:, None] >> (g * np.arange(k))[None, :]) & ((1 << g) - 1)
+        if (lo[~ok]).any() or (fin >> (k * g)).any():
+            raise CodecError("tans section: end state holds bits of no symbol")
+        if (sym[ti] >= -(-S >> g)).any():
+            raise CodecError("tans section: symbol out of range")
+        sym[ti] = (sym[ti] << g) | lo[ok]
+        if S & (S - 1) and (sym >= S).any():
+            raise CodecError("tans section: symbol out of range")
+    else:
+        tab = tans.Tables(freqs, R)
+        sym, fin = tans.decode(stream, n, tab, lanes, ctx=c if K > 1 else None, interleaved=True,
+                               values=_symbol_values(S))
+        if fin.any():
+            raise CodecError("tans section: lanes end in the wrong state")
+    return sym if values is None else values[sym]
+
+
+def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K: int = 1) -> bytes:
+    """The smallest of: mode 0 + stored bytes (S <= 256), mode 1 + zstd frame, mode 2 + tANS section."""
+    a = np.asarray(a)
+    best = b""
+    if S <= 256:
+        b = a.astype(np.uint8).tobytes()
+        best = bytes((RAW,)) + b
+        if len(b) > 16:
+            z = bytes((ZSTD,)) + _zstd.compress(b, 9)
+            if len(z) < len(best):
+                best = z
+    if len(a) >= 64 or S > 256:
+        t = bytes((TANS,)) + tans_section(a, S, ctx, K)
+        if not best or len(t) < len(best):
+            best = t
+    return best
+
+
+def decode_stream(buf, n: int, S: int = 256, ctx: np.ndarray | None = None, K: int = 1) -> np.ndarray:
+    """n symbols (uint8 for stored and zstd streams, int64 for tANS ones); CodecError if malformed."""
+    mv = memoryview(buf)
+    if len(mv) < 1:
+        raise CodecError("stream: missing mode byte")
+    mode = mv[0]
+    if mode == RAW and S <= 256:
+        if len(mv) - 1 != n:
+            raise CodecError("stream: stored length mismatch")
+        out = np.frombuffer(mv[1:], dtype=np.uint8)
+    elif mode == ZSTD and S <= 256:
+        out = np.frombuffer(_zstd.decompress(mv[1:], n, "stream"), dtype=np.uint8)
+    elif mode == TANS:
+        out = decode_tans_section(mv[1:], n, S, ctx, K)
+    else:
+        raise CodecError(f"stream: unknown mode {mode}")
+    if S < 256 and len(out) and out.max() >= S:
+        raise CodecError("stream: symbol out of range")
+    return out
+
+
+def _h(counts: np.ndarray) -> float:
+    """Order-0 code length in bytes of each row of counts, summed."""
+    c = counts.astype(np.float64)
+    tot = c.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.where(c > 0, -c * np.log2(c / np.maximum(tot, 1)), 0.0).sum()) / 8
+
+
+def _column_classes(a: np.ndarray, C: int) -> tuple[int, np.ndarray] | None:
+    """Split the columns (position mod C) into K classes by their spread, when that pays."""
+    n = len(a)
+    rows = n // C
+    if C < 8 or rows < 32:
+        return None
+    v = a[: rows * C].reshape(rows, C).astype(np.int64)
+    mode = int(np.bincount(a).argmax())
+    spread = np.abs(((v - mode + 128) & 255) - 128).mean(axis=0)
+    col = np.arange(n) % C
+    colhist = np.bincount(col * 256 + a, minlength=C * 256).reshape(C, 256)
+    hist_f = colhist.astype(np.float64)
+    base = _h(colhist.sum(axis=0)[None, :]) + 300
+    best = None
+    for K in (2, 4, 8, 16):
+        edges = np.quantile(spread, np.linspace(0, 1, K + 1)[1:-1])
+        cls = np.searchsorted(edges, spread, side="right")
+        for _ in range(3):    # refine: move each column to the class that codes it shortest
+            counts = np.stack([colhist[cls == j].sum(axis=0) for j in range(K)]).astype(np.float64)
+            logp = np.log2((counts + 0.5) / (counts + 0.5).sum(axis=1, keepdims=True))
+            cls = np.argmax(hist_f @ np.ascontiguousarray(logp.T), axis=1)
+        counts = np.stack([colhist[cls == j].sum(axis=0) for j in range(K)])
+        cost = _h(counts) + 300 * K + C * np.log2(K) / 8
+        if cost < base and (best is None or cost < best[0]):
+            best = (cost, K, cls)
+    return None if best is None else (best[1], best[2])
+
+
+class EntropyCodec(Codec):
+    """params: CRC-32 of the plain chunk (4 bytes, little-endian), then a context byte: 0 = none;
+    1 = column classes: row length C (varint), K (1 byte), the class of each column as a coded
+    stream (varint length + stream). body: one tANS section over the bytes."""
+
+    id = 4
+    name = "entropy"
+
+    def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
+        a = np.frombuffer(data, dtype=np.uint8)
+        crc = zlib.crc32(data).to_bytes(4, "little")
+        C = hint.shape[-1] if hint.shape and len(hint.shape) >= 2 and hint.itemsize == 1 else 0
+        found = _column_classes(a, C) if C else None
+        if found:    # chosen on estimated sizes (the order-0 coding is not tried as well)
+            K, cls = found
+            cmap = encode_stream(cls, K)
+            sec = tans_section(a, 256, np.tile(cls, -(-len(a) // C))[:len(a)], K)
+            return crc + b"\x01" + put_varint(C) + bytes((K,)) + put_varint(len(cmap)) + cmap, sec
+        return crc + b"\x00", tans_section(a, 256)
+
+    def decode(self, params: Buffer, body: Buffer, size: int) -> bytes:
+        p = memoryview(params)
+        if len(p) < 5 or p[4] > 1:
+            raise CodecError("entropy: bad params")
+        if p[4] == 0:
+            if len(p) != 5:
+                raise CodecError("entropy: trailing params")
+            out = decode_tans_section(body, size, 256)
+        else:
+            C, q = get_varint(p, 5, "entropy row length")
+            if q + 1 > len(p) or not 1 <= C <= max(size, 1) or p[q] not in (2, 4, 8, 16):
+                raise CodecError("entropy: bad column classes")
+            K = p[q]
+            ln, q = get_varint(p, q + 1, "entropy class map length")
+            if q + ln != len(p):
+                raise CodecError("entropy: class map length does not match params")
+            cls = decode_stream(p[q:], C, K).astype(np.int64)
+            out = decode_tans_section(body, size, 256, np.tile(cls, -(-size // C))[:size], K)
+        res = out.astype(np.uint8).tobytes()
+        if zlib.crc32(res) != int.from_bytes(p[:4], "little"):
+            raise CodecError("entropy: checksum mismatch")
+        return res

@@ -1,0 +1,376 @@
+"""Codec 3, ``floatsplit``: IEEE-style floats split on bit fields; sign, exponent and the top k
+mantissa bits entropy-coded with tANS, the low mantissa bits stored as they are.
+
+Each element's top field J = (exponent - emin) * 2**(k+1) + (sign * 2**k + top k mantissa bits)
+is one tANS symbol. Its table is its context, either the previous element of the same lane
+(b = min(emax - previous exponent, nb - 1): in trained weights small values follow small values)
+or the class of its tensor row (rows grouped by mean exponent, when the hint gives a shape),
+whichever the encoder estimates smaller. The model is factorised so that it costs few bytes:
+P(J | b) is proportional to A[b, exponent] * Sg[sign] * M[exponent, mantissa bits], sent as small
+integer tables; the decoder rebuilds the tANS tables from them exactly as the encoder did. The
+low mantissa bits are near-uniform and are kept as byte/nibble planes (each a coded stream: stored
+unless something is smaller); blocks of 64 elements whose lowest planes are all zero (float16 or
+bfloat16 values held in a wider type) store only the others. The first stored bytes ride in the
+tANS lanes' end states ("bits back"), so the lanes cost no flush bytes. A CRC-32 of the plain
+chunk guards everything, stored bits included. Layout: docs/format.md, codec 3.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from . import entropy, tans
+from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+
+# format id -> (name, element bits, exponent bits, mantissa bits, k)
+FORMATS = {0: ("BF16", 16, 8, 7, 3), 1: ("F16", 16, 5, 10, 2), 2: ("F32", 32, 8, 23, 3),
+           3: ("F64", 64, 11, 52, 4), 4: ("F8_E4M3", 8, 4, 3, 3), 5: ("F8_E5M2", 8, 5, 2, 2)}
+FORMAT_OF = {v[0]: k for k, v in FORMATS.items()}
+FORMAT_OF.update({"F8E4M3": 4, "F8_E4M3FN": 4, "F8E5M2": 5})
+_UINT = {8: np.dtype(np.uint8), 16: np.dtype("<u2"), 32: np.dtype("<u4"), 64: np.dtype("<u8")}
+A_LOG, M_LOG = 12, 8     # transmitted rows of A are scaled to sum <= 2**A_LOG, of M and S to <= 2**M_LOG
+MAX_CONTEXTS = 16
+ZERO_BLOCK_LOG = 6       # elements per zero-plane block: 64
+MAX_TABLE_SLOTS = 1 << 16   # encoder choice: contexts x 2**R, so that building the tables stays quick
+ROW_CLASSES = 0xFF       # the "first context" byte value that selects row-class contexts
+
+
+def _row_scale(counts: np.ndarray, log: int) -> np.ndarray:
+    """Rows scaled to sum <= 2**log, keeping every nonzero entry nonzero."""
+    out = np.zeros_like(counts)
+    for i, row in enumerate(counts):
+        s = int(row.sum())
+        if s == 0:
+            continue
+        out[i] = row if s <= 1 << log else tans.quantize(row, log)
+    return out
+
+
+def _sign_mantissa(S: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """B[e, sign * 2**k + m] = S[sign] * M[e, m]: the sign is modelled as independent of the rest."""
+    return np.concatenate([S[0] * M, S[1] * M], axis=1)
+
+
+def _joint_tables(A: np.ndarray, B: np.ndarray, R: int) -> np.ndarray:
+    """The nb tANS tables: row b is quantize(A[b, e] * B[e, t] over symbols e * T2 + t, R), or all
+    slots on symbol 0 where that product is zero everywhere."""
+    joint = (A[:, :, None] * B[None, :, :]).reshape(A.shape[0], -1)
+    used = joint.any(axis=1)
+    freqs = np.zeros_like(joint)
+    freqs[~used, 0] = 1 << R
+    if used.any():
+        freqs[used] = tans.quantize_rows(joint[used], R)
+    return freqs
+
+
+class FloatSplitCodec(Codec):
+    id = 3
+    name = "floatsplit"
+
+    def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
+        fmt = FORMAT_OF.get((hint.dtype or "").upper())
+        if fmt is None:
+            raise ValueError(f"floatsplit: no float format for dtype {hint.dtype!r}")
+        _, bits, eb, mb, k = FORMATS[fmt]
+        width = bits // 8
+        a = np.frombuffer(data, dtype=np.uint8)
+        n = len(a) // width
+        tail = a[n * width:].tobytes()
+        crc = zlib.crc32(data)
+        if n == 0:
+            return bytes((fmt, k, 1, 1, 0)) + put_varint(0) + put_varint(0) + put_varint(0) + \
+                crc.to_bytes(4, "little") + put_varint(0), tail
+        u = a[: n * width].view(_UINT[bits]).astype(np.uint64)
+        raw_bits = mb - k
+        exp = ((u >> np.uint64(mb)) & np.uint64((1 << eb) - 1)).astype(np.int64)
+        top = ((u >> np.uint64(bits - 1)).astype(np.int64) << k) | \
+            ((u >> np.uint64(raw_bits)).astype(np.int64) & ((1 << k) - 1))
+        emin, emax = int(exp.min()), int(exp.max())
+        E, T2 = emax - emin + 1, 1 << (k + 1)
+        sym = (exp - emin) * T2 + top
+        lanes = tans.lanes_for(n, 32 if raw_bits else 256)
+        steps, wp, _ = tans._layout(n, lanes)
+        prev = np.empty(n, dtype=np.int64)
+        prev[1:] = emax - exp[:-1]
+        starts = np.arange(wp) * steps
+        cM = np.bincount((exp - emin) * (T2 // 2) + (top & (T2 // 2 - 1)), minlength=E * T2 // 2)
+        M = _row_scale(cM.reshape(E, T2 // 2), M_LOG)
+        S = _row_scale(np.bincount(top >> k, minlength=2)[None, :], M_LOG)[0]
+        B = _sign_mantissa(S, M)
+        best = None
+        for nb in (1, 4, 8, 12, 16):
+            nb = min(nb, max(1, E))
+            if nb > 1 and nb * (E * T2 + (1 << 10)) > _table_budget(n):
+                break
+            ctx = np.minimum(prev, nb - 1)
+            c0 = int(np.bincount(ctx[1:], minlength=nb).argmax()) if n > 1 else 0
+            ctx[starts] = c0
+            cA = np.bincount(ctx * E + exp - emin, minlength=nb * E).reshape(nb, E)
+            cost = _cost(cA) + 1.3 * np.count_nonzero(cA)
+            if best is None or cost < best[0]:
+                best = (cost, nb, c0, cA)
+            if E == 1 or nb >= E:
+                break
+        rowmode = b""
+        ctx = None
+        C = hint.shape[-1] if hint.shape and len(hint.shape) >= 2 and hint.shape[-1] > 0 else 0
+        if C and n >= 4 * C:
+            shift = (hint.offset // width) % C
+            found = _row_classes(exp - emin, n, C, shift, E)
+            if found and found[0] < best[0]:
+                _, nb, cls, cA = found
+                c0 = ROW_CLASSES
+                cmapq = entropy.encode_stream(cls, nb)
+                rowmode = put_varint(C) + put_varint(shift) + put_varint(len(cmapq)) + cmapq
+                ctx = cls[(np.arange(n) + shift) // C]
+        if ctx is None:
+            _, nb, c0, cA = best
+        wp = tans.layout(n, lanes, ctx is not None)[1]
+        A = _row_scale(cA, A_LOG)
+        R = _table_log(n, nb, E * T2)
+        tab = tans.Tables(_joint_tables(A, B, R), R)
+        cmap = np.minimum(E - 1 - (np.arange(E * T2) // T2), nb - 1)
+        planes = _raw_planes(u, raw_bits)
+        zb, zflags, z = _zero_blocks(planes, n)
+        parts = [entropy.encode_stream(_pack_group(planes[j], mask, j == raw_bits // 8))
+                 for j, mask in _groups(len(planes), z, n)]
+        raw = np.frombuffer(b"".join(parts), dtype=np.uint8)
+        m = min(len(raw), wp * R // 8)
+        bb = _bits_back_values(raw[:m], wp, R)
+        if ctx is None:
+            stream = tans.encode(sym, tab, lanes, dyn=(cmap, c0), bits_back=bb)
+        else:
+            stream = tans.encode(sym, tab, lanes, ctx=ctx, bits_back=bb, interleaved=True)
+        blob = tans.pack_uints(np.concatenate([A.ravel(), S, M.ravel()]))
+        params = bytes((fmt, k, R, nb, c0)) + rowmode + put_varint(lanes) + put_varint(emin) + put_varint(E) + \
+            crc.to_bytes(4, "little") + put_varint(len(stream)) + bytes((zb,)) + \
+            (put_varint(len(zflags)) + zflags if zb else b"") + b"".join(put_varint(len(q)) for q in parts) + blob
+        return params, stream + raw[m:].tobytes() + tail
+
+    def decode(self, params: Buffer, body: Buffer, size: int) -> bytes:
+        p = memoryview(params)
+        if len(p) < 5:
+            raise CodecError("floatsplit: params too short")
+        fmt, k, R, nb, c0 = p[0], p[1], p[2], p[3], p[4]
+        if fmt not in FORMATS:
+            raise CodecError(f"floatsplit: unknown float format {fmt}")
+        _, bits, eb, mb, kk = FORMATS[fmt]
+        if k != kk or not 1 <= R <= tans.MAX_R or not 1 <= nb <= MAX_CONTEXTS or (c0 >= nb and c0 != ROW_CLASSES):
+            raise CodecError("floatsplit: bad model parameters")
+        pos = 5
+        rows = None
+        if c0 == ROW_CLASSES:
+            C, pos = get_varint(p, pos, "floatsplit row length")
+            shift, pos = get_varint(p, pos, "floatsplit row shift")
+            mlen, pos = get_varint(p, pos, "floatsplit row classes length")
+            if not 1 <= C <= size or shift >= C or pos + mlen > len(p):
+                raise CodecError("floatsplit: bad row classes")
+            rows = (C, shift, p[pos:pos + mlen])
+            pos += mlen
+        lanes, pos = get_varint(p, pos, "floatsplit lanes")
+        emin, pos = get_varint(p, pos, "floatsplit emin")
+        E, pos = get_varint(p, pos, "floatsplit exponent range")
+        if pos + 4 > len(p):
+            raise CodecError("floatsplit: params truncated")
+        crc = int.from_bytes(p[pos:pos + 4], "little")
+        slen, pos = get_varint(p, pos + 4, "floatsplit stream length")
+        if pos >= len(p) and size >= (FORMATS[fmt][1] // 8):
+            raise CodecError("floatsplit: params truncated")
+        width = bits // 8
+        n, t = divmod(size, width)
+        if n > tans.MAX_N:
+            raise CodecError("floatsplit: chunk too large")
+        body = memoryview(body)
+        if n == 0:
+            if (lanes, emin, E, slen) != (0, 0, 0, 0) or pos != len(p) or len(body) != t:
+                raise CodecError("floatsplit: malformed empty chunk")
+            out = bytes(body)
+        else:
+            out = self._decode_elements(p[pos:], body, n, t, fmt, R, nb, c0, lanes, emin, E, slen, rows)
+        if zlib.crc32(out) != crc:
+            raise CodecError("floatsplit: checksum mismatch")
+        return out
+
+    def _decode_elements(self, blob, body, n, t, fmt, R, nb, c0, lanes, emin, E, slen, rows) -> bytes:
+        _, bits, eb, mb, k = FORMATS[fmt]
+        T2 = 1 << (k + 1)
+        raw_bits = mb - k
+        nplanes = raw_bits // 8 + (1 if raw_bits % 8 else 0)
+        zb = blob[0]
+        z = None
+        if zb:
+            if not 1 <= zb <= 16 or not nplanes:
+                raise CodecError("floatsplit: bad zero-block size")
+            flen, q = get_varint(blob, 1, "floatsplit zero-block flags length")
+            if q + flen > len(blob):
+                raise CodecError("floatsplit: zero-block flags run past the params")
+            nblk = -(-n // (1 << zb))
+            z = np.repeat(entropy.decode_stream(blob[q:q + flen], nblk, nplanes + 1), 1 << zb)[:n]
+        else:
+            q, flen = 1, 0
+        groups = _groups(nplanes, z, n)
+        lens, q = [], q + flen
+        for _ in groups:
+            ln, q = get_varint(blob, q, "floatsplit plane stream length")
+            lens.append(ln)
+        blob = blob[q:]
+        if not 1 <= lanes <= n or E < 1 or emin + E > 1 << eb or E * T2 > tans.MAX_SYMBOLS:
+            raise CodecError("floatsplit: bad lanes or exponent range")
+        if nb * (E * T2 + (1 << R)) > _table_budget(n):
+            raise CodecError("floatsplit: tables too large for the chunk")
+        vals = tans.unpack_uints(blob, nb * E + 2 + E * T2 // 2, "floatsplit")
+        if vals.max(initial=0) > 1 << A_LOG or vals[nb * E:].max(initial=0) > 1 << M_LOG:
+            raise CodecError("floatsplit: model table value out of range")
+        A, S = vals[: nb * E].reshape(nb, E), vals[nb * E:nb * E + 2]
+        B = _sign_mantissa(S, vals[nb * E + 2:].reshape(E, T2 // 2))
+        raw_len = sum(lens)
+        wp = tans.layout(n, lanes, rows is not None)[1]
+        if slen + raw_len + t != len(body) + min(raw_len, wp * R // 8):
+            raise CodecError("floatsplit: body length does not match params")
+        tab = tans.Tables(_joint_tables(A, B, R), R)
+        cmap = np.minimum(E - 1 - (np.arange(E * T2) // T2), nb - 1)
+        J = np.arange(E * T2, dtype=np.uint64)
+        e, top = J // np.uint64(T2) + np.uint64(emin), J % np.uint64(T2)
+        val = (((top >> np.uint64(k)) << np.uint64(bits - 1)) | (e << np.uint64(mb)) |
+               ((top & np.uint64((1 << k) - 1)) << np.uint64(raw_bits))).astype(_UINT[bits])
+        if rows is None:
+            u, fin = tans.decode(body[:slen], n, tab, lanes, dyn=(cmap, c0), values=val)
+        else:
+            C, shift, cmapq = rows
+            r = (np.arange(n) + shift) // C
+            cls = entropy.decode_stream(cmapq, int(r[-1]) + 1, nb).astype(np.int64)
+            u, fin = tans.decode(body[:slen], n, tab, lanes, ctx=cls[r], values=val, interleaved=True)
+        wp = len(fin)
+        m = min(raw_len, wp * R // 8)
+        raw = np.empty(raw_len, dtype=np.uint8)
+        raw[:m] = _bits_back_bytes(fin, R, m)
+        raw[m:] = np.frombuffer(body, dtype=np.uint8, count=raw_len - m, offset=slen)
+        off = 0
+        dt = _UINT[bits]
+        for (j, mask), ln in zip(groups, lens):
+            c = n if mask is None else int(mask.sum())
+            nib = j == raw_bits // 8
+            v = entropy.decode_stream(raw[off:off + ln], (c + 1) // 2 if nib else c)
+            off += ln
+            if nib:
+                v = _unpack_nibbles(v, c)
+            v = v.astype(dt) << dt.type(8 * j)
+            if mask is None:
+                u |= v
+            else:
+                u[mask] |= v
+        out = u.astype(_UINT[bits]).tobytes()
+        return out + bytes(body[len(body) - t:]) if t else out
+
+
+def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
+    """Rows (of C elements, the first one shifted) grouped into K classes by mean exponent, with the
+    estimated cost; None when no split is possible."""
+    r = (np.arange(n) + shift) // C
+    nrows = int(r[-1]) + 1
+    mean = np.bincount(r, weights=e, minlength=nrows) / np.maximum(np.bincount(r, minlength=nrows), 1)
+    best = None
+    for K in (2, 4, 8):
+        cls = np.searchsorted(np.quantile(mean, np.linspace(0, 1, K + 1)[1:-1]), mean, side="right")
+        ctx = cls[r]
+        cA = np.bincount(ctx * E + e, minlength=K * E).reshape(K, E)
+        cost = _cost(cA) + 1.3 * np.count_nonzero(cA) + nrows * np.log2(K) / 8 + 8
+        if best is None or cost < best[0]:
+            best = (cost, K, cls, cA)
+    return best
+
+
+def _table_budget(n: int) -> int:
+    """Most table entries (contexts x (symbols + slots)) a chunk of n elements may ask for."""
+    return max(1 << 17, 16 * n)
+
+
+def _table_log(n: int, nb: int, symbols: int) -> int:
+    R = 15 if n >= 1 << 17 else 14 if n >= 1 << 16 else 12 if n >= 1 << 12 else 10
+    while (1 << R) < 2 * symbols and R < tans.MAX_R:
+        R += 1
+    while R > 10 and (nb * ((1 << R) + symbols) > _table_budget(n) or nb << R > MAX_TABLE_SLOTS):
+        R -= 1
+    return R
+
+
+def _cost(cA: np.ndarray) -> float:
+    """Order-0 code length in bytes of each context's exponent counts (rows of cA), summed."""
+    c = cA.astype(np.float64)
+    rows = c.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = np.where(c > 0, -c * np.log2(c / np.maximum(rows, 1)), 0.0)
+    return float(h.sum()) / 8
+
+
+def _raw_planes(u: np.ndarray, raw_bits: int) -> list[np.ndarray]:
+    """Low ``raw_bits`` bits of each element as planes, lowest first: whole bytes, then a nibble."""
+    planes = [((u >> np.uint64(8 * j)) & np.uint64(255)).astype(np.uint8) for j in range(raw_bits // 8)]
+    if raw_bits % 8:
+        planes.append(((u >> np.uint64(8 * (raw_bits // 8))) & np.uint64(15)).astype(np.uint8))
+    return planes
+
+
+def _zero_blocks(planes: list[np.ndarray], n: int) -> tuple[int, bytes, np.ndarray | None]:
+    """z per block of 2**ZERO_BLOCK_LOG elements: how many of its lowest planes are all zero.
+
+    Returns (block log, or 0 when no block has a zero plane; the coded z values; z per element).
+    """
+    if not planes:
+        return 0, b"", None
+    B = 1 << ZERO_BLOCK_LOG
+    nblk = -(-n // B)
+    zero = []
+    for p in planes:
+        q = np.zeros(nblk * B, dtype=np.uint8)
+        q[:n] = p
+        zero.append((q.reshape(nblk, B) == 0).all(axis=1))
+    z = np.cumprod(np.stack(zero), axis=0).sum(axis=0)
+    if not z.any():
+        return 0, b"", None
+    return ZERO_BLOCK_LOG, entropy.encode_stream(z, len(planes) + 1), np.repeat(z, B)[:n]
+
+
+def _groups(nplanes: int, z: np.ndarray | None, n: int) -> list[tuple[int, np.ndarray | None]]:
+    """The stored groups of each plane j: all elements, or (with zero blocks) the elements of blocks
+    whose first nonzero plane is j, then those of blocks where j is above it."""
+    if z is None:
+        return [(j, None) for j in range(nplanes)]
+    out = []
+    for j in range(nplanes):
+        out.append((j, z == j))
+        if j:
+            out.append((j, z < j))
+    return out
+
+
+def _pack_group(plane: np.ndarray, mask: np.ndarray | None, nibbles: bool) -> np.ndarray:
+    v = plane if mask is None else plane[mask]
+    if nibbles:     # two per byte, the first in the low half
+        if len(v) % 2:
+            v = np.append(v, np.uint8(0))
+        v = v[0::2] | (v[1::2] << 4)
+    return v
+
+
+def _unpack_nibbles(packed: np.ndarray, c: int) -> np.ndarray:
+    v = np.empty(len(packed) * 2, dtype=np.uint8)
+    v[0::2], v[1::2] = packed & 15, packed >> 4
+    if c % 2 and v[c]:
+        raise CodecError("floatsplit: nonzero padding nibble")
+    return v[:c]
+
+
+def _bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
+    """The first bytes of the stored bits, read as a little-endian bit string cut into R-bit fields."""
+    bits = np.zeros(wp * R, dtype=np.uint8)
+    bits[: 8 * len(b)] = np.unpackbits(b, bitorder="little")
+    return (bits.reshape(wp, R).astype(np.int64) << np.arange(R)).sum(axis=1)
+
+
+def _bits_back_bytes(fin: np.ndarray, R: int, m: int) -> np.ndarray:
+    bits = ((fin[:, None] >> np.arange(R)) & 1).astype(np.uint8).ravel()
+    if bits[8 * m:].any():
+        raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
+    return np.packbits(bits[: 8 * m], bitorder="little")

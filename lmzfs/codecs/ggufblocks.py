@@ -1,0 +1,126 @@
+"""Codec 5, ``ggufblocks``: GGUF block-quantised tensors split on their struct fields.
+
+A chunk of whole blocks is cut into one stream per field: each fp16 scale/min field becomes two
+byte streams (low bytes, high bytes), every other field one byte stream of its bytes, block after
+block. Each stream is coded on its own by the best of stored / zstd / tANS (entropy.encode_stream),
+so near-uniform quants are stored and skewed scales shrink. For Q4_1 the 4-bit quants (low nibble
+first) are coded one by one with the block's zero point q0 = clamp(round(-m / d), 0, 15) as context:
+quants cluster around the zero point, and which one that is differs per block. Bytes after the
+last whole block are stored. A CRC-32 of the plain chunk guards the result. Layout:
+docs/format.md, codec 5.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from . import entropy, tans
+from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+
+# ggml type id -> (name, block bytes, fields as (offset, size, kind)); kind "f16" = fp16 scalar,
+# "q" = quant bytes, "b" = other bytes. Offsets follow ggml's block structs (ggml-common.h).
+LAYOUTS: dict[int, tuple[str, int, tuple[tuple[int, int, str], ...]]] = {
+    2: ("Q4_0", 18, ((0, 2, "f16"), (2, 16, "q"))),
+    3: ("Q4_1", 20, ((0, 2, "f16"), (2, 2, "f16"), (4, 16, "q"))),
+    6: ("Q5_0", 22, ((0, 2, "f16"), (2, 4, "b"), (6, 16, "q"))),
+    7: ("Q5_1", 24, ((0, 2, "f16"), (2, 2, "f16"), (4, 4, "b"), (8, 16, "q"))),
+    8: ("Q8_0", 34, ((0, 2, "f16"), (2, 32, "q"))),
+    10: ("Q2_K", 84, ((0, 16, "b"), (16, 64, "q"), (80, 2, "f16"), (82, 2, "f16"))),
+    11: ("Q3_K", 110, ((0, 32, "b"), (32, 64, "q"), (96, 12, "b"), (108, 2, "f16"))),
+    12: ("Q4_K", 144, ((0, 2, "f16"), (2, 2, "f16"), (4, 12, "b"), (16, 128, "q"))),
+    13: ("Q5_K", 176, ((0, 2, "f16"), (2, 2, "f16"), (4, 12, "b"), (16, 32, "b"), (48, 128, "q"))),
+    14: ("Q6_K", 210, ((0, 128, "q"), (128, 64, "b"), (192, 16, "b"), (208, 2, "f16"))),
+}
+TYPE_OF = {v[0]: k for k, v in LAYOUTS.items()}
+Q4_1 = 3
+
+
+def block_bytes(dtype: str | None) -> int:
+    t = TYPE_OF.get((dtype or "").upper())
+    return LAYOUTS[t][1] if t is not None else 0
+
+
+def _q4_1_context(blocks: np.ndarray) -> np.ndarray:
+    """Per block zero point clamp(rint(-m / d), 0, 15), 0 where that is not a finite number."""
+    dm = blocks[:, 0:4].copy().view("<f2").astype(np.float32)
+    with np.errstate(all="ignore"):
+        z = -dm[:, 1] / dm[:, 0]
+    z = np.where(np.isfinite(z), z, 0.0)
+    return np.clip(np.rint(z), 0, 15).astype(np.int64)
+
+
+class GgufBlocksCodec(Codec):
+    id = 5
+    name = "ggufblocks"
+
+    def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
+        t = TYPE_OF.get((hint.dtype or "").upper())
+        if t is None:
+            raise ValueError(f"ggufblocks: no block layout for dtype {hint.dtype!r}")
+        _, bsize, fields = LAYOUTS[t]
+        a = np.frombuffer(data, dtype=np.uint8)
+        nblk = len(a) // bsize
+        blocks = a[: nblk * bsize].reshape(nblk, bsize)
+        ctx = np.repeat(_q4_1_context(blocks), 32) if t == Q4_1 and nblk else None
+        parts = []
+        for off, size, kind in fields:
+            if kind == "f16":
+                parts += [entropy.encode_stream(np.ascontiguousarray(blocks[:, off + j])) for j in range(2)]
+            elif ctx is not None and kind == "q":
+                q = blocks[:, off:off + size].reshape(-1)
+                nib = np.stack([q & 15, q >> 4], axis=1).reshape(-1)
+                parts.append(entropy.encode_stream(nib, 16, ctx, 16))
+            else:
+                parts.append(entropy.encode_stream(blocks[:, off:off + size].reshape(-1)))
+        params = bytes((t,)) + zlib.crc32(data).to_bytes(4, "little") + b"".join(put_varint(len(p)) for p in parts)
+        return params, b"".join(parts) + a[nblk * bsize:].tobytes()
+
+    def decode(self, params: Buffer, body: Buffer, size: int) -> bytes:
+        p = memoryview(params)
+        if len(p) < 5 or p[0] not in LAYOUTS:
+            raise CodecError("ggufblocks: unknown block type")
+        t = p[0]
+        crc = int.from_bytes(p[1:5], "little")
+        _, bsize, fields = LAYOUTS[t]
+        nblk, tail = divmod(size, bsize)
+        if size > tans.MAX_N:
+            raise CodecError("ggufblocks: chunk too large")
+        sizes = []
+        for off, fsize, kind in fields:
+            sizes += [1, 1] if kind == "f16" else [fsize]
+        pos, lens = 5, []
+        for _ in sizes:
+            n, pos = get_varint(p, pos, "ggufblocks stream length")
+            lens.append(n)
+        if pos != len(p) or sum(lens) + tail != len(body):
+            raise CodecError("ggufblocks: stream lengths do not add up")
+        body = memoryview(body)
+        out = np.empty(size, dtype=np.uint8)
+        blocks = out[: nblk * bsize].reshape(nblk, bsize)
+        off = 0
+        streams = []
+        for n, w in zip(lens, sizes):
+            streams.append((body[off:off + n], w))
+            off += n
+        si = 0
+        for foff, fsize, kind in fields:
+            if kind == "f16":
+                for j in range(2):
+                    blocks[:, foff + j] = entropy.decode_stream(streams[si][0], nblk)
+                    si += 1
+                continue
+            if t == Q4_1 and kind == "q":
+                ctx = np.repeat(_q4_1_context(blocks), 32) if nblk else None
+                nib = entropy.decode_stream(streams[si][0], nblk * 32, 16, ctx, 16).reshape(nblk, 16, 2)
+                blocks[:, foff:foff + fsize] = nib[:, :, 0] | (nib[:, :, 1] << 4)
+            else:
+                vals = entropy.decode_stream(streams[si][0], nblk * fsize)
+                blocks[:, foff:foff + fsize] = vals.reshape(nblk, fsize)
+            si += 1
+        if tail:
+            out[nblk * bsize:] = np.frombuffer(body, dtype=np.uint8, count=tail, offset=off)
+        res = out.tobytes()
+        if zlib.crc32(res) != crc:
+            raise CodecError("ggufblocks: checksum mismatch")
+        return res

@@ -1,0 +1,348 @@
+"""Table-based asymmetric numeral systems (tANS), vectorised with numpy over many lanes.
+
+Not a codec by itself: the entropy coder the ``floatsplit``, ``entropy`` and ``ggufblocks``
+codecs share. docs/format.md ("tANS streams") specifies the bit-exact layout; in short:
+
+* A table set holds K tables (contexts) over an alphabet of S symbols. Table c is a row of
+  frequencies f[c, s] >= 0 summing to exactly L = 2**R (1 <= R <= 15).
+* Table construction is fixed: the L slots are dealt to symbols in symbol order, slot k goes to
+  position (k * step) mod L with step = L/2 + L/8 + 3, and the positions of symbol s, in
+  increasing order, get the sub-states x = f_s, f_s + 1, ..., 2 f_s - 1. A decoder entry at
+  position p holds sym, nb = R - floor(log2 x) and base = x * 2**nb - L.
+* N symbols are decoded by Wp lanes in steps: contiguous lanes (lane j holds symbols j*T ...,
+  T = ceil(N / W) steps) or interleaved ones (symbol i belongs to lane i mod Wp). At each step
+  every lane still holding a symbol decodes one and then reads nb bits, in lane order.
+* The stream is one little-endian bit string (bit i is bit i % 8 of byte i // 8): first the Wp
+  initial states, R bits each, then the bits read at step 0, step 1, ... It must be consumed
+  exactly; its last byte's unused high bits are zero.
+* A symbol's table is its context: fixed per symbol (``ctx``), or a function of the previous
+  symbol in the same lane (``dyn`` = (map symbol -> context, context of a lane's first symbol);
+  contiguous lanes only).
+* The state a lane ends in is the encoder's initial state: callers pass R "bits-back" bits per
+  lane (plain data they would otherwise store) or zeros, and check them after decoding.
+
+Every index a corrupt stream can produce stays inside the tables; a stream that runs short or
+long raises CodecError.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import zstd as _zstd
+from .base import CodecError, get_varint, put_varint
+
+MAX_R = 15
+MAX_SYMBOLS = 1 << 16
+MAX_N = 1 << 27          # most symbols one stream may decode to (chunks are far smaller)
+_MASK = (np.int64(1) << np.arange(MAX_R + 1, dtype=np.int64)) - 1
+
+
+def quantize(counts: np.ndarray, R: int) -> np.ndarray:
+    """Integer frequencies summing to 2**R, >= 1 wherever ``counts`` > 0. Deterministic, integer only.
+
+    Symbols whose share is below one slot get exactly one; the others share the remaining slots in
+    proportion to their counts (floor, then one more slot for the largest remainders, ties to the
+    lower symbol). ``counts`` needs a positive entry and at most 2**R positive entries.
+    """
+    L = 1 << R
+    c = np.asarray(counts, dtype=np.int64)
+    tot = int(c.sum())
+    nz = c > 0
+    if tot <= 0 or int(nz.sum()) > L:
+        raise ValueError("cannot quantise: empty row or more symbols than slots")
+    small = nz & (c * L < tot)
+    while True:
+        big = nz & ~small
+        lb, tb = L - int(small.sum()), int(c[big].sum())
+        f = np.where(small, 1, 0)
+        if tb == 0:
+            break
+        f[big] = (c[big] * lb) // tb
+        if (f[big] > 0).all():
+            d = lb - int(f[big].sum())
+            rem = np.where(big, (c * lb) % tb, -1)
+            f[np.argsort(-rem, kind="stable")[:d]] += 1
+            break
+        small = small | (big & (f == 0))
+    if int(f.sum()) != L:
+        f[int(np.argmax(f))] += L - int(f.sum())
+    return f
+
+
+def quantize_rows(counts: np.ndarray, R: int) -> np.ndarray:
+    """``quantize`` applied to every row of a 2-D array (each row needs a positive entry); same result."""
+    L = 1 << R
+    c = np.asarray(counts, dtype=np.int64)
+    tot = c.sum(axis=1, keepdims=True)
+    nz = c > 0
+    if (tot <= 0).any() or (nz.sum(axis=1) > L).any():
+        raise ValueError("cannot quantise: empty row or more symbols than slots")
+    small = nz & (c * L < tot)
+    while True:
+        big = nz & ~small
+        lb = L - small.sum(axis=1, keepdims=True)
+        tb = np.where(big, c, 0).sum(axis=1, keepdims=True)
+        f = np.where(big, (c * lb) // np.maximum(tb, 1), small.astype(np.int64))
+        newly = big & (f == 0)
+        if not newly.any():
+            break
+        small |= newly
+    d = lb - np.where(big, f, 0).sum(axis=1, keepdims=True)
+    rem = np.where(big, (c * lb) % np.maximum(tb, 1), -1)
+    order = np.argsort(-rem, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(c.shape[1])[None, :], axis=1)
+    f += (rank < d) & big
+    for i in np.flatnonzero(f.sum(axis=1) != L):
+        f[i, int(np.argmax(f[i]))] += L - int(f[i].sum())
+    return f
+
+
+class Tables:
+    """Decode (and, lazily, encode) tables for K frequency rows of one alphabet."""
+
+    def __init__(self, freqs: np.ndarray, R: int):
+        freqs = np.asarray(freqs, dtype=np.int64)
+        if freqs.ndim != 2 or not 1 <= R <= MAX_R:
+            raise CodecError("tans: bad table shape or table log")
+        K, S = freqs.shape
+        L = 1 << R
+        if not 1 <= S <= MAX_SYMBOLS or K < 1:
+            raise CodecError(f"tans: {K} tables of {S} symbols out of range")
+        if (freqs < 0).any() or (freqs.sum(axis=1) != L).any():
+            raise CodecError(f"tans: a frequency table does not sum to {L}")
+        self.K, self.S, self.R, self.L, self.freqs = K, S, R, L, freqs
+        step = (L >> 1) + (L >> 3) + 3
+        self._pos = (np.arange(L, dtype=np.int64) * step) & (L - 1)
+        stype = np.int32 if S > 32767 else np.int16
+        packed = np.empty(K * L, dtype=np.int64)
+        self._order = []
+        for k in range(K):
+            f = freqs[k]
+            spread = np.empty(L, dtype=stype)
+            spread[self._pos] = np.repeat(np.arange(S, dtype=stype), f)
+            order = np.argsort(spread, kind="stable")     # positions of each symbol, increasing
+            s_sorted = spread[order].astype(np.int64)
+            start = np.cumsum(f) - f
+            xs = np.empty(L, dtype=np.int64)
+            xs[order] = np.arange(L, dtype=np.int64) - start[s_sorted] + f[s_sorted]
+            nb = R + 1 - np.frexp(xs.astype(np.float64))[1].astype(np.int64)
+            base = (xs << nb) - L
+            packed[k * L:(k + 1) * L] = base | (nb << 16) | (spread.astype(np.int64) << 20)
+            self._order.append(order)
+        self.packed = packed
+        self._enc = None
+
+    def _encode_tables(self):
+        if self._enc is None:
+            K, S, R, L, f = self.K, self.S, self.R, self.L, self.freqs
+            bitlen = np.where(f > 0, np.frexp(np.maximum(f, 1).astype(np.float64))[1], 0).astype(np.int64)
+            ks = R + 1 - bitlen
+            thr = f << ks
+            start = (np.cumsum(f, axis=1) - f) + (np.arange(K, dtype=np.int64)[:, None] * L)
+            enc = np.empty(K * L, dtype=np.int64)
+            for k in range(K):
+                enc[k * L:(k + 1) * L] = L + self._order[k]    # slot start_s + rank -> L + position
+            self._enc = (ks.ravel(), thr.ravel(), start.ravel(), f.ravel(), enc)
+        return self._enc
+
+
+def _layout(n: int, lanes: int) -> tuple[int, int, int]:
+    """Contiguous lanes: (steps T, lanes Wp, length of the last lane)."""
+    steps = -(-n // lanes)
+    wp = -(-n // steps)
+    return steps, wp, n - (wp - 1) * steps
+
+
+def layout(n: int, lanes: int, interleaved: bool) -> tuple[int, int, np.ndarray]:
+    """(steps T, lanes Wp, active lanes per step). Active lanes always form a prefix."""
+    if interleaved:
+        wp = min(lanes, n)
+        T = -(-n // wp)
+        act = np.full(T, wp, dtype=np.int64)
+        act[-1] = n - (T - 1) * wp
+        return T, wp, act
+    T, wp, last = _layout(n, lanes)
+    act = np.full(T, wp, dtype=np.int64)
+    act[last:] = wp - 1
+    return T, wp, act
+
+
+def _grid(v: np.ndarray, n: int, T: int, wp: int, interleaved: bool) -> np.ndarray:
+    g = np.zeros(T * wp, dtype=np.int64)
+    g[:n] = v
+    return g.reshape(T, wp) if interleaved else np.ascontiguousarray(g.reshape(wp, T).T)
+
+
+def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = None,
+           dyn: tuple[np.ndarray, int] | None = None, bits_back: np.ndarray | None = None,
+           interleaved: bool = False) -> bytes:
+    """The stream for ``sym`` (ints < S); every (context, symbol) used must have frequency > 0."""
+    n = len(sym)
+    if n == 0:
+        return b""
+    if dyn is not None and interleaved:
+        raise ValueError("tans: previous-symbol contexts need contiguous lanes")
+    T, Wp, act = layout(n, lanes, interleaved)
+    L, S, R = tab.L, tab.S, tab.R
+    ks, thr, start, fr, enc = tab._encode_tables()
+    sym = np.asarray(sym, dtype=np.int64)
+    if dyn is not None:
+        ctx = np.empty(n, dtype=np.int64)
+        ctx[1:] = dyn[0][sym[:-1]]
+        ctx[::T] = dyn[1]
+    si_all = sym if ctx is None else np.asarray(ctx, dtype=np.int64) * S + sym
+    if (fr[si_all] == 0).any():
+        raise ValueError("tans: a symbol has zero frequency in its table")
+    grid = _grid(si_all, n, T, Wp, interleaved)
+    sf = start - fr
+    x = np.full(Wp, L, dtype=np.int64)
+    if bits_back is not None:
+        x += bits_back
+    vals = np.empty((T, Wp), dtype=np.int64)
+    nbs = np.zeros((T, Wp), dtype=np.int64)
+    for t in range(T - 1, -1, -1):
+        a = int(act[t])
+        si = grid[t, :a]
+        xs = x[:a]
+        nb = nbs[t, :a]
+        np.subtract(ks[si], xs < thr[si], out=nb)
+        np.bitwise_and(xs, _MASK[nb], out=vals[t, :a])
+        x[:a] = enc[sf[si] + (xs >> nb)]
+    for t in np.flatnonzero(act < Wp):
+        vals[t, act[t]:] = 0
+    v = np.concatenate([x - L, vals.ravel()])
+    b = np.concatenate([np.full(Wp, R, dtype=np.int64), nbs.ravel()])
+    end = np.cumsum(b)
+    off = end - b
+    nbytes = (int(end[-1]) + 7) >> 3
+    sh = v << (off & 7)
+    bi = off >> 3
+    acc = np.zeros(nbytes + 3, dtype=np.float64)
+    for q in range(3):   # fields never share a bit, so summing their byte contributions is an OR
+        acc += np.bincount(bi + q, weights=((sh >> (8 * q)) & 255).astype(np.float64), minlength=nbytes + 3)
+    return acc[:nbytes].astype(np.uint8).tobytes()
+
+
+def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = None,
+           dyn: tuple[np.ndarray, int] | None = None, values: np.ndarray | None = None,
+           interleaved: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Decode n symbols; return (symbols, the Wp end states). CodecError if malformed.
+
+    With ``values`` (an array indexed by symbol) the symbols come back mapped through it, in its dtype.
+    """
+    if n == 0:
+        if len(stream):
+            raise CodecError("tans: non-empty stream for zero symbols")
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if lanes < 1 or (dyn is not None and interleaved) or n > MAX_N:
+        raise CodecError("tans: bad lanes, layout or symbol count")
+    T, Wp, act = layout(n, lanes, interleaved)
+    L, S, R = tab.L, tab.S, tab.R
+    raw = np.frombuffer(stream, dtype=np.uint8)
+    nbits = len(raw) * 8
+    if nbits < Wp * R:
+        raise CodecError("tans: stream shorter than its initial states")
+    slack = (Wp * R) // 8 + 8      # one step can overrun the end by at most Wp * R bits
+    buf = np.zeros(len(raw) + slack, dtype=np.uint8)
+    buf[:len(raw)] = raw
+    win = np.ndarray((len(raw) + slack - 3,), dtype="<u4", buffer=buf, offset=0, strides=(1,)).astype(np.int64)
+    hist = np.empty((T + 1, Wp), dtype=np.int64)     # table index (context * L + state) per step
+    o = np.arange(Wp, dtype=np.int64) * R
+    hist[0] = (win[o >> 3] >> (o & 7)) & _MASK[R]
+    pos = Wp * R
+    packed = tab.packed
+    cg = None
+    if ctx is not None:
+        if len(ctx) != n or (n and (ctx.min() < 0 or ctx.max() >= tab.K)):
+            raise CodecError("tans: context out of range")
+        cg = _grid(ctx, n, T, Wp, interleaved) * L
+        hist[0] += cg[0]
+    elif dyn is not None:
+        nxt = (dyn[0] * L)[packed >> 20]        # context offset of the symbol after each entry
+        packed = packed | (nxt << 36)
+        hist[0] += dyn[1] * L
+    for t in range(T):
+        a = int(act[t])
+        e = packed[hist[t, :a]]
+        nb = (e >> 16) & 15
+        end = np.cumsum(nb)
+        o = end - nb
+        o += pos
+        h = hist[t + 1, :a]
+        np.bitwise_and(win[o >> 3] >> (o & 7), _MASK[nb], out=h)
+        h += e & 0xFFFF
+        if cg is not None:
+            if t + 1 < T:
+                h += cg[t + 1, :a]
+        elif dyn is not None:
+            h += e >> 36
+        pos += int(end[-1])
+        if pos > nbits:
+            raise CodecError("tans: stream runs past its end")
+    if (pos + 7) >> 3 != len(raw) or (pos & 7 and raw[-1] >> (pos & 7)):
+        raise CodecError("tans: stream length does not match the symbols decoded")
+    fin = hist[T] & (L - 1)
+    prev = Wp
+    for t in np.flatnonzero(act < Wp):   # lanes [a, prev) ended before step t; later rows were never written
+        a = int(act[t])
+        if a < prev:
+            fin[a:prev] = hist[t, a:prev] & (L - 1)
+            hist[t + 1:, a:prev] = 0
+            prev = a
+    sy = (tab.packed >> 20) if values is None else np.asarray(values)[tab.packed >> 20]
+    out = sy[hist[:T]]
+    out = (out if interleaved else out.T).reshape(-1)[:n]
+    return out, fin
+
+
+def lanes_for(n: int, target_steps: int = 48, max_lanes: int = 1 << 14) -> int:
+    """Encoder choice: enough lanes that decoding takes about ``target_steps`` numpy steps."""
+    return max(1, min(max_lanes, -(-n // target_steps)))
+
+
+# --- compact integer lists for frequency tables -------------------------------------------------
+
+def pack_uints(values: np.ndarray) -> bytes:
+    """``values`` (ints < 2**35) as a blob: 0x00 + varints, or 0x01 + a zstd frame of those varints."""
+    v = np.asarray(values, dtype=np.int64).ravel()
+    out = bytearray()
+    for x in v.tolist():
+        while x >= 0x80:
+            out.append((x & 0x7F) | 0x80)
+            x >>= 7
+        out.append(x)
+    plain = bytes(out)
+    z = _zstd.compress(plain, 19) if len(plain) > 64 else b""
+    if z and len(z) < len(plain):
+        return b"\x01" + put_varint(len(plain)) + z
+    return b"\x00" + plain
+
+
+def unpack_uints(blob, count: int, what: str) -> np.ndarray:
+    """Inverse of pack_uints for exactly ``count`` values; CodecError on any mismatch."""
+    mv = memoryview(blob)
+    if len(mv) < 1 or mv[0] > 1:
+        raise CodecError(f"{what}: bad table blob")
+    body = mv[1:]
+    if mv[0] == 1:
+        plen, p = get_varint(body, 0, f"{what} table size")
+        if plen > 5 * count + 16:
+            raise CodecError(f"{what}: table blob too large")
+        body = memoryview(_zstd.decompress(body[p:], plen, f"{what} table"))
+    raw = np.frombuffer(body, dtype=np.uint8)
+    ends = np.flatnonzero(raw < 0x80)
+    if len(ends) != count or (count and ends[-1] != len(raw) - 1) or (not count and len(raw)):
+        raise CodecError(f"{what}: table holds a wrong number of values")
+    starts = np.concatenate([[0], ends[:-1] + 1]) if count else ends
+    if count and ((ends - starts) > 4).any():
+        raise CodecError(f"{what}: table value too large")
+    vals = np.zeros(count, dtype=np.int64)
+    low = raw.astype(np.int64) & 0x7F
+    for j in range(5):
+        sel = starts + j <= ends
+        vals[sel] |= low[(starts + j)[sel]] << (7 * j)
+    lens = ends - starts
+    if count and ((lens > 0) & (raw[ends] == 0)).any():
+        raise CodecError(f"{what}: non-canonical table value")
+    return vals
