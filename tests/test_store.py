@@ -347,3 +347,21 @@ def test_removing_the_older_of_two_models_rewrites_the_pack_and_keeps_the_newer_
     assert verify_store(store).ok
     add_model(store, a, "a-again")       # appends to the rewritten pack
     assert read_all(store_dir)["a-again/model.safetensors"] == (a / "model.safetensors").read_bytes()
+
+
+def test_fast_adds_use_only_the_quick_codecs_and_still_round_trip(tmp_path, store_dir):
+    src = small_model(tmp_path / "src", seed=50, mib=2)
+    store = StorePaths(store_dir)
+    add_model(store, src, "fast", fast=True)
+    add_model(StorePaths(tmp_path / "max"), src, "max")
+
+    def codecs(root: Path) -> set[str]:
+        archive = Archive(root)
+        try:
+            return set(archive.entry(archive.files()[0].model, "model.safetensors").codecs.split(","))
+        finally:
+            archive.close()
+
+    assert codecs(store_dir) <= {"raw", "zstd", "bytegroup"}
+    assert "floatsplit" in codecs(tmp_path / "max")
+    assert read_all(store_dir)["fast/model.safetensors"] == (src / "model.safetensors").read_bytes()

@@ -87,15 +87,16 @@ def encode_with(codec: Codec | str, data: Buffer, hint: ChunkHint = ChunkHint())
     return _header(codec.id, len(mv), params) + body
 
 
-def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL) -> list[Codec]:
-    """The codecs encode_chunk tries for a chunk of ``size`` bytes with this hint."""
+def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: bool = False) -> list[Codec]:
+    """The codecs encode_chunk tries for a chunk of ``size`` bytes with this hint; ``fast`` leaves
+    out the entropy-coded ones (floatsplit, ggufblocks, entropy), which decode ~10x slower."""
     if not size:
         return []
     out: list[Codec] = [ZstdCodec(level) if level != DEFAULT_LEVEL else REGISTRY[ZstdCodec.id]]
     dtype = (hint.dtype or "").upper()
     if hint.itemsize in ELEMENT_SIZES and size >= hint.itemsize:
         out.append(REGISTRY[BytegroupCodec.id])
-    if size >= MIN_ENTROPY_SIZE:
+    if size >= MIN_ENTROPY_SIZE and not fast:
         if dtype in FORMAT_OF:
             out.append(REGISTRY[FloatSplitCodec.id])
         elif dtype in TYPE_OF:
@@ -112,7 +113,8 @@ def _order0_bytes(mv: memoryview) -> float:
     return float(-(c * np.log2(c / c.sum())).sum()) / 8
 
 
-def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL) -> EncodedChunk:
+def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL,
+                 fast: bool = False) -> EncodedChunk:
     """Encode one chunk with whichever codec gives the smallest payload.
 
     Candidates (see ``candidates``): zstd always; bytegroup for element sizes 2, 4 and 8;
@@ -125,7 +127,7 @@ def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DE
     size = len(mv)
     best_id, best_params, best_body = RawCodec.id, b"", None
     best_len = len(_header(RawCodec.id, size, b"")) + size
-    for codec in candidates(hint, size, level):
+    for codec in candidates(hint, size, level, fast):
         if codec.id == EntropyCodec.id and _order0_bytes(mv) * 0.97 + 64 >= best_len:
             continue    # order-0 coding cannot win (zstd found repeats): skip its time and memory
         params, body = codec.encode(mv, hint)
