@@ -349,11 +349,11 @@ def test_removing_the_older_of_two_models_rewrites_the_pack_and_keeps_the_newer_
     assert read_all(store_dir)["a-again/model.safetensors"] == (a / "model.safetensors").read_bytes()
 
 
-def test_fast_adds_use_only_the_quick_codecs_and_still_round_trip(tmp_path, store_dir):
+def test_a_default_add_uses_only_the_quick_codecs_and_smallest_adds_the_entropy_coded_ones(tmp_path, store_dir):
     src = small_model(tmp_path / "src", seed=50, mib=2)
     store = StorePaths(store_dir)
-    add_model(store, src, "fast", fast=True)
-    add_model(StorePaths(tmp_path / "max"), src, "max")
+    add_model(store, src, "fast")
+    add_model(StorePaths(tmp_path / "max"), src, "max", smallest=True)
 
     def codecs(root: Path) -> set[str]:
         archive = Archive(root)
@@ -365,3 +365,4 @@ def test_fast_adds_use_only_the_quick_codecs_and_still_round_trip(tmp_path, stor
     assert codecs(store_dir) <= {"raw", "zstd", "bytegroup"}
     assert "floatsplit" in codecs(tmp_path / "max")
     assert read_all(store_dir)["fast/model.safetensors"] == (src / "model.safetensors").read_bytes()
+    assert read_all(tmp_path / "max")["max/model.safetensors"] == (src / "model.safetensors").read_bytes()
