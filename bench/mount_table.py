@@ -1,0 +1,362 @@
+"""The mount table: reading a model through our mount vs lmzip's mount vs the plain file.
+
+Targets: the plain file in the page cache (the anchor of every ratio), our mount (`lmz --store S
+mount MNT --cache-size C`, once per decoder when `lmz mount --help` offers `--decoder`), and
+lmzip's mount. Every timed cold read gets a fresh mount, with the store's own files read into the
+page cache just before, so what is measured is decoding and serving, not the disk. Runs are
+interleaved over targets, and each ratio is taken within one run (target vs the plain file in
+that same run), then summarised over runs.
+
+Measurements, each on a fresh mount:
+  seq      the astra file (BF16, 235 MB) read front to back in 1 MiB reads (cold), then read again
+           through the same mount (warm: the kernel page cache of the mount), SHA-256 checked in run 1
+  rand     N preads of 4 KiB at random 4 KiB-aligned offsets of astra (same offsets for every
+           target in a run), each timed with perf_counter_ns; p50 and p99
+  conc     one reader of one astra-like file, then (fresh mount) 8 threads reading 8 different
+           astra-like files (astra with the low mantissa bits of every element XORed with 1..8: same
+           size and compressibility, no shared chunks); total MB/s, and the daemon's VmHWM/VmRSS
+           (/proc/PID/status; our pid from MNT/.lmzfs/stats.json) right after the 8 readers
+  rss      our mount's VmHWM after the same 8-reader stream (1.9 GB) at other --cache-size values
+  load     safetensors.safe_open(framework="pt") loading every tensor of astra, and
+           gguf.GGUFReader touching every tensor's data of smollm2
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import random
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from common import (LMZFS_CLI, ToolError, describe, help_text, log, percentile, proc_memory,
+                    read_sequential, sha256_file, warm_page_cache)
+from tools import CliStore, lmzfs_store, lmzip_store
+
+DEFAULT_CACHE = "256M"
+RSS_CACHE_SIZES = ("64M",)            # measured besides DEFAULT_CACHE
+VARIANTS = 8
+BLOCK = 4096
+
+
+@dataclass
+class Target:
+    label: str
+    kind: str                          # "plain", "ours" or "lmzip"
+    tool: CliStore | None = None
+    extra: list[str] = field(default_factory=list)
+    store: Path | None = None
+    error: str | None = None
+    cache_size: str | None = None
+
+    def info(self) -> dict:
+        return {"label": self.label, "kind": self.kind, "extra": self.extra, "error": self.error,
+                "cache_size": self.cache_size}
+
+
+@dataclass
+class Session:
+    path: Callable[[str, str], Path]   # (model, file name) -> the file to read
+    pid: int | None = None
+    ready_s: float | None = None
+    stats: dict | None = None
+
+
+def our_decoders() -> list[str | None]:
+    """The --decoder choices of our mount ("auto" left out: it picks one of the others), or [None]
+    when it has no such option."""
+    text = help_text([LMZFS_CLI, "mount"]) or ""
+    m = re.search(r"--decoder\s+\{([^}]*)\}", text)
+    if not m:
+        return [None]
+    choices = [c.strip() for c in m.group(1).split(",") if c.strip() and c.strip() != "auto"]
+    return choices or [None]
+
+
+def make_variants(src: Path, dest: Path, count: int) -> list[Path]:
+    """`count` distinct safetensors files like `src`: every 16-bit word of the data section XORed
+    with k (1..count), which flips only the lowest mantissa bits of BF16 values: the same size,
+    dtype mix and compressibility, and no chunk in common with `src` or with each other."""
+    import numpy as np
+
+    dest.mkdir(parents=True, exist_ok=True)
+    raw = bytearray(src.read_bytes())
+    hlen = int.from_bytes(raw[:8], "little")
+    start = 8 + hlen
+    if start % 2 or (len(raw) - start) % 2:
+        raise ToolError(f"{src.name}: data section not 16-bit aligned")
+    words = np.frombuffer(raw, dtype="<u2", offset=start)
+    out = []
+    for k in range(1, count + 1):
+        p = dest / f"{src.stem}.v{k}{src.suffix}"
+        with open(p, "wb") as f:
+            f.write(raw[:start])
+            f.write((words ^ np.uint16(k)).tobytes())
+        out.append(p)
+    return out
+
+
+def _read_all(paths: list[Path]) -> tuple[int, float]:
+    """Read the files concurrently, one thread each; (total bytes, wall seconds)."""
+    barrier = threading.Barrier(len(paths) + 1)
+    counts = [0] * len(paths)
+    errors: list[BaseException] = []
+
+    def worker(i: int, p: Path) -> None:
+        barrier.wait()
+        try:
+            counts[i] = read_sequential(p)[0]
+        except BaseException as exc:   # reported after join
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i, p)) for i, p in enumerate(paths)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return sum(counts), elapsed
+
+
+def _random_reads(path: Path, offsets: list[int]) -> list[int]:
+    """Nanoseconds of each 4 KiB pread at these offsets."""
+    lat = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for off in offsets:
+            t0 = time.perf_counter_ns()
+            b = os.pread(fd, BLOCK, off)
+            lat.append(time.perf_counter_ns() - t0)
+            if len(b) != BLOCK:
+                raise ToolError(f"short read at {off}: {len(b)} bytes")
+    finally:
+        os.close(fd)
+    return lat
+
+
+def _check_random(path: Path, plain: Path, offsets: list[int]) -> None:
+    with open(path, "rb", buffering=0) as a, open(plain, "rb", buffering=0) as b:
+        for off in offsets:
+            if os.pread(a.fileno(), BLOCK, off) != os.pread(b.fileno(), BLOCK, off):
+                raise ToolError(f"random read at {off} differs from the original")
+
+
+def load_safetensors(path: Path) -> int:
+    from safetensors import safe_open
+    n = 0
+    with safe_open(str(path), framework="pt") as f:
+        for k in f.keys():
+            t = f.get_tensor(k)
+            n += t.numel() * t.element_size()
+            del t
+    return n
+
+
+def load_gguf(path: Path) -> int:
+    import numpy as np
+    from gguf import GGUFReader
+    reader = GGUFReader(str(path))
+    n = 0
+    for t in reader.tensors:
+        n += len(np.asarray(t.data).tobytes())
+    del reader, t
+    gc.collect()             # drop the memmap before the mount goes away
+    return n
+
+
+class MountBench:
+    def __init__(self, astra: Path, gguf: Path, work: Path, runs: int, reads: int):
+        self.astra, self.gguf, self.work, self.runs, self.reads = astra, gguf, work, runs, reads
+        self.variants: list[Path] = []
+        self.targets: list[Target] = []
+        self.plain: dict[tuple[str, str], Path] = {}
+        self._n = 0
+        self.res: dict = {"runs": runs, "reads": reads, "variants": VARIANTS, "default_cache": DEFAULT_CACHE,
+                          "file": {"name": astra.name, "bytes": astra.stat().st_size},
+                          "gguf": {"name": gguf.name, "bytes": gguf.stat().st_size},
+                          "seq": {}, "rand": {}, "conc": {}, "rss": [], "load": {}, "errors": []}
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup(self) -> None:
+        log("mount: making distinct astra variants")
+        self.variants = make_variants(self.astra, self.work / "variants", VARIANTS)
+        self.res["variant_bytes"] = sum(p.stat().st_size for p in self.variants)
+        self.plain = {("bench", self.astra.name): self.astra, ("bench", self.gguf.name): self.gguf}
+        self.plain.update({("astra8", p.name): p for p in self.variants})
+        self.targets = [Target("plain file (page cache)", "plain")]
+        ours, theirs = lmzfs_store(), lmzip_store()
+        decoders = our_decoders()
+        self.res["decoders"] = decoders
+        for dec in decoders:
+            extra = ["--cache-size", DEFAULT_CACHE] + (["--decoder", dec] if dec else [])
+            label = "lmzfs mount" + (f" (--decoder {dec})" if dec else "")
+            self.targets.append(Target(label, "ours", ours, extra, cache_size=DEFAULT_CACHE))
+        self.targets.append(Target("lmzip mount", "lmzip", theirs, [], cache_size="512 blocks x 64 KiB per model (default)"))
+        stores: dict[str, Path | str] = {}
+        for tool in (ours, theirs):
+            store = self.work / f"store-{tool.name.split()[0]}"
+            try:
+                start = time.perf_counter()
+                tool.add(store, [self.astra, self.gguf], "bench", self.work)
+                tool.add(store, self.variants, "astra8", self.work)
+                log(f"mount: {tool.name}: both models added in {time.perf_counter() - start:.1f} s")
+                stores[tool.name] = store
+            except Exception as exc:
+                stores[tool.name] = describe(exc)
+        for t in self.targets:
+            if t.tool is not None:
+                s = stores[t.tool.name]
+                if isinstance(s, Path):
+                    t.store = s
+                else:
+                    t.error = f"setting up the store failed: {s}"
+        self.res["targets"] = [t.info() for t in self.targets]
+        ours_default = Target("lmzfs mount (no options)", "ours", ours, [], store=stores.get(ours.name))
+        if isinstance(ours_default.store, Path):
+            try:
+                with self.session(ours_default) as s:
+                    self.res["default_decoder"] = (s.stats or {}).get("decoder")
+                    self.res["default_cache_bytes"] = (s.stats or {}).get("cache", {}).get("capacity_bytes")
+            except Exception as exc:
+                self.res["errors"].append(f"mount with default options: {describe(exc)}")
+
+    # ------------------------------------------------------------------ sessions
+
+    @contextlib.contextmanager
+    def session(self, t: Target, extra: list[str] | None = None) -> Iterator[Session]:
+        """The plain files, or a fresh mount of the target's store (its files warmed first)."""
+        if t.tool is None:
+            yield Session(lambda model, name: self.plain[(model, name)])
+            return
+        warm_page_cache([t.store])
+        self._n += 1
+        mnt = self.work / f"mnt-{t.kind}-{self._n}"
+        try:
+            with t.tool.mount(t.store, mnt, self.work / f"mount-{t.kind}.log", extra if extra is not None else t.extra) as m:
+                pid, stats = m.proc.pid, None
+                if t.kind == "ours":
+                    stats = json.loads((m.path / ".lmzfs" / "stats.json").read_text())
+                    pid = int(stats["pid"])
+                yield Session(lambda model, name: t.tool.served(m.path, model, name), pid, m.ready_s, stats)
+        finally:
+            with contextlib.suppress(OSError):
+                mnt.rmdir()
+
+    def _each(self, what: str, fn: Callable[[Target, int], dict]) -> None:
+        """Run fn(target, run) for every run and target (interleaved); keep per-run values, None on failure."""
+        table = self.res[what]
+        for i in range(self.runs):
+            for t in self.targets:
+                row = table.setdefault(t.label, {"error": t.error})
+                if t.error:
+                    continue
+                log(f"mount {what}: {t.label} run {i + 1}/{self.runs}")
+                try:
+                    vals = fn(t, i)
+                except Exception as exc:
+                    row["error"] = describe(exc)
+                    log(f"mount {what}: {t.label}: {row['error']}")
+                    vals = {}
+                for k, v in vals.items():
+                    row.setdefault(k, [None] * self.runs)[i] = v
+
+    # ------------------------------------------------------------------ measurements
+
+    def seq(self, t: Target, i: int) -> dict:
+        with self.session(t) as s:
+            p = s.path("bench", self.astra.name)
+            n, cold = read_sequential(p)
+            n2, warm = read_sequential(p)
+            if n != self.astra.stat().st_size or n2 != n:
+                raise ToolError(f"served {n} and {n2} bytes of {self.astra.stat().st_size}")
+            if i == 0 and t.tool is not None and sha256_file(p) != sha256_file(self.astra):
+                raise ToolError("served bytes differ from the original (SHA-256)")
+            return {"cold_s": cold, "warm_s": warm, "ready_s": s.ready_s, "decoder": (s.stats or {}).get("decoder")}
+
+    def rand(self, t: Target, i: int) -> dict:
+        size = self.astra.stat().st_size
+        rng = random.Random(4096 + i)
+        offsets = [rng.randrange(0, size // BLOCK) * BLOCK for _ in range(self.reads)]
+        with self.session(t) as s:
+            p = s.path("bench", self.astra.name)
+            lat = sorted(_random_reads(p, offsets))
+            if i == 0 and t.tool is not None:
+                _check_random(p, self.astra, offsets[:200])
+        return {"p50_us": percentile(lat, 50) / 1e3, "p99_us": percentile(lat, 99) / 1e3,
+                "mean_us": sum(lat) / len(lat) / 1e3, "max_us": lat[-1] / 1e3}
+
+    def conc(self, t: Target, i: int) -> dict:
+        with self.session(t) as s:
+            one_bytes, one_s = _read_all([s.path("astra8", self.variants[0].name)])
+        out = {"one_s": one_s, "one_bytes": one_bytes}
+        out.update(self._eight(t, t.extra))
+        return out
+
+    def _eight(self, t: Target, extra: list[str]) -> dict:
+        with self.session(t, extra) as s:
+            total, secs = _read_all([s.path("astra8", p.name) for p in self.variants])
+            if total != self.res["variant_bytes"]:
+                raise ToolError(f"8 readers got {total} bytes of {self.res['variant_bytes']}")
+            mem = proc_memory(s.pid) if s.pid else None
+        return {"eight_s": secs, "eight_bytes": total, "mem": mem}
+
+    def rss(self) -> None:
+        """Our mount's memory after the 8-reader stream at other cache sizes (the default's is in conc)."""
+        for t in [t for t in self.targets if t.kind == "ours" and not t.error]:
+            for size in RSS_CACHE_SIZES:
+                extra = [a if a != DEFAULT_CACHE else size for a in t.extra]
+                row = {"label": t.label, "cache_size": size, "eight_s": [], "mem": [], "error": None}
+                for i in range(self.runs):
+                    log(f"mount rss: {t.label} --cache-size {size} run {i + 1}/{self.runs}")
+                    try:
+                        r = self._eight(t, extra)
+                        row["eight_s"].append(r["eight_s"])
+                        row["mem"].append(r["mem"])
+                    except Exception as exc:
+                        row["error"] = describe(exc)
+                        break
+                self.res["rss"].append(row)
+
+    def load(self, t: Target, i: int) -> dict:
+        with self.session(t) as s:
+            start = time.perf_counter()
+            n1 = load_safetensors(s.path("bench", self.astra.name))
+            st_s = time.perf_counter() - start
+        with self.session(t) as s:
+            start = time.perf_counter()
+            n2 = load_gguf(s.path("bench", self.gguf.name))
+            gg_s = time.perf_counter() - start
+        return {"safetensors_s": st_s, "safetensors_bytes": n1, "gguf_s": gg_s, "gguf_bytes": n2}
+
+    def measure(self) -> dict:
+        try:
+            import safetensors, gguf, torch  # noqa: F401,E401  (imports are not timed)
+        except ImportError as exc:
+            self.res["errors"].append(f"loaders unavailable: {exc}")
+        warm_page_cache([self.astra, self.gguf, *self.variants])
+        self._each("seq", self.seq)
+        self._each("rand", self.rand)
+        self._each("conc", self.conc)
+        self.rss()
+        self._each("load", self.load)
+        return self.res
+
+
+def measure(astra: Path, gguf: Path, work: Path, runs: int, reads: int = 2000) -> dict:
+    bench = MountBench(astra, gguf, work, runs, reads)
+    try:
+        bench.setup()
+        return bench.measure()
+    finally:
+        shutil.rmtree(work / "variants", ignore_errors=True)

@@ -1,0 +1,335 @@
+#!/usr/bin/env python3
+"""Render the bench's JSON results as Markdown (docs/results.md).
+
+    bench/.venv/bin/python bench/report.py RESULTS.json > docs/results.md
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+MiB = 1 << 20
+
+
+def fmt(v: float | None, digits: int | None = None) -> str:
+    if v is None:
+        return "n/a"
+    if digits is not None:
+        return f"{v:,.{digits}f}"
+    return f"{v:,.2f}" if abs(v) < 10 else f"{v:,.1f}" if abs(v) < 100 else f"{v:,.0f}"
+
+
+def cell(s: dict | None, digits: int | None = None) -> str:
+    """median (min) of a summary dict."""
+    if not s:
+        return "n/a"
+    return f"{fmt(s['median'], digits)} ({fmt(s['min'], digits)})"
+
+
+def ratio(s: dict | None) -> str:
+    """median (min) of a ratio, three significant digits."""
+    if not s:
+        return "n/a"
+    return f"{s['median']:,.3g} ({s['min']:,.3g})"
+
+
+def summ(values: list) -> dict | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def per_run(a: list | None, b: list | None, f) -> dict | None:
+    """Summary of f(a[i], b[i]) over the runs where both were measured (ratios within one run)."""
+    if not a or not b:
+        return None
+    return summ([f(x, y) for x, y in zip(a, b) if x is not None and y is not None])
+
+
+def table(head: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
+    align = align or "l" + "r" * (len(head) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    return ["| " + " | ".join(head) + " |", "|" + "|".join(sep) + "|", *("| " + " | ".join(r) + " |" for r in rows), ""]
+
+
+# ----------------------------------------------------------------------------- compression
+
+
+def margin(subject: dict, ours: str) -> float | None:
+    rows = {r["tool"]: r for r in subject["tools"]}
+    mine = rows.get(ours)
+    others = [r["saved_pct"] for r in subject["tools"] if not r["ours"] and r["saved_pct"] is not None]
+    if not mine or mine["saved_pct"] is None or not others:
+        return None
+    return mine["saved_pct"] - max(others)
+
+
+def best_other(subject: dict) -> str:
+    others = [r for r in subject["tools"] if not r["ours"] and r["saved_pct"] is not None]
+    return max(others, key=lambda r: r["saved_pct"])["tool"] if others else "n/a"
+
+
+def notes_of(r: dict) -> str:
+    if r["error"]:
+        return f"n/a: {r['error'][:240]}"
+    parts = []
+    n = r["notes"]
+    if "store_du_bytes" in n:
+        parts.append(f"store dir du {n['store_du_bytes']:,} B")
+    dtypes = sorted({v for k, v in n.items() if k.startswith("dtype:")})
+    if dtypes:
+        parts.append("dtype " + "/".join(dtypes))
+    if n.get("charged_per_file"):
+        parts.append("per file (each chunk charged to the first file using it): "
+                     + ", ".join(f"{k} {v:,} B" for k, v in n["charged_per_file"].items()))
+    if n.get("one_archive"):
+        parts.append("both files in one archive")
+    if n.get("per_file"):
+        parts.append("each file on its own, sizes summed")
+    if len(set(r["stored_bytes_per_run"])) > 1:
+        parts.append(f"sizes vary: {r['stored_bytes_per_run']}")
+    for key in ("logical_bytes_mismatch", "original_size_mismatch"):
+        if key in n:
+            parts.append(f"{key} {n[key]}")
+    if r["startup_s"] is not None:
+        parts.append(f"start-up {r['startup_s']:.2f} s/run")
+    if r["decode_error"]:
+        parts.append(f"decode n/a: {r['decode_error'][:240]}")
+    elif r["kind"] == "store" and r["decode_s"]:
+        parts.append("decode = read through a fresh mount")
+    if r["lossless_checked"]:
+        parts.append("round trip SHA-256 ok")
+    return "; ".join(parts)
+
+
+def compression_md(subjects: list[dict], runs: int) -> list[str]:
+    tools = [r["tool"] for r in subjects[0]["tools"]] if subjects else []
+    ours = [r["tool"] for r in subjects[0]["tools"] if r["ours"]] if subjects else []
+    out = ["## Compression (issue 3)", "",
+           f"Saved % = 100 × (1 − stored / original). **margin** = our saved % minus the best other tool's "
+           f"(percentage points; positive: we store less). Speeds below, median (min) of {runs} runs.", ""]
+    head = ["file", "bytes", *tools, *(f"margin: {o}" for o in ours), "best other"]
+    rows = []
+    for s in subjects:
+        by = {r["tool"]: r for r in s["tools"]}
+        row = [s["subject"], f"{s['bytes']:,}"]
+        row += [fmt(by[t]["saved_pct"], 2) if by[t]["saved_pct"] is not None else "n/a" for t in tools]
+        for o in ours:
+            m = margin(s, o)
+            row.append("n/a" if m is None else f"**{m:+.2f}**")
+        row.append(best_other(s))
+        rows.append(row)
+    out += table(head, rows)
+    for s in subjects:
+        files = ", ".join(f"`{f['name']}` ({f['bytes']:,} B)" for f in s["files"])
+        out += [f"### {s['subject']}: {files}", ""]
+        if s.get("note"):
+            out += [s["note"], ""]
+        rows = []
+        for r in s["tools"]:
+            if r["error"]:
+                rows.append([r["tool"], "n/a", "n/a", "n/a", "n/a", notes_of(r)])
+            else:
+                rows.append([r["tool"], f"{r['stored_bytes']:,}", fmt(r["saved_pct"], 2),
+                             cell(r["encode_mbps"]), cell(r["decode_mbps"]), notes_of(r)])
+        out += table(["tool", "stored bytes", "saved %", "encode MB/s", "decode MB/s", "notes"], rows, "lrrrrl")
+    return out
+
+
+# ----------------------------------------------------------------------------- mount
+
+
+def mount_md(m: dict) -> list[str]:
+    runs, nbytes = m["runs"], m["file"]["bytes"]
+    targets = m.get("targets", [])
+    plain = next((t["label"] for t in targets if t["kind"] == "plain"), None)
+    mounts = [t for t in targets if t["kind"] != "plain"]
+    out = ["## Mount (issue 4)", "",
+           f"On `{m['file']['name']}` ({nbytes:,} B, BF16) unless said otherwise. Every cold read is on a "
+           f"fresh mount with the store's files already in the page cache. Values are median (min) of "
+           f"{runs} runs; **× plain** compares with the plain file read from the page cache in the same "
+           f"run (ratio per run, then median (min) over runs).", ""]
+    if m.get("default_decoder"):
+        cap = m.get("default_cache_bytes")
+        out += [f"With no options our mount uses the `{m['default_decoder']}` decoder"
+                + (f" and a {cap / MiB:.0f} MiB chunk cache" if cap else "") + " (its stats.json); "
+                f"the rows below pass `--cache-size {m.get('default_cache', '')}` explicitly.", ""]
+    if m.get("decoders") == [None]:
+        out += ["`lmz mount --help` offers no `--decoder` option in this build, so one decoder was measured "
+                "(stats.json reports which).", ""]
+
+    def mbps(series: list | None, n: int) -> list:
+        return [None if s is None else n / 1e6 / s for s in (series or [])]
+
+    # sequential
+    seq = m["seq"]
+    p = seq.get(plain, {})
+    p_cold = mbps(p.get("cold_s"), nbytes)
+    rows = []
+    for t in targets:
+        r = seq.get(t["label"], {})
+        if r.get("error") and not r.get("cold_s"):
+            rows.append([t["label"], "n/a", "", "n/a", "", "", r["error"][:200]])
+            continue
+        cold, warm = mbps(r.get("cold_s"), nbytes), mbps(r.get("warm_s"), nbytes)
+        dec = {d for d in r.get("decoder") or [] if d}
+        rows.append([t["label"], cell(summ(cold)),
+                     "1" if t["kind"] == "plain" else ratio(per_run(cold, p_cold, lambda a, b: a / b)),
+                     cell(summ(warm)),
+                     "1" if t["kind"] == "plain" else ratio(per_run(warm, p_cold, lambda a, b: a / b)),
+                     cell(summ(r.get("ready_s") or [])) if t["kind"] != "plain" else "—",
+                     "; ".join(x for x in [f"stats.json decoder: {', '.join(sorted(dec))}" if dec else "",
+                                           r.get("error") or ""] if x)])
+    out += ["### Sequential read, 1 MiB reads", "",
+            "cold: first read on a fresh mount; warm: the second read through the same mount. "
+            "× plain: MB/s over the plain file's page-cache read (first read) in the same run.", ""]
+    out += table(["reader", "cold MB/s", "cold × plain", "warm MB/s", "warm × plain", "mount ready s", "notes"],
+                 rows, "lrrrrrl")
+
+    # random reads
+    rnd = m["rand"]
+    p = rnd.get(plain, {})
+    rows = []
+    for t in targets:
+        r = rnd.get(t["label"], {})
+        if not r.get("p50_us"):
+            rows.append([t["label"], "n/a", "n/a", "n/a", "", (r.get("error") or "")[:200]])
+            continue
+        rows.append([t["label"], cell(summ(r["p50_us"])), cell(summ(r["p99_us"])), cell(summ(r["mean_us"])),
+                     "1" if t["kind"] == "plain" else ratio(per_run(r["p50_us"], p.get("p50_us"), lambda a, b: a / b)),
+                     r.get("error") or ""])
+    out += [f"### Random 4 KiB reads ({m['reads']:,} preads at random 4 KiB-aligned offsets, fresh mount)", "",
+            "Latency of each `os.pread` (perf_counter_ns). Here the min is the best run.", ""]
+    out += table(["reader", "p50 µs", "p99 µs", "mean µs", "p50 × plain", "notes"], rows, "lrrrrl")
+
+    # concurrency and memory
+    conc = m["conc"]
+    one_bytes = nbytes
+    rows = []
+    for t in targets:
+        r = conc.get(t["label"], {})
+        if not r.get("eight_s"):
+            rows.append([t["label"], "n/a", "n/a", "n/a", "n/a", "n/a", t.get("cache_size") or "—", (r.get("error") or "")[:200]])
+            continue
+        one = mbps(r.get("one_s"), r.get("one_bytes", [one_bytes])[0] or one_bytes)
+        eight_b = next((b for b in r.get("eight_bytes", []) if b), 0)
+        eight = mbps(r.get("eight_s"), eight_b)
+        mems = [x for x in r.get("mem") or [] if x]
+        hwm = summ([(x["vmhwm"] + x["children_vmhwm"]) / MiB for x in mems])
+        rss = summ([(x["vmrss"] + x["children_vmrss"]) / MiB for x in mems])
+        kids = max((x["children"] for x in mems), default=0)
+        rows.append([t["label"], cell(summ(one)), cell(summ(eight)), ratio(per_run(eight, one, lambda a, b: a / b)),
+                     "—" if not hwm else f"{fmt(hwm['median'], 0)} (max {fmt(hwm['max'], 0)})",
+                     "—" if not rss else fmt(rss["median"], 0),
+                     t.get("cache_size") or "—",
+                     "; ".join(x for x in [f"incl. {kids} child process(es)" if kids else "", r.get("error") or ""] if x)])
+    vb = m.get("variant_bytes", 0)
+    out += [f"### Concurrency and daemon memory: {m['variants']} readers of {m['variants']} different files "
+            f"({vb / 1e9:.2f} GB in all)", "",
+            f"The files are astra with the low mantissa bits XORed with 1..{m['variants']} (same size and "
+            "compressibility, no chunk shared). 1 reader: one of them on a fresh mount; 8 readers: one thread "
+            "per file on another fresh mount, total MB/s. Memory: VmHWM (peak) and VmRSS of the daemon "
+            "(/proc/PID/status, our pid from `MNT/.lmzfs/stats.json`) right after the 8 readers finish.", ""]
+    out += table(["reader", "1 reader MB/s", "8 readers MB/s", "8 vs 1", "daemon VmHWM MiB",
+                  "VmRSS MiB", "configured cache", "notes"], rows, "lrrrrrll")
+    if m.get("rss"):
+        rows = []
+        for r in m["rss"]:
+            mems = [x for x in r["mem"] if x]
+            hwm = summ([(x["vmhwm"] + x["children_vmhwm"]) / MiB for x in mems])
+            eight = mbps(r["eight_s"], vb)
+            rows.append([r["label"], r["cache_size"], "n/a" if not hwm else f"{fmt(hwm['median'], 0)} (max {fmt(hwm['max'], 0)})",
+                         cell(summ(eight)), (r.get("error") or "")[:200]])
+        for t in mounts:
+            if t["kind"] == "ours":
+                r = conc.get(t["label"], {})
+                mems = [x for x in r.get("mem") or [] if x]
+                hwm = summ([(x["vmhwm"] + x["children_vmhwm"]) / MiB for x in mems])
+                eight_b = next((b for b in r.get("eight_bytes", []) if b), 0)
+                rows.append([t["label"], t["cache_size"], "n/a" if not hwm else f"{fmt(hwm['median'], 0)} (max {fmt(hwm['max'], 0)})",
+                             cell(summ(mbps(r.get("eight_s"), eight_b))), ""])
+        out += ["Our daemon's peak memory against its configured `--cache-size`, same 8-reader stream:", ""]
+        out += table(["mount", "--cache-size", "VmHWM MiB", "8 readers MB/s", "notes"], rows, "llrrl")
+
+    # loaders
+    ld = m["load"]
+    p = ld.get(plain, {})
+    rows = []
+    for t in targets:
+        r = ld.get(t["label"], {})
+        if not r.get("safetensors_s") and not r.get("gguf_s"):
+            rows.append([t["label"], "n/a", "n/a", "n/a", "n/a", (r.get("error") or "")[:200]])
+            continue
+        plain_row = t["kind"] == "plain"
+        rows.append([t["label"], cell(summ(r.get("safetensors_s") or []), 2),
+                     "1" if plain_row else ratio(per_run(r.get("safetensors_s"), p.get("safetensors_s"), lambda a, b: a / b)),
+                     cell(summ(r.get("gguf_s") or []), 2),
+                     "1" if plain_row else ratio(per_run(r.get("gguf_s"), p.get("gguf_s"), lambda a, b: a / b)),
+                     r.get("error") or ""])
+    out += ["### Loading through the mount", "",
+            f"`safetensors.safe_open(framework=\"pt\")` + `get_tensor` of every tensor of `{m['file']['name']}`; "
+            f"`gguf.GGUFReader` + a copy of every tensor's data of `{m['gguf']['name']}`; each on a fresh mount. "
+            "Seconds (min = best run); × plain = time over the plain file's time in the same run (1 = no cost).", ""]
+    out += table(["reader", "safe_open s", "× plain", "GGUFReader s", "× plain", "notes"], rows, "lrrrrl")
+    if m.get("errors"):
+        out += ["Errors: " + "; ".join(m["errors"]), ""]
+    return out
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def markdown(res: dict) -> str:
+    meta = res["meta"]
+    load = meta.get("load", {})
+    out = ["# lmzfs benchmark results", "",
+           f"Generated by `make bench` (`bench/run.py`) on {meta['date']}, in {meta.get('duration_s', 0) / 60:.0f} min. "
+           f"Machine: {meta['machine']}. Runs per measurement: {meta['runs']}. MB/s are decimal MB of the "
+           "original file per second; throughput cells are median (min) over runs, min being the slowest run.", ""]
+    if res.get("interrupted"):
+        out += [f"**This run was interrupted ({res['interrupted']}): the tables hold what was measured before.**", ""]
+    out += ["Reproduce: `make bench` (= `bash bench/setup.sh` then `bench/.venv/bin/python bench/run.py --out "
+            "docs/results.md`); every number is also in `bench/out/results.json`, and "
+            "`bench/report.py results.json` re-renders this page.", ""]
+    if load:
+        out += [f"**Machine load** (1-min load average, sampled every {meta.get('load_every_s', 10):.0f} s during the "
+                f"run, {load['cpus']} CPUs): start {load['start']:.2f}, median {load['median']:.2f}, "
+                f"min {load['min']:.2f}, max {load['max']:.2f}, end {load['end']:.2f}."
+                + (" The machine was shared and busy: MB/s and latencies are noisy, ratios within a run "
+                   "less so; byte counts are exact." if load["max"] > 0.5 * load["cpus"] else ""), ""]
+    for key, when in (("code_at_start", "start"), ("code_at_end", "end")):
+        c = meta.get(key)
+        if c:
+            out.append(f"lmzfs code at the {when} (`{c.get('source', '?')}`, run as `{meta.get('lmzfs_cli', 'lmz')}`): "
+                       f"commit {c.get('commit') or '?'}"
+                       + (f" + {c['uncommitted']} uncommitted file(s) under lmzfs/" if c.get("uncommitted") else "")
+                       + f", source hash {c['source_sha256']}.  ")
+    if meta.get("code_at_start"):
+        out.append("")
+    out += ["Corpus (fetched and SHA-256-checked by `lmzfs.testing.corpus`):", ""]
+    out += table(["name", "file", "bytes", "sha256"],
+                 [[n, f"`{c['file']}`", f"{c['bytes']:,}", f"`{c['sha256'][:16]}…`"] for n, c in meta["corpus"].items()],
+                 "llrl")
+    comp = res.get("compress")
+    if isinstance(comp, dict) and comp.get("error"):
+        out += ["## Compression (issue 3)", "", f"n/a: {comp['error']}", ""]
+    elif comp:
+        out += compression_md(comp, meta["runs"])
+    mnt = res.get("mount")
+    if isinstance(mnt, dict) and mnt.get("error") and "seq" not in mnt:
+        out += ["## Mount (issue 4)", "", f"n/a: {mnt['error']}", ""]
+    elif mnt:
+        out += mount_md(mnt)
+    versions = meta.get("versions", {})
+    out += ["## Versions", "", "; ".join(f"{k}: {v}" for k, v in versions.items()), ""]
+    if res.get("odd"):
+        out += ["## Odd things noticed in this run", "", *(f"- {x}" for x in res["odd"]), ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    data = json.loads(Path(sys.argv[1]).read_text())
+    sys.stdout.write(markdown(data))
