@@ -14,8 +14,23 @@ class CodecUse:
     payload_bytes: int = 0
 
 
+class _Rates:
+    """Figures both reports derive from their sizes and time."""
+    archive_bytes: int
+    plain_bytes: int
+    seconds: float
+
+    @property
+    def saved_pct(self) -> float:
+        return 100.0 * (1 - self.archive_bytes / self.plain_bytes) if self.plain_bytes else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.plain_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+
 @dataclass
-class PackReport:
+class PackReport(_Rates):
     source: str
     dest: str
     format: str = "opaque"         # container format of the source, from parse_file
@@ -26,14 +41,6 @@ class PackReport:
     seconds: float = 0.0
     sha256: str = ""
 
-    @property
-    def saved_pct(self) -> float:
-        return 100.0 * (1 - self.archive_bytes / self.plain_bytes) if self.plain_bytes else 0.0
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.plain_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
-
     def to_json(self) -> dict:
         d = asdict(self)
         d = {"operation": "pack", **d, "saved_bytes": self.plain_bytes - self.archive_bytes,
@@ -43,7 +50,7 @@ class PackReport:
 
 
 @dataclass
-class UnpackReport:
+class UnpackReport(_Rates):
     source: str
     dest: str
     archive_bytes: int = 0
@@ -51,14 +58,6 @@ class UnpackReport:
     chunks: int = 0
     seconds: float = 0.0
     sha256: str = ""
-
-    @property
-    def saved_pct(self) -> float:
-        return 100.0 * (1 - self.archive_bytes / self.plain_bytes) if self.plain_bytes else 0.0
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.plain_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
 
     def to_json(self) -> dict:
         return {"operation": "unpack", **asdict(self), "seconds": round(self.seconds, 6),
