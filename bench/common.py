@@ -25,8 +25,9 @@ from typing import Callable, Iterable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 LMZFS_PY = Path(os.environ.get("LMZFS_PYTHON", REPO / ".venv" / "bin" / "python"))
+# Our CLI. run.py replaces it with a frozen copy of lmzfs/ (freeze_lmzfs) unless $LMZFS_CLI is set;
+# read it as common.LMZFS_CLI at call time, never bind it at import.
 LMZFS_CLI = Path(os.environ.get("LMZFS_CLI", REPO / ".venv" / "bin" / "lmz"))
-LMZFS_SRC = Path(os.environ.get("LMZFS_SRC", REPO))   # the checkout LMZFS_CLI runs (for the report)
 LMZIP_CLI = Path(sys.prefix) / "bin" / "lmz"   # lmzip's `lmz`, from the venv running the bench
 READ_SIZE = 1 << 20                              # sequential reads of 1 MiB
 MOUNT_TIMEOUT_S = 60
@@ -330,20 +331,45 @@ class LoadMonitor:
 # ----------------------------------------------------------------------------- the code under test
 
 
-def code_state() -> dict:
-    """Which lmzfs code the CLI runs (the checkout at $LMZFS_SRC, default this repo): the git commit,
-    the uncommitted files, and a hash of every .py under lmzfs/ (the tree is shared: if it changes
-    during a run, the report says so)."""
+def code_state(root: Path = REPO) -> dict:
+    """Which lmzfs code is under `root`: the git commit, the uncommitted files under lmzfs/, and a hash
+    of every .py under lmzfs/ (the working tree is shared: the report says when it changed)."""
     h = hashlib.sha256()
-    for f in sorted((LMZFS_SRC / "lmzfs").rglob("*.py")):
+    for f in sorted((root / "lmzfs").rglob("*.py")):
         with contextlib.suppress(OSError):
-            h.update(str(f.relative_to(LMZFS_SRC)).encode() + b"\0" + f.read_bytes() + b"\0")
-    state = {"source": str(LMZFS_SRC), "source_sha256": h.hexdigest()[:16], "commit": None, "uncommitted": None}
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    state = {"source": str(root), "source_sha256": h.hexdigest()[:16], "commit": None, "uncommitted": None}
     with contextlib.suppress(ToolError):
-        state["commit"] = run(["git", "-C", LMZFS_SRC, "rev-parse", "--short", "HEAD"], timeout=30).strip()
-        dirty = run(["git", "-C", LMZFS_SRC, "status", "--porcelain", "--", "lmzfs"], timeout=30).splitlines()
+        state["commit"] = run(["git", "-C", root, "rev-parse", "--short", "HEAD"], timeout=30).strip()
+        dirty = run(["git", "-C", root, "status", "--porcelain", "--", "lmzfs"], timeout=30).splitlines()
         state["uncommitted"] = len(dirty)
     return state
+
+
+def freeze_lmzfs(dest: Path) -> tuple[Path, dict]:
+    """Copy the working tree's lmzfs/ to dest and write dest/lmz, a CLI that runs that copy with the
+    project's venv (its dependencies): every command of the run, mount daemons and decoder processes
+    included, then sees one version of the code even if someone edits the tree meanwhile.
+    PYTHONSAFEPATH keeps the current directory (the repo, for `python -m`) off sys.path, so the copy
+    on PYTHONPATH wins over the editable install; child processes inherit both. Returns (the CLI, the
+    code state of what was copied)."""
+    state = code_state(REPO)
+    shutil.copytree(REPO / "lmzfs", dest / "lmzfs", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    copied = code_state(dest)
+    if copied["source_sha256"] != state["source_sha256"]:
+        raise ToolError("lmzfs/ changed while it was being copied; run again")
+    cli = dest / "lmz"
+    cli.write_text("#!/bin/sh\n"
+                   f"# lmzfs as it was in {REPO} (commit {state['commit']}, source {state['source_sha256']}), frozen for a bench run\n"
+                   f"export PYTHONPATH='{dest}'${{PYTHONPATH:+:$PYTHONPATH}}\n"
+                   "export PYTHONSAFEPATH=1\n"
+                   f"exec '{LMZFS_PY}' -m lmzfs \"$@\"\n")
+    cli.chmod(0o755)
+    probe = run(["env", f"PYTHONPATH={dest}", "PYTHONSAFEPATH=1", LMZFS_PY, "-c",
+                 "import lmzfs.cli; print(lmzfs.cli.__file__)"], timeout=60).strip()
+    if not probe.startswith(str(dest)):
+        raise ToolError(f"the frozen copy is not the one imported ({probe})")
+    return cli, state
 
 
 # ----------------------------------------------------------------------------- the corpus

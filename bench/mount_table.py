@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from common import (LMZFS_CLI, ToolError, describe, help_text, log, percentile, proc_memory,
+import common
+from common import (ToolError, describe, help_text, log, percentile, proc_memory,
                     read_sequential, sha256_file, warm_page_cache)
 from tools import CliStore, lmzfs_store, lmzip_store
 
@@ -71,7 +72,7 @@ class Session:
 def our_decoders() -> list[str | None]:
     """The --decoder choices of our mount ("auto" left out: it picks one of the others), or [None]
     when it has no such option."""
-    text = help_text([LMZFS_CLI, "mount"]) or ""
+    text = help_text([common.LMZFS_CLI, "mount"]) or ""
     m = re.search(r"--decoder\s+\{([^}]*)\}", text)
     if not m:
         return [None]

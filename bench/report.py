@@ -32,7 +32,8 @@ def ratio(s: dict | None) -> str:
     """median (min) of a ratio, three significant digits."""
     if not s:
         return "n/a"
-    return f"{s['median']:,.3g} ({s['min']:,.3g})"
+    f = lambda v: f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"   # noqa: E731
+    return f"{f(s['median'])} ({f(s['min'])})"
 
 
 def summ(values: list) -> dict | None:
@@ -300,15 +301,15 @@ def markdown(res: dict) -> str:
                 f"min {load['min']:.2f}, max {load['max']:.2f}, end {load['end']:.2f}."
                 + (" The machine was shared and busy: MB/s and latencies are noisy, ratios within a run "
                    "less so; byte counts are exact." if load["max"] > 0.5 * load["cpus"] else ""), ""]
-    for key, when in (("code_at_start", "start"), ("code_at_end", "end")):
-        c = meta.get(key)
-        if c:
-            out.append(f"lmzfs code at the {when} (`{c.get('source', '?')}`, run as `{meta.get('lmzfs_cli', 'lmz')}`): "
-                       f"commit {c.get('commit') or '?'}"
-                       + (f" + {c['uncommitted']} uncommitted file(s) under lmzfs/" if c.get("uncommitted") else "")
-                       + f", source hash {c['source_sha256']}.  ")
-    if meta.get("code_at_start"):
-        out.append("")
+    code = meta.get("code") or {}
+    c = code.get("measured")
+    if c:
+        out += [("lmzfs measured: a copy of `lmzfs/` frozen at the start of the run (`make bench` does this so "
+                 "that edits during the run cannot mix versions), " if code.get("frozen") else
+                 f"lmzfs measured: `{meta.get('lmzfs_cli')}` as the tree was at each moment, ")
+                + f"commit {c.get('commit') or '?'}"
+                + (f" + {c['uncommitted']} uncommitted file(s) under lmzfs/" if c.get("uncommitted") else "")
+                + f", source hash {c['source_sha256']}.", ""]
     out += ["Corpus (fetched and SHA-256-checked by `lmzfs.testing.corpus`):", ""]
     out += table(["name", "file", "bytes", "sha256"],
                  [[n, f"`{c['file']}`", f"{c['bytes']:,}", f"`{c['sha256'][:16]}…`"] for n, c in meta["corpus"].items()],

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -27,9 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402
 import compress_table  # noqa: E402
 import mount_table  # noqa: E402
-from common import LMZFS_CLI, LoadMonitor, code_state, describe, fetch_corpus, log, machine, sha256_file  # noqa: E402
+from common import LoadMonitor, code_state, describe, fetch_corpus, freeze_lmzfs, log, machine, sha256_file  # noqa: E402
 from report import markdown  # noqa: E402
 from tools import Subject, ZipNNArchive, all_tools  # noqa: E402
 
@@ -51,19 +54,26 @@ def _interrupt(signum, _frame):
 
 def odd_things(res: dict) -> list[str]:
     odd = []
-    code = [(f"compression of {s['subject']}", s.get("code_before"), s.get("code_after"))
-            for s in res.get("compress") or [] if isinstance(s, dict) and "code_before" in s]
-    m = res.get("mount")
-    if isinstance(m, dict) and "code_before" in m:
-        code.append(("the mount table", m["code_before"], m.get("code_after")))
-    seen = {b for _, b, _ in code} | {a for _, _, a in code}
-    for what, before, after in code:
-        if before != after:
-            odd.append(f"the lmzfs source tree changed during {what} (source hash {before} -> {after}): "
-                       "another engineer was editing it; those rows mix two versions of the code")
-    if len(seen) > 1:
-        odd.append(f"the lmzfs source tree was not the same for the whole run ({len(seen)} versions: "
-                   f"{', '.join(sorted(seen))}); rows measured under different versions are not strictly comparable")
+    code = res["meta"].get("code", {})
+    measured = (code.get("measured") or {}).get("source_sha256")
+    at_end = (code.get("tree_at_end") or {}).get("source_sha256")
+    if code.get("frozen"):
+        if at_end and at_end != measured:
+            odd.append(f"the working tree's lmzfs/ changed during the run (source hash {measured} -> {at_end}); "
+                       "every number here is for the copy frozen at the start")
+    else:
+        steps = [(f"compression of {s['subject']}", s.get("code_before"), s.get("code_after"))
+                 for s in res.get("compress") or [] if isinstance(s, dict) and "code_before" in s]
+        m = res.get("mount")
+        if isinstance(m, dict) and "code_before" in m:
+            steps.append(("the mount table", m["code_before"], m.get("code_after")))
+        seen = {b for _, b, _ in steps} | {a for _, _, a in steps}
+        for what, before, after in steps:
+            if before != after:
+                odd.append(f"lmzfs/ changed during {what} (source hash {before} -> {after}): those rows mix "
+                           "two versions of the code")
+        if len(seen) > 1:
+            odd.append(f"lmzfs/ was not the same for the whole run ({len(seen)} versions: {', '.join(sorted(seen))})")
     comp = res.get("compress")
     if isinstance(comp, list):
         for s in comp:
@@ -103,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-compress", action="store_true")
     ap.add_argument("--skip-mount", action="store_true")
     ap.add_argument("--tmpdir", type=Path, help="where stores, archives and mounts go (default: system temp)")
+    ap.add_argument("--no-freeze", action="store_true",
+                    help="run the working tree's lmzfs as it is at each moment, instead of a copy frozen at the "
+                         "start (the default, so edits during a long run cannot mix versions; $LMZFS_CLI also disables it)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
@@ -110,23 +123,42 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(wanted) - {*SINGLE, "chain"}
     if unknown:
         ap.error(f"unknown files: {', '.join(sorted(unknown))}")
-    tools = all_tools()
-    for t in tools:
-        if isinstance(t, ZipNNArchive):
-            t.dtype = args.zipnn_dtype
-    if args.tools:
-        names = [w.strip() for w in args.tools.split(",") if w.strip()]
-        bad = set(names) - {t.name for t in tools}
-        if bad:
-            ap.error(f"unknown tools: {', '.join(sorted(bad))}")
-        tools = [t for t in tools if t.name in names]
+    names = [w.strip() for w in (args.tools or "").split(",") if w.strip()]
+    bad = set(names) - {t.name for t in all_tools()}
+    if bad:
+        ap.error(f"unknown tools: {', '.join(sorted(bad))}")
 
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     started = time.time()
+    frozen_dir = None
+    try:
+        if args.no_freeze or "LMZFS_CLI" in os.environ:
+            code = {"frozen": False, "measured": code_state()}
+        else:
+            frozen_dir = Path(tempfile.mkdtemp(prefix="lmz-bench-code-", dir=args.tmpdir))
+            try:
+                common.LMZFS_CLI, measured = freeze_lmzfs(frozen_dir)
+                code = {"frozen": True, "measured": measured}
+                log(f"measuring lmzfs as frozen at the start: commit {measured['commit']}"
+                    + (f" + {measured['uncommitted']} uncommitted file(s)" if measured.get("uncommitted") else "")
+                    + f", source hash {measured['source_sha256']}")
+            except Exception as exc:   # measure the live tree rather than nothing
+                code = {"frozen": False, "measured": code_state(), "freeze_error": describe(exc)}
+                log(f"could not freeze lmzfs/ ({describe(exc)}); measuring the live tree")
+        tools = [t for t in all_tools() if not names or t.name in names]   # built with the final CLI path
+        for t in tools:
+            if isinstance(t, ZipNNArchive):
+                t.dtype = args.zipnn_dtype
+        return _main(args, wanted, tools, code, started)
+    finally:
+        if frozen_dir:
+            shutil.rmtree(frozen_dir, ignore_errors=True)
+
+
+def _main(args, wanted: list[str], tools: list, code: dict, started: float) -> int:
     res: dict = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "runs": args.runs,
-                          "lmzfs_cli": str(LMZFS_CLI), "load_every_s": 10.0, "corpus": {},
-                          "code_at_start": code_state()}}
+                          "lmzfs_cli": str(common.LMZFS_CLI), "load_every_s": 10.0, "corpus": {}, "code": code}}
 
     def save() -> None:
         res["odd"] = odd_things(res)
@@ -144,11 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         res["interrupted"] = str(exc) or "interrupted"
         log(f"interrupted ({res['interrupted']}); writing what was measured")
         res["meta"]["duration_s"] = time.time() - started
+        res["meta"]["code"]["tree_at_end"] = code_state()
         save()
         return 130
     res["meta"]["load"] = mon.result()
     res["meta"]["duration_s"] = time.time() - started
-    res["meta"]["code_at_end"] = code_state()
+    res["meta"]["code"]["tree_at_end"] = code_state()
     save()
     log(f"done in {res['meta']['duration_s'] / 60:.1f} min" + (f"; wrote {args.out}" if args.out else "")
         + (f" and {args.json}" if args.json else ""))

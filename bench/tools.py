@@ -3,7 +3,8 @@ and stores (a model directory added, served back through a mount).
 
 | tool           | what runs |
 |----------------|-----------|
-| lmzfs store    | ours: `.venv/bin/lmz --store S add DIR --name M`; bytes from `lmz ls --json`; `lmz mount` |
+| lmzfs store    | ours: `lmz --store S add DIR --name M`; bytes from `lmz ls --json`; `lmz mount` |
+| lmzfs store --smallest | the same with `add --smallest` (entropy-coded codecs; n/a if `add` lacks it) |
 | lmzfs pack     | ours: `lmz pack FILE OUT` / `lmz unpack --max-output-bytes N OUT FILE` (n/a if the CLI lacks it) |
 | lmzip store    | lmzip's `lmz add --store S` (what its mount serves); bytes from `lmz models --json` |
 | lmzip archive  | lmzip's `lmz compress` / `lmz decompress`, default options (a directory is one archive) |
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from common import (LMZFS_CLI, LMZIP_CLI, Mount, ToolError, cli_version, du_bytes, help_text, link_dir,
+import common
+from common import (LMZIP_CLI, Mount, ToolError, cli_version, du_bytes, help_text, link_dir,
                     mounted, read_sequential, run, sha256_file, version_of, warm_page_cache)
 
 
@@ -231,11 +233,21 @@ class CliStore(Tool):
     help_argv: list
     ours: bool = False
     files_argv: Callable[[Path, str], list] | None = None       # (store, model) -> argv: per-file charges as JSON
+    add_options: list[str] = field(default_factory=list)        # options of `add` this row depends on
+    add_help_argv: list | None = None                            # the add subcommand, for `--help`
     model: str = "bench-model"
     kind: str = "store"
 
     def version(self) -> str:
         return self.version_fn()
+
+    def unavailable(self) -> str | None:
+        if self.add_options and self.add_help_argv:
+            text = help_text(self.add_help_argv) or ""
+            missing = [o for o in self.add_options if o not in text]
+            if missing:
+                return f"`add {' '.join(missing)}` does not exist in this CLI"
+        return None
 
     def startup_argv(self) -> list:
         return self.help_argv
@@ -308,12 +320,13 @@ def _lmzip_stored(listing, model: str, size: int) -> tuple[int, dict]:
     raise ToolError(f"`lmz models --json` does not list {model!r}")
 
 
-def lmzfs_store() -> CliStore:
-    """Ours. `--store` is a global option, before the subcommand; `lmz mount` daemonizes."""
-    lmz = LMZFS_CLI
+def lmzfs_store(*add_options: str) -> CliStore:
+    """Ours. `--store` is a global option, before the subcommand; `lmz mount` daemonizes.
+    `add_options` (e.g. "--smallest") go to `lmz add`; the row is n/a when `lmz add --help` lacks them."""
+    lmz = common.LMZFS_CLI
     return CliStore(
-        name="lmzfs store", ours=True,
-        add_argv=lambda store, d, m: [lmz, "--store", store, "add", d, "--name", m],
+        name=" ".join(["lmzfs store", *add_options]), ours=True, add_options=list(add_options),
+        add_argv=lambda store, d, m: [lmz, "--store", store, "add", *add_options, d, "--name", m],
         list_argv=lambda store: [lmz, "--store", store, "ls", "--json"],
         stored_of=_lmzfs_stored,
         mount_argv=lambda store, mnt, extra: [lmz, "--store", store, "mount", mnt, *extra],
@@ -321,6 +334,7 @@ def lmzfs_store() -> CliStore:
         version_fn=cli_version([lmz, "--version"]),
         help_argv=[lmz, "--help"],
         files_argv=lambda store, m: [lmz, "--store", store, "ls", m, "--json"],
+        add_help_argv=[lmz, "add"],
     )
 
 
@@ -341,7 +355,7 @@ def lmzip_store() -> CliStore:
 
 def lmzfs_pack() -> CliArchive:
     """Ours, single-file archives: `lmz pack` / `lmz unpack` (reported n/a while the CLI lacks them)."""
-    lmz = LMZFS_CLI
+    lmz = common.LMZFS_CLI
     return CliArchive(
         name="lmzfs pack", ours=True, needs_subcommand="lmz pack",
         encode_argv=lambda src, out: [lmz, "pack", src, out],
@@ -376,4 +390,6 @@ def zstd_cli(level: int) -> CliArchive:
 
 
 def all_tools() -> list[Tool]:
-    return [lmzfs_store(), lmzfs_pack(), lmzip_archive(), lmzip_store(), ZipNNArchive(), zstd_cli(3), zstd_cli(19)]
+    """Every row of the compression table (ours first). Build them after common.LMZFS_CLI is final."""
+    return [lmzfs_store(), lmzfs_store("--smallest"), lmzfs_pack(), lmzip_archive(), lmzip_store(), ZipNNArchive(),
+            zstd_cli(3), zstd_cli(19)]
