@@ -80,3 +80,18 @@ def fail_on_logged_warnings(request):
     if catcher.records and request.node.get_closest_marker("allow_log_warnings") is None:
         msgs = "; ".join(f"{r.name}: {r.getMessage()}" for r in catcher.records[:5])
         pytest.fail(f"unexpected log warnings: {msgs}")
+
+
+@pytest.fixture(scope="module", params=["compiled", "numpy"])
+def tans_loop(request):
+    """Run a module's tests through both tANS decode paths: the compiled loop and the numpy one
+    that reads every store without it. They must agree byte for byte, errors included."""
+    from lmzfs.codecs import tans
+    saved = tans._loop
+    if request.param == "numpy":
+        tans._loop = None
+    elif saved is None:
+        pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; "
+                    "`pip install -e .` builds it")
+    yield request.param
+    tans._loop = saved

@@ -20,6 +20,12 @@ from lmzfs.codecs import (
 )
 from lmzfs.codecs.base import get_varint, put_varint
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _both_tans_paths(tans_loop):
+    """Every test here runs once through the compiled tANS loop and once through numpy."""
+    return tans_loop
+
 FIXTURES = Path(__file__).parent / "fixtures" / "codecs"
 CODEC_NAMES = ("raw", "zstd", "bytegroup")
 HINTS = [

@@ -20,6 +20,12 @@ from lmzfs.codecs.base import put_varint
 from lmzfs.codecs.floatsplit import FORMATS
 from lmzfs.codecs.ggufblocks import LAYOUTS
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _both_tans_paths(tans_loop):
+    """Every test here runs once through the compiled tANS loop and once through numpy."""
+    return tans_loop
+
 FIXTURES = Path(__file__).parent / "fixtures" / "codecs"
 quick = settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 FLOAT_HINTS = [ChunkHint(name, bits // 8) for name, bits, *_ in FORMATS.values()]
@@ -315,3 +321,49 @@ def test_committed_fixtures_of_the_tans_codecs_decode(codec):
         plain = (FIXTURES / f"{name}.plain").read_bytes()
         assert codec_of(path.read_bytes()) == codec
         assert decode_chunk(path.read_bytes(), len(plain)) == plain, path.name
+
+
+@pytest.mark.parametrize("S,R,K", [(2, 4, 1), (7, 5, 3), (300, 11, 4), (4096, 12, 2), (20000, 15, 1)])
+def test_the_compiled_table_builder_makes_exactly_the_numpy_tables(S, R, K):
+    rng = np.random.default_rng(S + R)
+    counts = rng.integers(0, 1000, size=(K, S)) * (rng.random((K, S)) < 0.7)
+    counts[:, 0] += 1
+    freqs = tans.quantize_rows(counts, R)
+    compiled = tans.Tables(freqs, R)
+    reference = tans.Tables.__new__(tans.Tables)
+    reference.K, reference.S, reference.R, reference.L, reference.freqs = K, S, R, 1 << R, freqs
+    reference.packed = np.empty(K << R, dtype=np.int64)
+    reference._spread_tables()
+    assert np.array_equal(compiled.packed, reference.packed)
+
+
+@pytest.mark.parametrize("interleaved,mode", [(False, "plain"), (True, "plain"), (False, "ctx"),
+                                               (True, "ctx"), (False, "dyn")])
+def test_both_decode_paths_agree_on_symbols_end_states_and_errors(interleaved, mode):
+    rng = np.random.default_rng(7)
+    S, K, n, R = 40, 3, 50_001, 10
+    sym = np.minimum(rng.geometric(0.2, size=n) - 1, S - 1)
+    ctx = rng.integers(0, K, size=n) if mode == "ctx" else None
+    dyn = (np.arange(S) % K, 1) if mode == "dyn" else None
+    tab = tans.Tables(tans.quantize_rows(np.ones((K, S), dtype=np.int64) + np.bincount(sym, minlength=S), R), R)
+    bb = rng.integers(0, 1 << R, size=tans.layout(n, 997, interleaved)[1])
+    stream = tans.encode(sym, tab, 997, ctx=ctx, dyn=dyn, bits_back=bb, interleaved=interleaved)
+    results = []
+    saved = tans._loop
+    try:
+        for loop in (saved, None):
+            tans._loop = loop
+            out, fin = tans.decode(stream, n, tab, 997, ctx=ctx, dyn=dyn, interleaved=interleaved)
+            errors = []
+            for bad in (stream[:-1], stream + b"\x00", bytes(len(stream)), stream[:len(stream) // 2]):
+                try:
+                    got = tans.decode(bad, n, tab, 997, ctx=ctx, dyn=dyn, interleaved=interleaved)
+                    errors.append(("decoded", got[0].tolist(), got[1].tolist()))
+                except CodecError as exc:
+                    errors.append(("error", str(exc)))
+            assert errors[0][0] == errors[1][0] == errors[3][0] == "error"
+            results.append((out.tolist(), fin.tolist(), errors))
+    finally:
+        tans._loop = saved
+    assert results[0][0] == sym.tolist() and results[0][1] == bb.tolist()
+    assert results[0] == results[1]

@@ -4,7 +4,7 @@ Not a codec by itself: the entropy coder the ``floatsplit``, ``entropy`` and ``g
 codecs share. docs/format.md ("tANS streams") specifies the bit-exact layout; in short:
 
 * A table set holds K tables (contexts) over an alphabet of S symbols. Table c is a row of
-  frequencies f[c, s] >= 0 summing to exactly L = 2**R (1 <= R <= 15).
+  frequencies f[c, s] >= 0 summing to exactly L = 2**R (4 <= R <= 15).
 * Table construction is fixed: the L slots are dealt to symbols in symbol order, slot k goes to
   position (k * step) mod L with step = L/2 + L/8 + 3, and the positions of symbol s, in
   increasing order, get the sub-states x = f_s, f_s + 1, ..., 2 f_s - 1. A decoder entry at
@@ -26,14 +26,29 @@ long raises CodecError.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from . import zstd as _zstd
 from .base import CodecError, get_varint, put_varint
 
+def _compiled_loop():
+    """The compiled step loop (same results, ~10x faster), unless absent or LMZFS_PURE_TANS=1."""
+    if os.environ.get("LMZFS_PURE_TANS") == "1":
+        return None
+    try:
+        from . import _tansloop
+    except ImportError:
+        return None
+    return _tansloop
+
+
 MAX_R = 15
+MIN_R = 4     # below 16 slots the spreading step is not coprime with L (L = 2 and 8)
 MAX_SYMBOLS = 1 << 16
 MAX_N = 1 << 27          # most symbols one stream may decode to (chunks are far smaller)
+_loop = _compiled_loop()
 _MASK = (np.int64(1) << np.arange(MAX_R + 1, dtype=np.int64)) - 1
 
 
@@ -103,7 +118,7 @@ class Tables:
 
     def __init__(self, freqs: np.ndarray, R: int):
         freqs = np.asarray(freqs, dtype=np.int64)
-        if freqs.ndim != 2 or not 1 <= R <= MAX_R:
+        if freqs.ndim != 2 or not MIN_R <= R <= MAX_R:
             raise CodecError("tans: bad table shape or table log")
         K, S = freqs.shape
         L = 1 << R
@@ -112,15 +127,25 @@ class Tables:
         if (freqs < 0).any() or (freqs.sum(axis=1) != L).any():
             raise CodecError(f"tans: a frequency table does not sum to {L}")
         self.K, self.S, self.R, self.L, self.freqs = K, S, R, L, freqs
+        self.packed = np.empty(K * L, dtype=np.int64)
+        self._order = None
+        self._enc = None
+        if _loop is not None and S <= 32767:
+            _loop.build(np.ascontiguousarray(freqs), K, S, R, self.packed)
+        else:
+            self._spread_tables()
+
+    def _spread_tables(self):
+        """Fill ``packed`` (the decoder entries) and ``_order`` (each table's positions by symbol)."""
+        K, S, R, L, freqs = self.K, self.S, self.R, self.L, self.freqs
         step = (L >> 1) + (L >> 3) + 3
-        self._pos = (np.arange(L, dtype=np.int64) * step) & (L - 1)
+        pos = (np.arange(L, dtype=np.int64) * step) & (L - 1)
         stype = np.int32 if S > 32767 else np.int16
-        packed = np.empty(K * L, dtype=np.int64)
         self._order = []
         for k in range(K):
             f = freqs[k]
             spread = np.empty(L, dtype=stype)
-            spread[self._pos] = np.repeat(np.arange(S, dtype=stype), f)
+            spread[pos] = np.repeat(np.arange(S, dtype=stype), f)
             order = np.argsort(spread, kind="stable")     # positions of each symbol, increasing
             s_sorted = spread[order].astype(np.int64)
             start = np.cumsum(f) - f
@@ -128,13 +153,13 @@ class Tables:
             xs[order] = np.arange(L, dtype=np.int64) - start[s_sorted] + f[s_sorted]
             nb = R + 1 - np.frexp(xs.astype(np.float64))[1].astype(np.int64)
             base = (xs << nb) - L
-            packed[k * L:(k + 1) * L] = base | (nb << 16) | (spread.astype(np.int64) << 20)
+            self.packed[k * L:(k + 1) * L] = base | (nb << 16) | (spread.astype(np.int64) << 20)
             self._order.append(order)
-        self.packed = packed
-        self._enc = None
 
     def _encode_tables(self):
         if self._enc is None:
+            if self._order is None:
+                self._spread_tables()
             K, S, R, L, f = self.K, self.S, self.R, self.L, self.freqs
             bitlen = np.where(f > 0, np.frexp(np.maximum(f, 1).astype(np.float64))[1], 0).astype(np.int64)
             ks = R + 1 - bitlen
@@ -254,14 +279,21 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
     packed = tab.packed
     cg = None
     if ctx is not None:
+        ctx = np.ascontiguousarray(ctx, dtype=np.int64)
         if len(ctx) != n or (n and (ctx.min() < 0 or ctx.max() >= tab.K)):
             raise CodecError("tans: context out of range")
-        cg = _grid(ctx, n, T, Wp, interleaved) * L
-        hist[0] += cg[0]
+        if _loop is None:
+            cg = _grid(ctx, n, T, Wp, interleaved) * L
+            hist[0] += cg[0]
+        else:
+            hist[0] += (ctx[:Wp] if interleaved else ctx[::T]) * L
     elif dyn is not None:
-        nxt = (dyn[0] * L)[packed >> 20]        # context offset of the symbol after each entry
-        packed = packed | (nxt << 36)
         hist[0] += dyn[1] * L
+        if _loop is None:
+            nxt = (dyn[0] * L)[packed >> 20]        # context offset of the symbol after each entry
+            packed = packed | (nxt << 36)
+    if _loop is not None and tab.S <= _COMPILED_MAX_S:
+        return _decode_compiled(raw, n, tab, hist[0], ctx, dyn, values, interleaved, T, Wp, pos)
     for t in range(T):
         a = int(act[t])
         e = packed[hist[t, :a]]
@@ -294,6 +326,28 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
     out = sy[hist[:T]]
     out = (out if interleaved else out.T).reshape(-1)[:n]
     return out, fin
+
+
+_COMPILED_MAX_S = 1 << 13      # the compiled loop packs a symbol into 13 bits
+
+
+def _decode_compiled(raw, n, tab, states, ctx, dyn, values, interleaved, T, Wp, pos):
+    """tans.decode's result through the compiled loop (see _tansloop.c)."""
+    L = tab.L
+    vals = np.arange(tab.S, dtype=np.int64) if values is None else np.ascontiguousarray(values)
+    if vals.dtype.itemsize not in (1, 2, 4, 8) or len(vals) < tab.S:
+        raise CodecError("tans: bad symbol values")
+    vals = vals[:tab.S]
+    out = np.empty(n, dtype=vals.dtype)
+    states = np.ascontiguousarray(states, dtype=np.int64)
+    nxo = None if dyn is None else np.ascontiguousarray(np.asarray(dyn[0], dtype=np.int64)[:tab.S] * L)
+    try:
+        pos = _loop.decode(tab.packed, raw, states, out, vals, ctx, nxo, interleaved, n, T, Wp, L, pos)
+    except ValueError as exc:
+        raise CodecError(str(exc)) from None
+    if (pos + 7) >> 3 != len(raw) or (pos & 7 and raw[-1] >> (pos & 7)):
+        raise CodecError("tans: stream length does not match the symbols decoded")
+    return out, states & (L - 1)
 
 
 def lanes_for(n: int, target_steps: int = 48, max_lanes: int = 1 << 14) -> int:

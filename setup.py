@@ -1,0 +1,9 @@
+"""Only the optional compiled tANS loop lives here; everything else is in pyproject.toml.
+
+optional=True: without a C compiler the install still succeeds and lmzfs uses its numpy loop,
+which decodes the same streams, only slower.
+"""
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("lmzfs.codecs._tansloop", ["lmzfs/codecs/_tansloop.c"],
+                             optional=True, extra_compile_args=["-O3"])])
