@@ -13,7 +13,8 @@
  *           its last symbol
  *   out:    writable buffer for n items; out[i] = values[symbol i] (the item size is len(out) / n)
  *   values: one item per symbol
- *   ctx:    None or int64[n], the table (context) of each symbol
+ *   ctx:    None, int64[n] or uint8[n] (told apart by length), the table (context) of each
+ *           symbol
  *   nxo:    None or int64[S], the table offset of the symbol after each symbol (previous-symbol
  *           contexts)
  * Symbol i belongs to lane i % Wp at step i / Wp (interleaved) or lane i / T at step i % T.
@@ -45,7 +46,8 @@ struct job {
     const uint32_t *tab;
     int64_t ntab;
     const int64_t *nxo;       /* per symbol: next context offset (dyn), or NULL */
-    const int64_t *ctx;       /* per symbol index: its context (ctx mode), or NULL */
+    const int64_t *ctx;       /* per symbol index: its context (ctx mode, int64), or NULL */
+    const uint8_t *ctx8;      /* the same as uint8, or NULL */
     const uint8_t *s;
     Py_ssize_t slen;
     uint32_t *st;
@@ -65,6 +67,7 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode)
     const uint8_t *restrict s = jb->s;
     uint32_t *restrict st = jb->st;
     const int64_t *restrict ctx = jb->ctx;
+    const uint8_t *restrict ctx8 = jb->ctx8;
     const int64_t *restrict nxo = jb->nxo;
     const int64_t n = jb->n, T = jb->T, Wp = jb->Wp, L = jb->L;
     const int64_t last = n - (Wp - 1) * T;   /* contiguous: the last lane's length */
@@ -76,18 +79,18 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode)
     for (int64_t t = 0; t < T; t++) {
         const int64_t a = interleaved ? (n - t * Wp < Wp ? n - t * Wp : Wp) : (t < last ? Wp : Wp - 1);
         uint16_t *restrict out = jb->sym + t * Wp;
-        const int64_t *restrict cnext = NULL;
-        int64_t cstride = 0;
-        int has_next = t + 1 < T;
-        if (mode == 1) {
-            cnext = interleaved ? ctx + (t + 1) * Wp : ctx + t + 1;
-            cstride = interleaved ? 1 : T;
-        }
+        /* lanes below jn decode another symbol at step t + 1 and take its context */
+        int64_t jn = 0;
+        if ((mode == 1 || mode == 3) && t + 1 < T)
+            jn = interleaved ? (n - (t + 1) * Wp < a ? n - (t + 1) * Wp : a)
+                             : ((n - t - 1 + T - 1) / T < a ? (n - t - 1 + T - 1) / T : a);
+        const int64_t cs = interleaved ? 1 : T;
+        const int64_t *restrict cn = mode == 1 ? (interleaved ? ctx + (t + 1) * Wp : ctx + t + 1) : NULL;
+        const uint8_t *restrict cn8 = mode == 3 ? (interleaved ? ctx8 + (t + 1) * Wp : ctx8 + t + 1) : NULL;
         for (int64_t j = 0; j < a; j++) {
             const uint32_t e = tab[st[j]];
-            const uint32_t sym = e >> SYM_SHIFT;
             const unsigned nb = (e >> 15) & 15;
-            out[j] = (uint16_t)sym;
+            out[j] = (uint16_t)(e >> SYM_SHIFT);
             uint64_t w;
             if (pos <= safe_bits)
                 memcpy(&w, s + (pos >> 3), 8);   /* little-endian hosts only; checked at import */
@@ -95,12 +98,12 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode)
                 w = read64(s, slen, pos >> 3);
             uint32_t v = (uint32_t)((w >> (pos & 7)) & ((1u << nb) - 1)) + (e & 0x7FFF);
             pos += nb;
-            if (mode == 1) {
-                if (has_next && (interleaved ? (t + 1) * Wp + j < n : j * T + t + 1 < n))
-                    v += (uint32_t)(cnext[j * cstride] * L);
-            } else if (mode == 2) {
-                v += (uint32_t)nxo[sym];
-            }
+            if (mode == 1)
+                v += j < jn ? (uint32_t)(cn[j * cs] * L) : 0;
+            else if (mode == 3)
+                v += j < jn ? (uint32_t)cn8[j * cs] * (uint32_t)L : 0;
+            else if (mode == 2)
+                v += (uint32_t)nxo[e >> SYM_SHIFT];
             st[j] = v;
         }
         if (pos > nbits)
@@ -112,22 +115,24 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode)
 
 static const char *run_steps(struct job *jb)
 {
-    const int mode = jb->ctx ? 1 : jb->nxo ? 2 : 0;
+    const int mode = jb->ctx ? 1 : jb->nxo ? 2 : jb->ctx8 ? 3 : 0;
     if (jb->interleaved) {
         if (mode == 0) return run_steps_mode(jb, 1, 0);
         if (mode == 1) return run_steps_mode(jb, 1, 1);
+        if (mode == 3) return run_steps_mode(jb, 1, 3);
         return run_steps_mode(jb, 1, 2);
     }
     if (mode == 0) return run_steps_mode(jb, 0, 0);
     if (mode == 1) return run_steps_mode(jb, 0, 1);
+    if (mode == 3) return run_steps_mode(jb, 0, 3);
     return run_steps_mode(jb, 0, 2);
 }
 
 /* out[i] = values[sym of i], i in symbol order; contiguous lanes are transposed in blocks of
  * lanes so that reads and writes stay within a few cache lines. */
 #define SCATTER(TYPE)                                                                           \
-    static void scatter_##TYPE(const struct job *jb, const uint16_t *sym, const TYPE *values,  \
-                               TYPE *out)                                                      \
+    static void scatter_##TYPE(const struct job *jb, const uint16_t *restrict sym,             \
+                               const TYPE *restrict values, TYPE *restrict out)                \
     {                                                                                          \
         const int64_t n = jb->n, T = jb->T, Wp = jb->Wp;                                       \
         if (jb->interleaved) {                                                                 \
@@ -175,7 +180,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
     const int64_t ntab = packed.len / 8, nsym = isz ? values.len / isz : 0;
     if (n < 1 || T < 1 || Wp < 1 || L < 2 || L > 1 << 15 || pos0 < 0 || states.len / 8 < Wp ||
         out.len != n * isz || (isz != 1 && isz != 2 && isz != 4 && isz != 8) ||
-        nsym < 1 || nsym > MAX_SYM32 || ntab > 1 << 24 || ntab % L || (ctx.obj && ctx.len / 8 < n) ||
+        nsym < 1 || nsym > MAX_SYM32 || ntab > 1 << 24 || ntab % L || (ctx.obj && ctx.len != n && ctx.len != 8 * n) ||
         (nxo.obj && nxo.len / 8 < nsym) ||
         (interleaved ? (T - 1) * Wp >= n || T * Wp < n : (Wp - 1) * T >= n || Wp * T < n)) {
         PyErr_SetString(PyExc_ValueError, "tans: bad decode arguments");
@@ -210,13 +215,23 @@ static PyObject *decode(PyObject *self, PyObject *args)
         }
         st[j] = (uint32_t)st_in[j];
     }
-    const int64_t *cx = ctx.buf;
-    if (ctx.obj)
+    /* the context item size (1 or 8) follows from the buffer's length, as for ``out`` */
+    const int64_t *cx = ctx.obj && ctx.len == 8 * n ? ctx.buf : NULL;
+    const uint8_t *cx8 = ctx.obj && ctx.len == n ? ctx.buf : NULL;
+    int bad_ctx = 0;
+    if (cx)
         for (int64_t i = 0; i < n; i++)
-            if (cx[i] < 0 || cx[i] >= ntab / L) {
-                PyErr_SetString(PyExc_ValueError, "tans: context out of range");
-                goto done;
-            }
+            bad_ctx |= cx[i] < 0 || cx[i] >= ntab / L;
+    if (cx8) {
+        uint8_t top = 0;
+        for (int64_t i = 0; i < n; i++)
+            top = cx8[i] > top ? cx8[i] : top;
+        bad_ctx = top >= ntab / L;
+    }
+    if (bad_ctx) {
+        PyErr_SetString(PyExc_ValueError, "tans: context out of range");
+        goto done;
+    }
     const int64_t *nx = nxo.buf;
     if (nxo.obj)
         for (int64_t q = 0; q < nsym; q++)
@@ -224,7 +239,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
                 PyErr_SetString(PyExc_ValueError, "tans: context out of range");
                 goto done;
             }
-    struct job jb = {tab, ntab, nxo.obj ? nx : NULL, ctx.obj ? ctx.buf : NULL, stream.buf, stream.len,
+    struct job jb = {tab, ntab, nxo.obj ? nx : NULL, cx, cx8, stream.buf, stream.len,
                      st, sym, n, T, Wp, L, interleaved, (uint64_t)pos0};
     const char *err;
     Py_BEGIN_ALLOW_THREADS

@@ -145,7 +145,13 @@ def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: i
         if len(stream):
             raise CodecError("tans section: data for zero symbols")
         return np.zeros(0, dtype=np.int64)
-    c = np.zeros(n, dtype=np.int64) if ctx is None else np.asarray(ctx, dtype=np.int64)
+    # contexts as uint8 when they fit (K <= 127, tails included): the compiled loop reads 1 byte each
+    cdt = np.uint8 if 2 * K <= 255 else np.int64
+    if ctx is not None and np.asarray(ctx).dtype != cdt:
+        ctx = np.asarray(ctx)
+        if len(ctx) != n or (n and (ctx.min() < 0 or ctx.max() >= K)):
+            raise CodecError("tans section: context out of range")
+    c = np.zeros(n, dtype=cdt) if ctx is None else np.asarray(ctx, dtype=cdt)
     if g:
         k = R // g
         T = tans.layout(n, lanes, True)[0]
@@ -285,9 +291,9 @@ class EntropyCodec(Codec):
             ln, q = get_varint(p, q + 1, "entropy class map length")
             if q + ln != len(p):
                 raise CodecError("entropy: class map length does not match params")
-            cls = decode_stream(p[q:], C, K).astype(np.int64)
+            cls = decode_stream(p[q:], C, K).astype(np.uint8)
             out = decode_tans_section(body, size, 256, np.tile(cls, -(-size // C))[:size], K)
-        res = out.astype(np.uint8).tobytes()
+        res = out.astype(np.uint8, copy=False).tobytes()
         if zlib.crc32(res) != int.from_bytes(p[:4], "little"):
             raise CodecError("entropy: checksum mismatch")
         return res

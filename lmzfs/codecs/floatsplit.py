@@ -239,7 +239,7 @@ class FloatSplitCodec(Codec):
         else:
             C, shift, cmapq = rows
             r = (np.arange(n) + shift) // C
-            cls = entropy.decode_stream(cmapq, int(r[-1]) + 1, nb).astype(np.int64)
+            cls = entropy.decode_stream(cmapq, int(r[-1]) + 1, nb).astype(np.uint8)
             u, fin = tans.decode(body[:slen], n, tab, lanes, ctx=cls[r], values=val, interleaved=True)
         wp = len(fin)
         m = min(raw_len, wp * R // 8)

@@ -47,7 +47,7 @@ def _q4_1_context(blocks: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         z = -dm[:, 1] / dm[:, 0]
     z = np.where(np.isfinite(z), z, 0.0)
-    return np.clip(np.rint(z), 0, 15).astype(np.int64)
+    return np.clip(np.rint(z), 0, 15).astype(np.uint8)
 
 
 class GgufBlocksCodec(Codec):

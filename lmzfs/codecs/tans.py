@@ -45,6 +45,7 @@ def _compiled_loop():
 
 
 MAX_R = 15
+_COMPILED_MAX_S = 1 << 13      # the compiled loop packs a symbol into 13 bits
 MIN_R = 4     # below 16 slots the spreading step is not coprime with L (L = 2 and 8)
 MAX_SYMBOLS = 1 << 16
 MAX_N = 1 << 27          # most symbols one stream may decode to (chunks are far smaller)
@@ -279,14 +280,20 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
     packed = tab.packed
     cg = None
     if ctx is not None:
-        ctx = np.ascontiguousarray(ctx, dtype=np.int64)
-        if len(ctx) != n or (n and (ctx.min() < 0 or ctx.max() >= tab.K)):
+        if len(ctx) != n:
             raise CodecError("tans: context out of range")
-        if _loop is None:
+        if _loop is None or tab.S > _COMPILED_MAX_S:
+            ctx = np.asarray(ctx, dtype=np.int64)
+            if ctx.min() < 0 or ctx.max() >= tab.K:
+                raise CodecError("tans: context out of range")
             cg = _grid(ctx, n, T, Wp, interleaved) * L
             hist[0] += cg[0]
-        else:
-            hist[0] += (ctx[:Wp] if interleaved else ctx[::T]) * L
+        else:     # the compiled loop checks every context; uint8 ones cost an eighth of the memory
+            ctx = np.ascontiguousarray(ctx, dtype=np.uint8 if ctx.dtype == np.uint8 else np.int64)
+            first = (ctx[:Wp] if interleaved else ctx[::T]).astype(np.int64)
+            if first.min() < 0 or first.max() >= tab.K:
+                raise CodecError("tans: context out of range")
+            hist[0] += first * L
     elif dyn is not None:
         hist[0] += dyn[1] * L
         if _loop is None:
@@ -326,9 +333,6 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
     out = sy[hist[:T]]
     out = (out if interleaved else out.T).reshape(-1)[:n]
     return out, fin
-
-
-_COMPILED_MAX_S = 1 << 13      # the compiled loop packs a symbol into 13 bits
 
 
 def _decode_compiled(raw, n, tab, states, ctx, dyn, values, interleaved, T, Wp, pos):
