@@ -3,8 +3,8 @@ and stores (a model directory added, served back through a mount).
 
 | tool           | what runs |
 |----------------|-----------|
-| lmzfs store    | ours: `lmz --store S add DIR --name M`; bytes from `lmz ls --json`; `lmz mount` |
-| lmzfs store --smallest | the same with `add --smallest` (entropy-coded codecs; n/a if `add` lacks it) |
+| lmzfs store    | ours: `lmz --store S add DIR --name M` (every codec); bytes from `lmz ls --json`; `lmz mount` |
+| lmzfs store --fast | the same with `add --fast` (zstd and byte grouping only; n/a if `add` lacks it) |
 | lmzfs pack     | ours: `lmz pack FILE OUT` / `lmz unpack --max-output-bytes N OUT FILE` (n/a if the CLI lacks it) |
 | lmzip store    | lmzip's `lmz add --store S` (what its mount serves); bytes from `lmz models --json` |
 | lmzip archive  | lmzip's `lmz compress` / `lmz decompress`, default options (a directory is one archive) |
@@ -322,7 +322,7 @@ def _lmzip_stored(listing, model: str, size: int) -> tuple[int, dict]:
 
 def lmzfs_store(*add_options: str) -> CliStore:
     """Ours. `--store` is a global option, before the subcommand; `lmz mount` daemonizes.
-    `add_options` (e.g. "--smallest") go to `lmz add`; the row is n/a when `lmz add --help` lacks them."""
+    `add_options` (e.g. "--fast") go to `lmz add`; the row is n/a when `lmz add --help` lacks them."""
     lmz = common.LMZFS_CLI
     return CliStore(
         name=" ".join(["lmzfs store", *add_options]), ours=True, add_options=list(add_options),
@@ -391,5 +391,5 @@ def zstd_cli(level: int) -> CliArchive:
 
 def all_tools() -> list[Tool]:
     """Every row of the compression table (ours first). Build them after common.LMZFS_CLI is final."""
-    return [lmzfs_store(), lmzfs_store("--smallest"), lmzfs_pack(), lmzip_archive(), lmzip_store(), ZipNNArchive(),
+    return [lmzfs_store(), lmzfs_store("--fast"), lmzfs_pack(), lmzip_archive(), lmzip_store(), ZipNNArchive(),
             zstd_cli(3), zstd_cli(19)]

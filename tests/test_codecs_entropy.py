@@ -367,3 +367,28 @@ def test_both_decode_paths_agree_on_symbols_end_states_and_errors(interleaved, m
         tans._loop = saved
     assert results[0][0] == sym.tolist() and results[0][1] == bb.tolist()
     assert results[0] == results[1]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_compiled_quantiser_matches_the_numpy_one_exactly(data):
+    K = data.draw(st.integers(1, 4))
+    S = data.draw(st.integers(1, 300))
+    R = data.draw(st.integers(4, 15))
+    big = data.draw(st.sampled_from([3, 1000, 1 << 28]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    counts = rng.integers(0, big, size=(K, S)) * (rng.random((K, S)) < data.draw(st.sampled_from([0.05, 0.5, 1.0])))
+    counts[:, 0] += 1
+    counts[:, :: max(1, S // 7)] *= data.draw(st.sampled_from([1, 2, 1000]))
+    saved = tans._loop
+    try:
+        results = []
+        for loop in (saved, None):
+            tans._loop = loop
+            try:
+                results.append(tans.quantize_rows(counts, R).tolist())
+            except ValueError as exc:
+                results.append(str(exc))
+    finally:
+        tans._loop = saved
+    assert results[0] == results[1]

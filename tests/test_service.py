@@ -406,6 +406,7 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     assert doc["store"]["quick_check"] == "ok" and doc["store"]["models"] == 1 and doc["store"]["files"] == 2
     assert doc["store"]["packs"] == {"referenced": 1, "missing": [], "damaged": []}
     assert doc["fuse"]["dev_fuse"]["openable"] and doc["versions"]["libfuse"]
+    assert doc["versions"]["tans_decoder"] == "compiled"
     assert doc["settings"]["store"] == {"value": str(fresh_store.root), "source": "flag"}
 
 

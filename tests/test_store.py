@@ -349,11 +349,11 @@ def test_removing_the_older_of_two_models_rewrites_the_pack_and_keeps_the_newer_
     assert read_all(store_dir)["a-again/model.safetensors"] == (a / "model.safetensors").read_bytes()
 
 
-def test_a_default_add_uses_only_the_quick_codecs_and_smallest_adds_the_entropy_coded_ones(tmp_path, store_dir):
+def test_a_default_add_uses_the_entropy_coded_codecs_and_fast_keeps_to_the_quick_ones(tmp_path, store_dir):
     src = small_model(tmp_path / "src", seed=50, mib=2)
     store = StorePaths(store_dir)
-    add_model(store, src, "fast")
-    add_model(StorePaths(tmp_path / "max"), src, "max", smallest=True)
+    add_model(store, src, "fast", fast=True)
+    add_model(StorePaths(tmp_path / "max"), src, "max")
 
     def codecs(root: Path) -> set[str]:
         archive = Archive(root)

@@ -340,9 +340,126 @@ done:
     return result;
 }
 
+/* quantize_rows(counts, K, S, R, freqs): tans.quantize_rows for K rows of S int64 counts, into
+ * freqs (int64, K*S). Per row, with L = 2**R and tot = the row's sum: counts whose share is below
+ * one slot (c * L < tot) get 1; the others share the rest in proportion, floor first (a count
+ * whose floor is 0 joins the small ones, and the split is redone), then one more slot for the d
+ * largest remainders (ties to the lower symbol); any difference left goes to the first largest
+ * entry. Returns False (and writes nothing valid) for a row that cannot be quantised. */
+static int64_t *rem_key;
+
+static int by_remainder(const void *pa, const void *pb)
+{
+    const int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    if (rem_key[a] != rem_key[b])
+        return rem_key[a] > rem_key[b] ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+static PyObject *quantize_rows(PyObject *self, PyObject *args)
+{
+    Py_buffer counts = {0}, freqs = {0};
+    Py_ssize_t K, S, R;
+    PyObject *result = NULL;
+    unsigned char *small = NULL;
+    int64_t *rem = NULL, *idx = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &counts, &K, &S, &R, &freqs))
+        return NULL;
+    if (R < 1 || R > 30 || K < 1 || S < 1 || counts.len != K * S * 8 || freqs.len != K * S * 8) {
+        PyErr_SetString(PyExc_ValueError, "quantize_rows: bad arguments");
+        goto done;
+    }
+    small = PyMem_RawMalloc(S);
+    rem = PyMem_RawMalloc(S * sizeof *rem);
+    idx = PyMem_RawMalloc(S * sizeof *idx);
+    if (!small || !rem || !idx) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t L = (int64_t)1 << R;
+    int ok = 1;
+    for (Py_ssize_t k = 0; k < K && ok; k++) {
+        const int64_t *c = (const int64_t *)counts.buf + k * S;
+        int64_t *f = (int64_t *)freqs.buf + k * S;
+        int64_t tot = 0, nnz = 0;
+        for (Py_ssize_t i = 0; i < S; i++) {
+            if (c[i] < 0 || c[i] > ((int64_t)1 << 40)) {
+                ok = 0;
+                break;
+            }
+            tot += c[i];
+            nnz += c[i] > 0;
+        }
+        if (!ok || tot <= 0 || nnz > L) {
+            ok = 0;
+            break;
+        }
+        for (Py_ssize_t i = 0; i < S; i++)
+            small[i] = c[i] > 0 && c[i] * L < tot;
+        int64_t lb, tb;
+        for (;;) {
+            int64_t nsmall = 0;
+            tb = 0;
+            for (Py_ssize_t i = 0; i < S; i++) {
+                nsmall += small[i];
+                if (c[i] > 0 && !small[i])
+                    tb += c[i];
+            }
+            lb = L - nsmall;
+            int newly = 0;
+            for (Py_ssize_t i = 0; i < S; i++) {
+                if (c[i] > 0 && !small[i]) {
+                    f[i] = c[i] * lb / (tb > 0 ? tb : 1);
+                    if (f[i] == 0) {
+                        small[i] = 1;
+                        newly = 1;
+                    }
+                } else {
+                    f[i] = small[i];
+                }
+            }
+            if (!newly)
+                break;
+        }
+        int64_t sumbig = 0, nbig = 0;
+        for (Py_ssize_t i = 0; i < S; i++)
+            if (c[i] > 0 && !small[i]) {
+                sumbig += f[i];
+                rem[i] = c[i] * lb % (tb > 0 ? tb : 1);
+                idx[nbig++] = i;
+            } else {
+                rem[i] = -1;
+            }
+        const int64_t d = lb - sumbig;
+        if (d > 0 && nbig > 0) {
+            rem_key = rem;      /* qsort has no context argument; the GIL is held throughout */
+            qsort(idx, nbig, sizeof *idx, by_remainder);
+            for (int64_t q = 0; q < d && q < nbig; q++)
+                f[idx[q]] += 1;
+        }
+        int64_t sum = 0, arg = 0;
+        for (Py_ssize_t i = 0; i < S; i++) {
+            sum += f[i];
+            if (f[i] > f[arg])
+                arg = i;
+        }
+        if (sum != L)
+            f[arg] += L - sum;
+    }
+    result = PyBool_FromLong(ok);
+done:
+    PyMem_RawFree(small);
+    PyMem_RawFree(rem);
+    PyMem_RawFree(idx);
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&freqs);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, "Decode a tANS stream; see the comment at the top of _tansloop.c."},
     {"build", build, METH_VARARGS, "Build decoder entries; see the comment above build()."},
+    {"quantize_rows", quantize_rows, METH_VARARGS, "tans.quantize_rows; see the comment above it."},
     {NULL, NULL, 0, NULL},
 };
 

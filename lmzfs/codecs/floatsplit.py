@@ -260,7 +260,7 @@ class FloatSplitCodec(Codec):
                 u |= v
             else:
                 u[mask] |= v
-        out = u.astype(_UINT[bits]).tobytes()
+        out = u.astype(_UINT[bits], copy=False).tobytes()
         return out + bytes(body[len(body) - t:]) if t else out
 
 
@@ -370,7 +370,8 @@ def _bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
 
 
 def _bits_back_bytes(fin: np.ndarray, R: int, m: int) -> np.ndarray:
-    bits = ((fin[:, None] >> np.arange(R)) & 1).astype(np.uint8).ravel()
+    f = fin.astype(np.uint16)      # R <= 15: 16-bit lanes keep the bit matrix small
+    bits = ((f[:, None] >> np.arange(R, dtype=np.uint16)) & np.uint16(1)).astype(np.uint8).ravel()
     if bits[8 * m:].any():
         raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
     return np.packbits(bits[: 8 * m], bitorder="little")

@@ -88,7 +88,12 @@ def quantize(counts: np.ndarray, R: int) -> np.ndarray:
 def quantize_rows(counts: np.ndarray, R: int) -> np.ndarray:
     """``quantize`` applied to every row of a 2-D array (each row needs a positive entry); same result."""
     L = 1 << R
-    c = np.asarray(counts, dtype=np.int64)
+    c = np.ascontiguousarray(counts, dtype=np.int64)
+    if _loop is not None and c.ndim == 2 and c.size:
+        f = np.empty_like(c)
+        if _loop.quantize_rows(c, c.shape[0], c.shape[1], R, f):
+            return f
+        # rows it does not take (negative or huge counts, too many symbols) go the numpy way
     tot = c.sum(axis=1, keepdims=True)
     nz = c > 0
     if (tot <= 0).any() or (nz.sum(axis=1) > L).any():

@@ -114,14 +114,13 @@ def check_name_free(catalog: Catalog, name: str) -> None:
 
 
 def add_model(store: StorePaths, source: Path, name: str | None = None, *,
-              progress: Progress | None = None, workers: int | None = None, smallest: bool = False) -> AddResult:
+              progress: Progress | None = None, workers: int | None = None, fast: bool = False) -> AddResult:
     """Add SOURCE as model NAME.
 
-    By default chunks get the codecs that decode at hundreds of MB/s (zstd, byte grouping), so
-    the mount serves at disk-like speed. ``smallest`` also tries the entropy-coded codecs
-    (floatsplit, ggufblocks, entropy): the smallest store, but they decode at 15-50 MB/s per
-    core, which is what a read through the mount then costs."""
-    fast = not smallest
+    By default every chunk gets the smallest of all codecs, the entropy-coded ones (floatsplit,
+    ggufblocks, entropy) included: the smallest store, decoding at ~50-200 MB/s per core with
+    the compiled tANS loop. ``fast`` keeps to zstd and byte grouping: a store a few points
+    larger whose chunks decode at several hundred MB/s per core (docs/results.md)."""
     name = validate_model_name(default_model_name(source) if name is None else name)
     sources = collect_sources(source)
     store.create()

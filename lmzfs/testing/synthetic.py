@@ -36,7 +36,10 @@ def flip_byte_in_chunk_of(store: StorePaths, model: str, path: str, at: float = 
     cat = Catalog(store.catalog, readonly=True)
     extents = cat.extents(entry.file_id)
     cat.close()
-    e = max(extents, key=lambda x: x.location.length)      # a big chunk used only by this file
+    # The last sizeable chunk: used only by this file, and far from offset 0, so that the kernel's
+    # read-ahead of a read at the start never touches it.
+    big = max(x.location.length for x in extents)
+    e = max((x for x in extents if x.location.length >= big // 2), key=lambda x: x.offset)
     pos = e.location.offset + int(e.location.length * at)
     with open(store.pack(e.location.pack), "r+b") as f:
         f.seek(pos)
