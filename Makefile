@@ -7,17 +7,17 @@ PYTEST_ARGS ?=
 
 .PHONY: install system-deps demo test bench clean
 
-# apt packages FUSE needs (pyfuse3 builds against libfuse3), and systemd for `systemd-analyze
-# verify` of the units in systemd/; installed only when missing.
+# apt packages FUSE needs (pyfuse3 builds against libfuse3), gcc for pyfuse3 and our tANS loop,
+# and systemd for `systemd-analyze verify` of the units in systemd/; installed only when missing.
 system-deps:
 	@if command -v fusermount3 >/dev/null && pkg-config --exists fuse3 2>/dev/null \
-	    && command -v systemd-analyze >/dev/null; then :; else \
-	  echo "installing fuse3 libfuse3-dev pkg-config systemd (apt)"; \
+	    && command -v systemd-analyze >/dev/null && command -v gcc >/dev/null; then :; else \
+	  echo "installing fuse3 libfuse3-dev pkg-config systemd gcc (apt)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 libfuse3-dev pkg-config systemd; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 libfuse3-dev pkg-config systemd gcc; \
 	fi
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py lmzfs/codecs/_tansloop.c
 	@$(MAKE) --no-print-directory system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip
