@@ -10,6 +10,7 @@ from pathlib import Path
 
 from lmzfs import __version__
 from lmzfs.errors import CorruptChunk
+from lmzfs.malloc import tune_malloc
 from lmzfs.progress import ProgressLine, human_bytes
 from lmzfs.singlefile.errors import SingleFileError
 from lmzfs.servicecli import add_commands as add_service_commands
@@ -261,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not hasattr(args, "store"):
         args.store = None
+    tune_malloc()       # add, verify, cat, pack and unpack decode or encode chunk after chunk
     try:
         return args.func(args)
     except (StoreError, CorruptChunk) as exc:

@@ -1,6 +1,7 @@
 """Chunk codecs: round trips, codec choice, payload header checks, corruption and bomb handling."""
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -420,3 +421,15 @@ def test_concurrent_threads_encode_and_decode_independently():
 
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(work, range(len(inputs))))
+
+
+def test_malloc_tuning_applies_once_and_leaves_a_users_setting_alone(monkeypatch):
+    import subprocess
+    import sys
+    code = "from lmzfs.malloc import tune_malloc; print(tune_malloc())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "True"
+    env["MALLOC_TRIM_THRESHOLD_"] = "1000"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "False"

@@ -274,38 +274,45 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
     nbits = len(raw) * 8
     if nbits < Wp * R:
         raise CodecError("tans: stream shorter than its initial states")
+    # the lanes' first states: the first Wp * R bits
+    hb = (Wp * R + 7) >> 3
+    head = np.zeros(hb + 4, dtype=np.uint8)
+    head[:hb] = raw[:hb]
+    o = np.arange(Wp, dtype=np.int64) * R
+    first = (np.ndarray((hb + 1,), dtype="<u4", buffer=head, strides=(1,)).astype(np.int64)[o >> 3]
+             >> (o & 7)) & _MASK[R]
+    pos = Wp * R
+    packed = tab.packed
+    compiled = _loop is not None and S <= _COMPILED_MAX_S
+    cg = None
+    if ctx is not None:
+        if len(ctx) != n:
+            raise CodecError("tans: context out of range")
+        if not compiled:
+            ctx = np.asarray(ctx, dtype=np.int64)
+            if ctx.min() < 0 or ctx.max() >= tab.K:
+                raise CodecError("tans: context out of range")
+            cg = _grid(ctx, n, T, Wp, interleaved) * L
+            first += cg[0]
+        else:     # the compiled loop checks every context; uint8 ones cost an eighth of the memory
+            ctx = np.ascontiguousarray(ctx, dtype=np.uint8 if ctx.dtype == np.uint8 else np.int64)
+            c0 = (ctx[:Wp] if interleaved else ctx[::T]).astype(np.int64)
+            if c0.min() < 0 or c0.max() >= tab.K:
+                raise CodecError("tans: context out of range")
+            first += c0 * L
+    elif dyn is not None:
+        first += dyn[1] * L
+        if not compiled:
+            nxt = (dyn[0] * L)[packed >> 20]        # context offset of the symbol after each entry
+            packed = packed | (nxt << 36)
+    if compiled:
+        return _decode_compiled(raw, n, tab, first, ctx, dyn, values, interleaved, T, Wp, pos)
     slack = (Wp * R) // 8 + 8      # one step can overrun the end by at most Wp * R bits
     buf = np.zeros(len(raw) + slack, dtype=np.uint8)
     buf[:len(raw)] = raw
     win = np.ndarray((len(raw) + slack - 3,), dtype="<u4", buffer=buf, offset=0, strides=(1,)).astype(np.int64)
     hist = np.empty((T + 1, Wp), dtype=np.int64)     # table index (context * L + state) per step
-    o = np.arange(Wp, dtype=np.int64) * R
-    hist[0] = (win[o >> 3] >> (o & 7)) & _MASK[R]
-    pos = Wp * R
-    packed = tab.packed
-    cg = None
-    if ctx is not None:
-        if len(ctx) != n:
-            raise CodecError("tans: context out of range")
-        if _loop is None or tab.S > _COMPILED_MAX_S:
-            ctx = np.asarray(ctx, dtype=np.int64)
-            if ctx.min() < 0 or ctx.max() >= tab.K:
-                raise CodecError("tans: context out of range")
-            cg = _grid(ctx, n, T, Wp, interleaved) * L
-            hist[0] += cg[0]
-        else:     # the compiled loop checks every context; uint8 ones cost an eighth of the memory
-            ctx = np.ascontiguousarray(ctx, dtype=np.uint8 if ctx.dtype == np.uint8 else np.int64)
-            first = (ctx[:Wp] if interleaved else ctx[::T]).astype(np.int64)
-            if first.min() < 0 or first.max() >= tab.K:
-                raise CodecError("tans: context out of range")
-            hist[0] += first * L
-    elif dyn is not None:
-        hist[0] += dyn[1] * L
-        if _loop is None:
-            nxt = (dyn[0] * L)[packed >> 20]        # context offset of the symbol after each entry
-            packed = packed | (nxt << 36)
-    if _loop is not None and tab.S <= _COMPILED_MAX_S:
-        return _decode_compiled(raw, n, tab, hist[0], ctx, dyn, values, interleaved, T, Wp, pos)
+    hist[0] = first
     for t in range(T):
         a = int(act[t])
         e = packed[hist[t, :a]]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from lmzfs.daemon.mount import configure_logging, mount, resolve_store_dir, serve
+from lmzfs.malloc import tune_malloc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.debug)
+    tune_malloc()
     mountpoint = args.mountpoint.absolute()
     store_dir = resolve_store_dir(args.store).absolute()
     if not args.foreground:

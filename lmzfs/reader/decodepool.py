@@ -37,8 +37,10 @@ class _Request:
 
 def _worker_main(conn: Connection, buffer_fd: int) -> None:
     """The worker process's loop: one request in, one ("ok", size) or ("error", message) out."""
+    from lmzfs.malloc import tune_malloc
     from lmzfs.store.chunkread import read_chunk
 
+    tune_malloc()
     out = mmap.mmap(buffer_fd, BUFFER_BYTES)
     while True:
         try:
