@@ -25,7 +25,9 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint64_t read64(const uint8_t *s, Py_ssize_t slen, uint64_t byte)
+/* the last few bytes of a stream: byte by byte, zero past the end (kept out of line: the loop
+ * needs its registers) */
+static __attribute__((noinline)) uint64_t read64(const uint8_t *s, Py_ssize_t slen, uint64_t byte)
 {
     uint64_t w = 0;
     if (byte + 8 <= (uint64_t)slen) {
@@ -40,6 +42,8 @@ static inline uint64_t read64(const uint8_t *s, Py_ssize_t slen, uint64_t byte)
 /* The entries repacked to 32 bits (base | nb << 15 | sym << 19) so that 16 tables of 4096 fit in
  * L2; the next-context offset moves to a per-symbol array. */
 #define SYM_SHIFT 19
+static const uint32_t LOW_BITS[16] = {0, 1, 3, 7, 15, 31, 63, 127, 255, 511, 1023, 2047, 4095, 8191,
+                                      16383, 32767};
 #define MAX_SYM32 (1u << (32 - SYM_SHIFT))
 
 struct job {
@@ -96,7 +100,7 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode)
                 memcpy(&w, s + (pos >> 3), 8);   /* little-endian hosts only; checked at import */
             else
                 w = read64(s, slen, pos >> 3);
-            uint32_t v = (uint32_t)((w >> (pos & 7)) & ((1u << nb) - 1)) + (e & 0x7FFF);
+            uint32_t v = ((uint32_t)(w >> (pos & 7)) & LOW_BITS[nb]) + (e & 0x7FFF);
             pos += nb;
             if (mode == 1)
                 v += j < jn ? (uint32_t)(cn[j * cs] * L) : 0;
