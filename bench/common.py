@@ -369,6 +369,10 @@ def freeze_lmzfs(dest: Path) -> tuple[Path, dict]:
                  "import lmzfs.cli; print(lmzfs.cli.__file__)"], timeout=60).strip()
     if not probe.startswith(str(dest)):
         raise ToolError(f"the frozen copy is not the one imported ({probe})")
+    # which tANS decoder the copy runs: the compiled loop (copied with lmzfs/) or the numpy one
+    state["tans_decoder"] = run(["env", f"PYTHONPATH={dest}", "PYTHONSAFEPATH=1", LMZFS_PY, "-c",
+                                 "from lmzfs.codecs import tans; print('compiled' if tans._loop else 'numpy')"],
+                                timeout=60).strip()
     return cli, state
 
 

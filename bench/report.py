@@ -309,7 +309,8 @@ def markdown(res: dict) -> str:
                  f"lmzfs measured: `{meta.get('lmzfs_cli')}` as the tree was at each moment, ")
                 + f"commit {c.get('commit') or '?'}"
                 + (f" + {c['uncommitted']} uncommitted file(s) under lmzfs/" if c.get("uncommitted") else "")
-                + f", source hash {c['source_sha256']}.", ""]
+                + f", source hash {c['source_sha256']}"
+                + (f"; tANS decoder: {c['tans_decoder']}" if c.get("tans_decoder") else "") + ".", ""]
     out += ["Corpus (fetched and SHA-256-checked by `lmzfs.testing.corpus`):", ""]
     out += table(["name", "file", "bytes", "sha256"],
                  [[n, f"`{c['file']}`", f"{c['bytes']:,}", f"`{c['sha256'][:16]}…`"] for n, c in meta["corpus"].items()],
