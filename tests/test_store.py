@@ -306,6 +306,29 @@ def test_cat_writes_the_exact_bytes(tmp_path, store_dir):
     assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_lmz_add_fast_and_default_models_share_a_store_and_read_back_exactly(tmp_path, store_dir, capsys):
+    a, b = small_model(tmp_path / "a", seed=61, mib=2), small_model(tmp_path / "b", seed=62, mib=2)
+    assert lmz(["--store", str(store_dir), "add", "--fast", str(a), "--name", "quick"]) == 0
+    assert lmz(["--store", str(store_dir), "add", str(b), "--name", "small"]) == 0
+    # content already stored keeps the codec it was stored with: the copy costs nothing new
+    assert lmz(["--store", str(store_dir), "add", str(a), "--name", "quick-again"]) == 0
+    assert "new data stored 0 B" in capsys.readouterr().out.splitlines()[-1]
+    with pytest.raises(SystemExit):
+        lmz(["--store", str(store_dir), "add", "--fast", "--smallest", str(a), "--name", "both"])
+    capsys.readouterr()
+    archive = Archive(store_dir)
+    try:
+        quick = set(archive.entry("quick", "model.safetensors").codecs.split(","))
+        small = set(archive.entry("small", "model.safetensors").codecs.split(","))
+    finally:
+        archive.close()
+    assert quick <= {"raw", "zstd", "bytegroup"} and "floatsplit" in small
+    files = read_all(store_dir)
+    assert files["quick/model.safetensors"] == files["quick-again/model.safetensors"] == \
+        (a / "model.safetensors").read_bytes()
+    assert files["small/model.safetensors"] == (b / "model.safetensors").read_bytes()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_is_a_clear_error_and_loses_nothing(tmp_path):
     disk = tmp_path / "disk"
