@@ -11,6 +11,7 @@ as many bytes as its symbols and not R more bits for its flush.
 """
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -29,6 +30,17 @@ def _marginal(freqs: np.ndarray, g: int) -> np.ndarray:
     f = np.concatenate([freqs, np.zeros((K, pad), dtype=np.int64)], axis=1)
     m = f.reshape(K, -1, 1 << g).sum(axis=2)
     return np.concatenate([m, np.zeros((K, S + pad - m.shape[1]), dtype=np.int64)], axis=1)[:, :S]
+
+
+@functools.lru_cache(maxsize=16)
+def _tail_positions(n: int, lanes: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_tails and the existing positions themselves (idx[ok]), read-only: chunks of one size share
+    them, and the encoder and the decoder ask for the same few layouts again and again."""
+    idx, ok = _tails(n, lanes, k)
+    ti = idx[ok]
+    for a in (idx, ok, ti):
+        a.flags.writeable = False
+    return idx, ok, ti
 
 
 def _tails(n: int, lanes: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,18 +169,20 @@ def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: i
         T = tans.layout(n, lanes, True)[0]
         if k > T:
             raise CodecError("tans section: lanes too short for their tails")
-        idx, ok = _tails(n, lanes, k)
-        ti = idx[ok]
+        idx, ok, ti = _tail_positions(n, lanes, k)
         c = c.copy()
-        c[ti] += K
+        c[ti] += cdt(K)
         tab = tans.Tables(np.concatenate([freqs, _marginal(freqs, g)]), R)
         sym, fin = tans.decode(stream, n, tab, lanes, ctx=c, interleaved=True, values=_symbol_values(S))
         lo = (fin[:, None] >> (g * np.arange(k))[None, :]) & ((1 << g) - 1)
         if (lo[~ok]).any() or (fin >> (k * g)).any():
             raise CodecError("tans section: end state holds bits of no symbol")
-        if (sym[ti] >= -(-S >> g)).any():
+        tail = sym[ti]
+        if (tail >= -(-S >> g)).any():
             raise CodecError("tans section: symbol out of range")
-        sym[ti] = (sym[ti] << g) | lo[ok]
+        tail <<= g          # symbols < 256 are uint8 here, and (symbol >> g) << g still fits
+        tail |= lo[ok].astype(tail.dtype)
+        sym[ti] = tail
         if S & (S - 1) and (sym >= S).any():
             raise CodecError("tans section: symbol out of range")
     else:
