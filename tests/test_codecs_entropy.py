@@ -392,3 +392,34 @@ def test_the_compiled_quantiser_matches_the_numpy_one_exactly(data):
     finally:
         tans._loop = saved
     assert results[0] == results[1]
+
+
+def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
+    from lmzfs.codecs import _tansloop as loop    # whichever path the module's fixture chose
+    tab = tans.Tables(tans.quantize_rows(np.array([[5, 3, 1, 7]]), 6), 6)
+    vals = np.arange(4, dtype=np.uint8)
+    stream = np.zeros(64, dtype=np.uint8)
+
+    def call(states=None, out=None, ctx=None, n=100, T=10, Wp=10, L=64, values=vals, packed=tab.packed):
+        states = np.zeros(Wp, dtype=np.int64) if states is None else states
+        out = np.empty(n, dtype=np.uint8) if out is None else out
+        return loop.decode(packed, stream, states, out, values, ctx, None, True, n, T, Wp, L, Wp * 6)
+
+    with pytest.raises(ValueError, match="table index"):
+        call(states=np.full(10, 64, dtype=np.int64))
+    with pytest.raises(ValueError, match="context out of range"):
+        call(ctx=np.full(100, 1, dtype=np.uint8))
+    with pytest.raises(ValueError, match="context out of range"):
+        call(ctx=np.full(100, -1, dtype=np.int64))
+    with pytest.raises(ValueError, match="bad decode arguments"):
+        call(out=np.empty(99, dtype=np.uint8))
+    with pytest.raises(ValueError, match="bad decode arguments"):
+        call(T=9)
+    with pytest.raises(ValueError, match="has no value"):
+        call(values=vals[:2])
+    bad = tab.packed.copy()
+    bad[0] = 63 | (4 << 16)          # base 63 + 4 bits would leave a table of 64
+    with pytest.raises(ValueError, match="leaves its table"):
+        call(packed=bad)
+    with pytest.raises(ValueError, match="bad table arguments"):
+        loop.build(np.array([[8, 0]], dtype=np.int64), 1, 2, 3, np.empty(8, dtype=np.int64))

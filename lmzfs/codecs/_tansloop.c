@@ -295,8 +295,9 @@ static PyObject *build(PyObject *self, PyObject *args)
     int64_t *next = NULL;
     if (!PyArg_ParseTuple(args, "y*nnnw*", &freqs, &K, &S, &R, &packed))
         return NULL;
-    const int64_t L = (int64_t)1 << (R < 1 || R > 15 ? 1 : R);
-    if (R < 1 || R > 15 || K < 1 || S < 1 || S > 32767 || freqs.len != K * S * 8 ||
+    /* R >= 4: below 16 slots the step is not coprime with L and positions would stay unset */
+    const int64_t L = (int64_t)1 << (R < 4 || R > 15 ? 4 : R);
+    if (R < 4 || R > 15 || K < 1 || S < 1 || S > 32767 || freqs.len != K * S * 8 ||
         packed.len != K * L * 8) {
         PyErr_SetString(PyExc_ValueError, "tans: bad table arguments");
         goto done;
