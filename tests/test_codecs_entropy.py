@@ -423,3 +423,46 @@ def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
         call(packed=bad)
     with pytest.raises(ValueError, match="bad table arguments"):
         loop.build(np.array([[8, 0]], dtype=np.int64), 1, 2, 3, np.empty(8, dtype=np.int64))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.binary(max_size=40),
+                 st.lists(st.integers(0, 2**35 - 1), max_size=30).map(
+                     lambda v: tans.pack_uints(np.array(v, dtype=np.int64))[1:])),
+       st.integers(0, 12))
+def test_compiled_and_numpy_varint_tables_agree_on_values_and_errors(body, count):
+    results = []
+    saved = tans._loop
+    try:
+        for loop in (saved, None):
+            tans._loop = loop
+            try:
+                results.append(tans.unpack_uints(b"\x00" + bytes(body), count, "t").tolist())
+            except CodecError as exc:
+                results.append(str(exc))
+    finally:
+        tans._loop = saved
+    assert results[0] == results[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(4, 15), st.integers(1, 300), st.data())
+def test_compiled_and_numpy_bits_back_bytes_agree(R, wp, data):
+    from lmzfs.codecs import floatsplit
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    fin = rng.integers(0, 1 << R, size=wp)
+    m = data.draw(st.integers(0, wp * R // 8))
+    if data.draw(st.booleans()):
+        fin[(8 * m) // R:] = 0        # often nothing past the stored bytes
+    results = []
+    saved = tans._loop
+    try:
+        for loop in (saved, None):
+            tans._loop = loop
+            try:
+                results.append(floatsplit._bits_back_bytes(fin, R, m).tobytes())
+            except CodecError as exc:
+                results.append(str(exc))
+    finally:
+        tans._loop = saved
+    assert results[0] == results[1]

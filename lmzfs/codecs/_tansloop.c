@@ -466,10 +466,104 @@ done:
     return result;
 }
 
+/* varints(buf, count, out) -> 0 ok, 1 wrong number of values, 2 a value over 5 bytes,
+ * 3 a non-canonical value (a last byte of 0 after others): tans.unpack_uints's body, with the
+ * same precedence of errors. out: int64[count]. */
+static PyObject *varints(PyObject *self, PyObject *args)
+{
+    Py_buffer buf = {0}, out = {0};
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*nw*", &buf, &count, &out))
+        return NULL;
+    long code = 0;
+    if (count < 0 || out.len != count * 8) {
+        PyBuffer_Release(&buf);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "varints: bad arguments");
+        return NULL;
+    }
+    const uint8_t *b = buf.buf;
+    int64_t *o = out.buf;
+    Py_ssize_t got = 0, len = 0;
+    int64_t v = 0;
+    int too_large = 0, noncanonical = 0;
+    for (Py_ssize_t i = 0; i < buf.len; i++) {
+        const uint8_t c = b[i];
+        if (len < 5)
+            v |= (int64_t)(c & 0x7F) << (7 * len);
+        len++;
+        if (c < 0x80) {
+            too_large |= len > 5;
+            noncanonical |= len > 1 && c == 0;
+            if (got < count)
+                o[got] = v;
+            got++;
+            v = 0;
+            len = 0;
+        }
+    }
+    if (got != count || len != 0)
+        code = 1;
+    else if (too_large)
+        code = 2;
+    else if (noncanonical)
+        code = 3;
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&out);
+    return PyLong_FromLong(code);
+}
+
+/* pack_fields(values, R, m) -> bytes or None: the int64 values as R-bit little-endian fields of
+ * one bit string (value i at bit i * R); its first m bytes, or None when a bit at or past 8 * m
+ * is set (floatsplit's lane end states that hold bits past the stored bytes). */
+static PyObject *pack_fields(PyObject *self, PyObject *args)
+{
+    Py_buffer vals = {0};
+    Py_ssize_t R, m;
+    if (!PyArg_ParseTuple(args, "y*nn", &vals, &R, &m))
+        return NULL;
+    const Py_ssize_t count = vals.len / 8;
+    if (R < 1 || R > 32 || m < 0 || m * 8 > count * R + 7) {
+        PyBuffer_Release(&vals);
+        PyErr_SetString(PyExc_ValueError, "pack_fields: bad arguments");
+        return NULL;
+    }
+    PyObject *res = PyBytes_FromStringAndSize(NULL, m);
+    if (!res) {
+        PyBuffer_Release(&vals);
+        return NULL;
+    }
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(res);
+    memset(o, 0, m);
+    const int64_t *v = vals.buf;
+    const uint64_t limit = (uint64_t)m * 8;
+    int past = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {     /* bits above R are not part of a field */
+        const uint64_t x = (uint64_t)v[i], bit0 = (uint64_t)i * R;
+        for (Py_ssize_t q = 0; q < R; q++) {
+            if (!((x >> q) & 1))
+                continue;
+            const uint64_t bit = bit0 + q;
+            if (bit >= limit)
+                past = 1;
+            else
+                o[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+        }
+    }
+    PyBuffer_Release(&vals);
+    if (past) {
+        Py_DECREF(res);
+        Py_RETURN_NONE;
+    }
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, "Decode a tANS stream; see the comment at the top of _tansloop.c."},
     {"build", build, METH_VARARGS, "Build decoder entries; see the comment above build()."},
     {"quantize_rows", quantize_rows, METH_VARARGS, "tans.quantize_rows; see the comment above it."},
+    {"pack_fields", pack_fields, METH_VARARGS, "floatsplit's bits-back bytes; see the comment above it."},
+    {"varints", varints, METH_VARARGS, "tans.unpack_uints's varint decoding; see the comment above it."},
     {NULL, NULL, 0, NULL},
 };
 

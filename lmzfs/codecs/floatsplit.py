@@ -370,6 +370,11 @@ def _bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
 
 
 def _bits_back_bytes(fin: np.ndarray, R: int, m: int) -> np.ndarray:
+    if tans._loop is not None:
+        packed = tans._loop.pack_fields(np.ascontiguousarray(fin, dtype=np.int64), R, m)
+        if packed is None:
+            raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
+        return np.frombuffer(packed, dtype=np.uint8)
     f = fin.astype(np.uint16)      # R <= 15: 16-bit lanes keep the bit matrix small
     bits = ((f[:, None] >> np.arange(R, dtype=np.uint16)) & np.uint16(1)).astype(np.uint8).ravel()
     if bits[8 * m:].any():

@@ -400,6 +400,13 @@ def unpack_uints(blob, count: int, what: str) -> np.ndarray:
         if plen > 5 * count + 16:
             raise CodecError(f"{what}: table blob too large")
         body = memoryview(_zstd.decompress(body[p:], plen, f"{what} table"))
+    if _loop is not None:
+        vals = np.empty(count, dtype=np.int64)
+        code = _loop.varints(body, count, vals)
+        if code:
+            raise CodecError(f"{what}: " + ("table holds a wrong number of values", "table value too large",
+                                            "non-canonical table value")[code - 1])
+        return vals
     raw = np.frombuffer(body, dtype=np.uint8)
     ends = np.flatnonzero(raw < 0x80)
     if len(ends) != count or (count and ends[-1] != len(raw) - 1) or (not count and len(raw)):
