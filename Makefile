@@ -17,7 +17,7 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 libfuse3-dev pkg-config systemd gcc; \
 	fi
 
-$(VENV)/.installed: pyproject.toml setup.py lmzfs/codecs/_tansloop.c
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard lmzfs/codecs/_tans*.[ch])
 	@$(MAKE) --no-print-directory system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip

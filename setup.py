@@ -1,9 +1,11 @@
-"""Only the optional compiled tANS loop lives here; everything else is in pyproject.toml.
+"""Only the optional compiled tANS loop (lmzfs/codecs/_tans*.c) lives here; everything else is in pyproject.toml.
 
 optional=True: without a C compiler the install still succeeds and lmzfs uses its numpy loop,
 which decodes the same streams, only slower.
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("lmzfs.codecs._tansloop", ["lmzfs/codecs/_tansloop.c"],
+setup(ext_modules=[Extension("lmzfs.codecs._tansloop",
+                             ["lmzfs/codecs/_tansloop.c", "lmzfs/codecs/_tanstables.c"],
+                             depends=["lmzfs/codecs/_tansloop.h"],
                              optional=True, extra_compile_args=["-O3"])])

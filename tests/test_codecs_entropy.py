@@ -15,7 +15,7 @@ from lmzfs.codecs import (
     FORMAT_VERSION, MAGIC, REGISTRY, ChunkHint, CodecError, decode_chunk, encode_chunk, encode_with,
     parse_payload,
 )
-from lmzfs.codecs import entropy, tans
+from lmzfs.codecs import entropy, tans, uintlist
 from lmzfs.codecs.base import put_varint
 from lmzfs.codecs.floatsplit import FORMATS
 from lmzfs.codecs.ggufblocks import LAYOUTS
@@ -428,7 +428,7 @@ def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(st.binary(max_size=40),
                  st.lists(st.integers(0, 2**35 - 1), max_size=30).map(
-                     lambda v: tans.pack_uints(np.array(v, dtype=np.int64))[1:])),
+                     lambda v: uintlist.pack_uints(np.array(v, dtype=np.int64))[1:])),
        st.integers(0, 12))
 def test_compiled_and_numpy_varint_tables_agree_on_values_and_errors(body, count):
     results = []
@@ -437,7 +437,7 @@ def test_compiled_and_numpy_varint_tables_agree_on_values_and_errors(body, count
         for loop in (saved, None):
             tans._loop = loop
             try:
-                results.append(tans.unpack_uints(b"\x00" + bytes(body), count, "t").tolist())
+                results.append(uintlist.unpack_uints(b"\x00" + bytes(body), count, "t").tolist())
             except CodecError as exc:
                 results.append(str(exc))
     finally:

@@ -16,7 +16,7 @@ import zlib
 
 import numpy as np
 
-from . import tans
+from . import tans, uintlist
 from . import zstd as _zstd
 from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
 
@@ -124,7 +124,7 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
         tab_f = np.concatenate([freqs, _marginal(freqs, g)])
     stream = tans.encode(tsym, tans.Tables(tab_f, R), lanes, ctx=tctx if (K > 1 or best_g) else None,
                          bits_back=bb, interleaved=True)
-    blob = tans.pack_uints(freqs.ravel())
+    blob = uintlist.pack_uints(freqs.ravel())
     return bytes((R, best_g)) + put_varint(lanes) + put_varint(len(blob)) + blob + stream
 
 
@@ -151,7 +151,7 @@ def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: i
         raise CodecError("tans section: bad lanes or table length")
     if K * ((1 << R) + S) > max(1 << 16, 8 * n) * 2:
         raise CodecError("tans section: tables too large for the data")
-    freqs = tans.unpack_uints(mv[pos:pos + blen], K * S, "tans section").reshape(K, S)
+    freqs = uintlist.unpack_uints(mv[pos:pos + blen], K * S, "tans section").reshape(K, S)
     stream = mv[pos + blen:]
     if n == 0:
         if len(stream):

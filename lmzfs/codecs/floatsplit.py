@@ -20,7 +20,7 @@ import zlib
 
 import numpy as np
 
-from . import entropy, tans
+from . import entropy, tans, uintlist
 from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
 
 # format id -> (name, element bits, exponent bits, mantissa bits, k)
@@ -142,7 +142,7 @@ class FloatSplitCodec(Codec):
             stream = tans.encode(sym, tab, lanes, dyn=(cmap, c0), bits_back=bb)
         else:
             stream = tans.encode(sym, tab, lanes, ctx=ctx, bits_back=bb, interleaved=True)
-        blob = tans.pack_uints(np.concatenate([A.ravel(), S, M.ravel()]))
+        blob = uintlist.pack_uints(np.concatenate([A.ravel(), S, M.ravel()]))
         params = bytes((fmt, k, R, nb, c0)) + rowmode + put_varint(lanes) + put_varint(emin) + put_varint(E) + \
             crc.to_bytes(4, "little") + put_varint(len(stream)) + bytes((zb,)) + \
             (put_varint(len(zflags)) + zflags if zb else b"") + b"".join(put_varint(len(q)) for q in parts) + blob
@@ -219,7 +219,7 @@ class FloatSplitCodec(Codec):
             raise CodecError("floatsplit: bad lanes or exponent range")
         if nb * (E * T2 + (1 << R)) > _table_budget(n):
             raise CodecError("floatsplit: tables too large for the chunk")
-        vals = tans.unpack_uints(blob, nb * E + 2 + E * T2 // 2, "floatsplit")
+        vals = uintlist.unpack_uints(blob, nb * E + 2 + E * T2 // 2, "floatsplit")
         if vals.max(initial=0) > 1 << A_LOG or vals[nb * E:].max(initial=0) > 1 << M_LOG:
             raise CodecError("floatsplit: model table value out of range")
         A, S = vals[: nb * E].reshape(nb, E), vals[nb * E:nb * E + 2]

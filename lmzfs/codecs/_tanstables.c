@@ -1,0 +1,281 @@
+/* The table helpers of lmzfs.codecs._tansloop: what tans.py and floatsplit.py compute with numpy
+ * before and after the decode loop, compiled because each cost 5-15% of a chunk's decode. Each
+ * returns exactly what its numpy twin returns (the tests compare them on random inputs), and
+ * the numpy code stays the path used when the extension is missing. */
+#include "_tansloop.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* build(freqs, K, S, R, packed): the decoder entries tans.Tables builds with numpy, for K rows
+ * of S int64 frequencies each summing to 2**R (checked by the caller). Slot k of the symbols
+ * dealt in order goes to position (k * step) mod L; the positions of symbol s, in increasing
+ * order, get sub-states x = f_s, f_s + 1, ...; entry = base | nb << 16 | s << 20 with
+ * nb = R - floor(log2 x) and base = x * 2**nb - L. */
+PyObject *tans_build(PyObject *self, PyObject *args)
+{
+    Py_buffer freqs = {0}, packed = {0};
+    Py_ssize_t K, S, R;
+    PyObject *result = NULL;
+    int16_t *spread = NULL;
+    int64_t *next = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &freqs, &K, &S, &R, &packed))
+        return NULL;
+    /* R >= 4: below 16 slots the step is not coprime with L and positions would stay unset */
+    const int64_t L = (int64_t)1 << (R < 4 || R > 15 ? 4 : R);
+    if (R < 4 || R > 15 || K < 1 || S < 1 || S > 32767 || freqs.len != K * S * 8 ||
+        packed.len != K * L * 8) {
+        PyErr_SetString(PyExc_ValueError, "tans: bad table arguments");
+        goto done;
+    }
+    spread = PyMem_RawMalloc(L * sizeof *spread);
+    next = PyMem_RawMalloc(S * sizeof *next);
+    if (!spread || !next) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t step = (L >> 1) + (L >> 3) + 3;
+    const int64_t *f = freqs.buf;
+    int64_t *pk = packed.buf;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        const int64_t *fr = f + k * S;
+        int64_t slot = 0;
+        for (Py_ssize_t s = 0; s < S; s++) {
+            if (fr[s] < 0 || slot + fr[s] > L) {
+                PyErr_SetString(PyExc_ValueError, "tans: a frequency table does not sum to L");
+                goto done;
+            }
+            for (int64_t c = 0; c < fr[s]; c++, slot++)
+                spread[(slot * step) & (L - 1)] = (int16_t)s;
+            next[s] = fr[s];
+        }
+        if (slot != L) {
+            PyErr_SetString(PyExc_ValueError, "tans: a frequency table does not sum to L");
+            goto done;
+        }
+        int64_t *row = pk + k * L;
+        for (int64_t p = 0; p < L; p++) {
+            const int64_t s = spread[p], x = next[s]++;
+            int lg = 63 - __builtin_clzll((unsigned long long)x);
+            const int64_t nb = R - lg;
+            row[p] = ((x << nb) - L) | (nb << 16) | (s << 20);
+        }
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyMem_RawFree(spread);
+    PyMem_RawFree(next);
+    PyBuffer_Release(&freqs);
+    PyBuffer_Release(&packed);
+    return result;
+}
+
+/* quantize_rows(counts, K, S, R, freqs): tans.quantize_rows for K rows of S int64 counts, into
+ * freqs (int64, K*S). Per row, with L = 2**R and tot = the row's sum: counts whose share is below
+ * one slot (c * L < tot) get 1; the others share the rest in proportion, floor first (a count
+ * whose floor is 0 joins the small ones, and the split is redone), then one more slot for the d
+ * largest remainders (ties to the lower symbol); any difference left goes to the first largest
+ * entry. Returns False (and writes nothing valid) for a row that cannot be quantised. */
+static int64_t *rem_key;
+
+static int by_remainder(const void *pa, const void *pb)
+{
+    const int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    if (rem_key[a] != rem_key[b])
+        return rem_key[a] > rem_key[b] ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+PyObject *tans_quantize_rows(PyObject *self, PyObject *args)
+{
+    Py_buffer counts = {0}, freqs = {0};
+    Py_ssize_t K, S, R;
+    PyObject *result = NULL;
+    unsigned char *small = NULL;
+    int64_t *rem = NULL, *idx = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &counts, &K, &S, &R, &freqs))
+        return NULL;
+    if (R < 1 || R > 30 || K < 1 || S < 1 || counts.len != K * S * 8 || freqs.len != K * S * 8) {
+        PyErr_SetString(PyExc_ValueError, "quantize_rows: bad arguments");
+        goto done;
+    }
+    small = PyMem_RawMalloc(S);
+    rem = PyMem_RawMalloc(S * sizeof *rem);
+    idx = PyMem_RawMalloc(S * sizeof *idx);
+    if (!small || !rem || !idx) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t L = (int64_t)1 << R;
+    int ok = 1;
+    for (Py_ssize_t k = 0; k < K && ok; k++) {
+        const int64_t *c = (const int64_t *)counts.buf + k * S;
+        int64_t *f = (int64_t *)freqs.buf + k * S;
+        int64_t tot = 0, nnz = 0;
+        for (Py_ssize_t i = 0; i < S; i++) {
+            if (c[i] < 0 || c[i] > ((int64_t)1 << 40)) {
+                ok = 0;
+                break;
+            }
+            tot += c[i];
+            nnz += c[i] > 0;
+        }
+        if (!ok || tot <= 0 || nnz > L) {
+            ok = 0;
+            break;
+        }
+        for (Py_ssize_t i = 0; i < S; i++)
+            small[i] = c[i] > 0 && c[i] * L < tot;
+        int64_t lb, tb;
+        for (;;) {
+            int64_t nsmall = 0;
+            tb = 0;
+            for (Py_ssize_t i = 0; i < S; i++) {
+                nsmall += small[i];
+                if (c[i] > 0 && !small[i])
+                    tb += c[i];
+            }
+            lb = L - nsmall;
+            int newly = 0;
+            for (Py_ssize_t i = 0; i < S; i++) {
+                if (c[i] > 0 && !small[i]) {
+                    f[i] = c[i] * lb / (tb > 0 ? tb : 1);
+                    if (f[i] == 0) {
+                        small[i] = 1;
+                        newly = 1;
+                    }
+                } else {
+                    f[i] = small[i];
+                }
+            }
+            if (!newly)
+                break;
+        }
+        int64_t sumbig = 0, nbig = 0;
+        for (Py_ssize_t i = 0; i < S; i++)
+            if (c[i] > 0 && !small[i]) {
+                sumbig += f[i];
+                rem[i] = c[i] * lb % (tb > 0 ? tb : 1);
+                idx[nbig++] = i;
+            } else {
+                rem[i] = -1;
+            }
+        const int64_t d = lb - sumbig;
+        if (d > 0 && nbig > 0) {
+            rem_key = rem;      /* qsort has no context argument; the GIL is held throughout */
+            qsort(idx, nbig, sizeof *idx, by_remainder);
+            for (int64_t q = 0; q < d && q < nbig; q++)
+                f[idx[q]] += 1;
+        }
+        int64_t sum = 0, arg = 0;
+        for (Py_ssize_t i = 0; i < S; i++) {
+            sum += f[i];
+            if (f[i] > f[arg])
+                arg = i;
+        }
+        if (sum != L)
+            f[arg] += L - sum;
+    }
+    result = PyBool_FromLong(ok);
+done:
+    PyMem_RawFree(small);
+    PyMem_RawFree(rem);
+    PyMem_RawFree(idx);
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&freqs);
+    return result;
+}
+
+/* varints(buf, count, out) -> 0 ok, 1 wrong number of values, 2 a value over 5 bytes,
+ * 3 a non-canonical value (a last byte of 0 after others): uintlist.unpack_uints's body, with the
+ * same precedence of errors. out: int64[count]. */
+PyObject *tans_varints(PyObject *self, PyObject *args)
+{
+    Py_buffer buf = {0}, out = {0};
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*nw*", &buf, &count, &out))
+        return NULL;
+    long code = 0;
+    if (count < 0 || out.len != count * 8) {
+        PyBuffer_Release(&buf);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "varints: bad arguments");
+        return NULL;
+    }
+    const uint8_t *b = buf.buf;
+    int64_t *o = out.buf;
+    Py_ssize_t got = 0, len = 0;
+    int64_t v = 0;
+    int too_large = 0, noncanonical = 0;
+    for (Py_ssize_t i = 0; i < buf.len; i++) {
+        const uint8_t c = b[i];
+        if (len < 5)
+            v |= (int64_t)(c & 0x7F) << (7 * len);
+        len++;
+        if (c < 0x80) {
+            too_large |= len > 5;
+            noncanonical |= len > 1 && c == 0;
+            if (got < count)
+                o[got] = v;
+            got++;
+            v = 0;
+            len = 0;
+        }
+    }
+    if (got != count || len != 0)
+        code = 1;
+    else if (too_large)
+        code = 2;
+    else if (noncanonical)
+        code = 3;
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&out);
+    return PyLong_FromLong(code);
+}
+
+/* pack_fields(values, R, m) -> bytes or None: the int64 values as R-bit little-endian fields of
+ * one bit string (value i at bit i * R); its first m bytes, or None when a bit at or past 8 * m
+ * is set (floatsplit's lane end states that hold bits past the stored bytes). */
+PyObject *tans_pack_fields(PyObject *self, PyObject *args)
+{
+    Py_buffer vals = {0};
+    Py_ssize_t R, m;
+    if (!PyArg_ParseTuple(args, "y*nn", &vals, &R, &m))
+        return NULL;
+    const Py_ssize_t count = vals.len / 8;
+    if (R < 1 || R > 32 || m < 0 || m * 8 > count * R + 7) {
+        PyBuffer_Release(&vals);
+        PyErr_SetString(PyExc_ValueError, "pack_fields: bad arguments");
+        return NULL;
+    }
+    PyObject *res = PyBytes_FromStringAndSize(NULL, m);
+    if (!res) {
+        PyBuffer_Release(&vals);
+        return NULL;
+    }
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(res);
+    memset(o, 0, m);
+    const int64_t *v = vals.buf;
+    const uint64_t limit = (uint64_t)m * 8;
+    int past = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {     /* bits above R are not part of a field */
+        const uint64_t x = (uint64_t)v[i], bit0 = (uint64_t)i * R;
+        for (Py_ssize_t q = 0; q < R; q++) {
+            if (!((x >> q) & 1))
+                continue;
+            const uint64_t bit = bit0 + q;
+            if (bit >= limit)
+                past = 1;
+            else
+                o[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+        }
+    }
+    PyBuffer_Release(&vals);
+    if (past) {
+        Py_DECREF(res);
+        Py_RETURN_NONE;
+    }
+    return res;
+}
+
