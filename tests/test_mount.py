@@ -5,6 +5,7 @@ import errno
 import hashlib
 import mmap
 import os
+import time
 import random
 import subprocess
 import sys
@@ -169,7 +170,6 @@ def test_models_added_and_removed_while_mounted_appear_and_disappear(tmp_path, m
 
 
 def _eventually(cond, timeout: float = 10.0) -> bool:
-    import time
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
@@ -249,9 +249,26 @@ def test_the_stats_file_counts_what_was_served_and_is_hidden_from_listings(serve
     assert stats["cache"]["capacity_bytes"] == 256 << 20
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may widen a mount's read-ahead window")
+def test_the_kernel_sends_reads_of_up_to_1_mib_once_the_mount_is_up(served, model_dir):
+    import json
+    root = served.parent
+    device = os.stat(root).st_dev
+    knob = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
+    deadline = time.monotonic() + 5
+    while knob.read_text().strip() != "1024" and time.monotonic() < deadline:
+        time.sleep(0.05)      # widened once the kernel's INIT request has been answered
+    assert knob.read_text().strip() == "1024"
+    before = json.loads((root / ".lmzfs" / "stats.json").read_bytes())["daemon"]
+    data = (served / "model.gguf").read_bytes()
+    after = json.loads((root / ".lmzfs" / "stats.json").read_bytes())["daemon"]
+    assert data == (model_dir / "model.gguf").read_bytes()
+    requests = sum(after[k] - before[k] for k in ("reads_inline", "reads_threaded"))
+    assert requests <= len(data) // (512 << 10)     # 128 KiB requests would be 4x as many
+
+
 def test_sigterm_during_heavy_reads_unmounts_cleanly_and_no_reader_gets_wrong_bytes(real_store, tmp_path, model_dir):
     import signal
-    import time
     originals = {rel: (model_dir / rel).read_bytes() for rel in ("model.safetensors", "model.gguf")}
     mnt = tmp_path / "mnt"
     mnt.mkdir()

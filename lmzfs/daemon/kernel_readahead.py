@@ -4,6 +4,8 @@ The kernel sizes buffered FUSE reads by the mount's read-ahead window, which sta
 so a sequential reader costs one daemon round trip per 128 KiB. libfuse already negotiates
 requests of up to 1 MiB; raising the backing device's read_ahead_kb in sysfs lets the kernel use
 them, cutting per-request overhead eightfold. Only root may write it: elsewhere this is a no-op.
+It must be written after the kernel's FUSE INIT request has been answered: the kernel sets the
+window from the INIT reply (128 KiB), undoing an earlier value (mount.py waits for that).
 """
 from __future__ import annotations
 

@@ -179,7 +179,6 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
             _report(f"cannot mount {mountpoint}: {exc}")
             _write_ready(ready_fd, f"error 1 cannot mount {mountpoint}: {exc}")
             return 1
-        raise_kernel_readahead(mountpoint)
         try:
             log.info("serving %s at %s (%d entries)", store_dir, mountpoint, len(ops.tree))
             _write_ready(ready_fd, "ready")
@@ -238,10 +237,25 @@ async def _main_loop(ops, archive=None, notifier=None, store_dir=None, mountpoin
     async with trio.open_nursery() as nursery:
         nursery.start_soon(terminate_on_signal)
         nursery.start_soon(ops.refresh_periodically, 1.0)
+        if mountpoint is not None:
+            nursery.start_soon(_widen_kernel_readahead, ops, mountpoint)
         if notifier is not None and notifier.enabled:
             nursery.start_soon(_report_changes, archive, notifier, store_dir, mountpoint)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()     # main returned: unmounted or terminated
+
+
+async def _widen_kernel_readahead(ops, mountpoint) -> None:
+    """Raise the mount's read-ahead window once the kernel's INIT request has been answered: the
+    kernel sets the window from the INIT reply (128 KiB), undoing any value written before."""
+    import trio
+
+    for _ in range(500):                  # INIT comes with the first turn of the loop; wait <= 5 s
+        if ops.mounted:
+            break
+        await trio.sleep(0.01)
+    await trio.sleep(0.05)                # the reply goes out right after init() returns
+    raise_kernel_readahead(mountpoint)
 
 
 # -- the public entry points ------------------------------------------------------------------

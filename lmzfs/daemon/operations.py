@@ -116,6 +116,11 @@ class LmzOperations(pyfuse3.Operations):
     def init(self) -> None:
         self._mounted = True
 
+    @property
+    def mounted(self) -> bool:
+        """True once the kernel's INIT request has been answered (pyfuse3 calls init() then)."""
+        return self._mounted
+
     # -- keeping the tree current ---------------------------------------------------------------
 
     def _refresh(self) -> None:
