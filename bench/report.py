@@ -283,6 +283,29 @@ def mount_md(m: dict) -> list[str]:
 # ----------------------------------------------------------------------------- the page
 
 
+def codec_speed_md(cs: dict) -> list[str]:
+    out = ["### Codec speed per core (issue 3)", ""]
+    if cs.get("error"):
+        return out + [f"n/a: {cs['error']}", ""]
+    out += [f"`bench/codec_speed.py`: every {cs['every']}th chunk of each file as `lmz add` cuts and codes it "
+            "(default codecs), timed in CPU seconds of one thread, best of "
+            f"{cs['runs']} decode runs; MB of plain bytes. \"decode + SHA-256\" is what the mount spends per "
+            "chunk it serves; \"numpy loop\" is the same decode without the compiled tANS loop (every "
+            f"{4 * cs['every']}th chunk). lmz's own `compress`/`decompress` rates are in the table above (whole processes, wall "
+            "time).", ""]
+    rows = []
+    for name, r in cs["files"].items():
+        by = r.get("plain_bytes_by_codec") or {}
+        tot = sum(by.values()) or 1
+        mix = ", ".join(f"{k} {100 * v / tot:.0f}%" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+        rows.append([name, f"{r['sample_bytes'] / 1e6:.1f} MB ({r['sample_chunks']} chunks)", fmt(r["saved_pct"], 2),
+                     fmt(r["encode_mbps"], 1), fmt(r["decode_mbps"], 0), fmt(r["decode_verify_mbps"], 0),
+                     fmt(r["numpy_decode_mbps"], 0), mix])
+    out += table(["file", "sample", "saved %", "encode MB/s/core", "decode MB/s/core",
+                  "decode + SHA-256", "numpy loop decode", "codecs (by plain bytes)"], rows, "llrrrrrl")
+    return out
+
+
 def markdown(res: dict) -> str:
     meta = res["meta"]
     load = meta.get("load", {})
@@ -320,6 +343,8 @@ def markdown(res: dict) -> str:
         out += ["## Compression (issue 3)", "", f"n/a: {comp['error']}", ""]
     elif comp:
         out += compression_md(comp, meta["runs"])
+    if res.get("codec_speed"):
+        out += codec_speed_md(res["codec_speed"])
     mnt = res.get("mount")
     if isinstance(mnt, dict) and mnt.get("error") and "seq" not in mnt:
         out += ["## Mount (issue 4)", "", f"n/a: {mnt['error']}", ""]

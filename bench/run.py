@@ -10,7 +10,9 @@
    interleaved runs.
 3. Mount table (bench/mount_table.py): astra and smollm2 through our mount, lmzip's mount and the
    plain file.
-4. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py).
+4. Codec speed per core (bench/codec_speed.py, in the project's venv): encode, decode and
+   decode + SHA-256 CPU time of the chunks `lmz add` makes, compiled and numpy tANS loops.
+5. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py).
 
 The load average is sampled throughout and printed in the report. A tool or a section that fails
 is reported as n/a with its reason; the run still completes.
@@ -112,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reads", type=int, default=2000, help="random 4 KiB reads per mount run (default 2000)")
     ap.add_argument("--skip-compress", action="store_true")
     ap.add_argument("--skip-mount", action="store_true")
+    ap.add_argument("--skip-codec-speed", action="store_true")
     ap.add_argument("--tmpdir", type=Path, help="where stores, archives and mounts go (default: system temp)")
     ap.add_argument("--no-freeze", action="store_true",
                     help="run the working tree's lmzfs as it is at each moment, instead of a copy frozen at the "
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         for t in tools:
             if isinstance(t, ZipNNArchive):
                 t.dtype = args.zipnn_dtype
+        args.frozen_dir = frozen_dir if code.get("frozen") else None     # codec_speed.py imports it
         return _main(args, wanted, tools, code, started)
     finally:
         if frozen_dir:
@@ -220,6 +224,10 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
                 res["compress"] = {"error": describe(exc)}
             res["meta"]["load"] = mon.result()
             save()
+        if not args.skip_codec_speed:
+            res["codec_speed"] = codec_speed(args.frozen_dir, [n for n in SINGLE if n in wanted and n in paths],
+                                             args.runs, Path(tmp))
+            save()
         if not args.skip_mount:
             work = Path(tmp) / "mount"
             work.mkdir()
@@ -231,6 +239,19 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
             except Exception as exc:
                 res["mount"] = {"error": describe(exc)}
             res["mount"].update(code_before=before, code_after=code_state()["source_sha256"])
+
+
+def codec_speed(frozen_dir: Path | None, names: list[str], runs: int, tmp: Path) -> dict:
+    """bench/codec_speed.py in the project's venv, on the frozen copy of lmzfs when there is one."""
+    out = tmp / "codec_speed.json"
+    env = ["env", f"PYTHONPATH={frozen_dir}", "PYTHONSAFEPATH=1"] if frozen_dir is not None else []
+    log("codec speed per core: " + ", ".join(names))
+    try:
+        common.run([*env, str(common.LMZFS_PY), str(HERE / "codec_speed.py"), "--runs", str(runs),
+                    "--json", str(out), *names], timeout=3600)
+        return json.loads(out.read_text())
+    except Exception as exc:
+        return {"error": describe(exc)}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Codec speed per core: what one core spends to encode and decode the chunks `lmz add` makes.
+
+Runs in the project's venv (it imports lmzfs; `make bench` points PYTHONPATH at its frozen copy):
+
+    .venv/bin/python bench/codec_speed.py [--every 4] [--runs 3] [--json OUT] [NAME ...]
+
+For each corpus file: parse it, plan its chunks exactly as `lmz add` does, take every k-th chunk
+(a fixed, spread-out sample), encode each with the default codecs, then decode the sample `runs`
+times. Times are CPU seconds of this one thread (time.thread_time), so other load on a shared
+machine moves them far less than wall time; the figure is the best run. Reported per file:
+
+- encode MB/s per core, decode MB/s per core, and decode + SHA-256 check (what a mount does for
+  each chunk it serves), all in MB of plain bytes;
+- the same decode through the numpy tANS loop (the path used when the C loop is not built), on a
+  sparser sample because it is slow;
+- the saved % of the sample (close to, not equal to, the whole file's).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def measure_file(path: Path, every: int, runs: int) -> dict:
+    from lmzfs.chunker import plan_chunks
+    from lmzfs.codecs import REGISTRY, decode_chunk, encode_chunk, parse_payload, tans
+    from lmzfs.formats import parse_file
+
+    plans = list(plan_chunks(parse_file(path)))[::every]
+    plain, payloads = [], []
+    encode_s = 0.0
+    with open(path, "rb") as f:
+        for p in plans:
+            f.seek(p.offset)
+            data = f.read(p.length)
+            t = time.thread_time()
+            enc = encode_chunk(data, p.hint)
+            encode_s += time.thread_time() - t
+            plain.append(data)
+            payloads.append(enc.payload)
+    total = sum(len(d) for d in plain)
+    stored = sum(len(p) for p in payloads)
+    codecs: dict[str, int] = {}
+    for d, p in zip(plain, payloads):
+        name = REGISTRY[parse_payload(p).codec_id].name
+        codecs[name] = codecs.get(name, 0) + len(d)
+
+    def best_decode(indices: list[int], verify: bool) -> float:
+        best = float("inf")
+        for _ in range(runs):
+            t = time.thread_time()
+            for i in indices:
+                out = decode_chunk(payloads[i], len(plain[i]))
+                if verify:
+                    hashlib.sha256(out).digest()
+            best = min(best, time.thread_time() - t)
+        return best
+
+    every_index = list(range(len(plain)))
+    for i in every_index:           # correctness first, and a warm-up
+        if decode_chunk(payloads[i], len(plain[i])) != plain[i]:
+            raise SystemExit(f"{path.name}: chunk {i} does not decode to its plain bytes")
+    dec = best_decode(every_index, False)
+    dec_verify = best_decode(every_index, True)
+    sparse = every_index[::4]
+    sparse_bytes = sum(len(plain[i]) for i in sparse)
+    saved_loop, tans._loop = tans._loop, None
+    try:
+        dec_numpy = best_decode(sparse, False) if sparse else None
+    finally:
+        tans._loop = saved_loop
+    mb = 1e6
+    return {
+        "file": path.name, "sample_chunks": len(plain), "sample_bytes": total, "every": every,
+        "saved_pct": 100.0 * (1 - stored / total) if total else 0.0,
+        "plain_bytes_by_codec": codecs,
+        "encode_mbps": total / encode_s / mb if encode_s else None,
+        "decode_mbps": total / dec / mb if dec else None,
+        "decode_verify_mbps": total / dec_verify / mb if dec_verify else None,
+        "numpy_decode_mbps": sparse_bytes / dec_numpy / mb if dec_numpy else None,
+        "compiled_loop": saved_loop is not None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", default=["minilm", "smollm2", "astra", "isnet", "quire"])
+    ap.add_argument("--every", type=int, default=4, help="take every k-th chunk (default 4)")
+    ap.add_argument("--runs", type=int, default=3, help="decode runs; the best counts (default 3)")
+    ap.add_argument("--json", type=Path, help="write the results here (default: stdout)")
+    args = ap.parse_args(argv)
+    from lmzfs.malloc import tune_malloc
+    from lmzfs.testing.corpus import fetch
+    tune_malloc()        # as in every lmzfs process that decodes
+    res = {"every": args.every, "runs": args.runs, "files": {}}
+    for name in args.names:
+        print(f"codec speed: {name}", file=sys.stderr, flush=True)
+        res["files"][name] = measure_file(Path(fetch(name)), args.every, args.runs)
+    text = json.dumps(res, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
