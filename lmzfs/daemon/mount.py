@@ -181,9 +181,12 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
             return 1
         try:
             log.info("serving %s at %s (%d entries)", store_dir, mountpoint, len(ops.tree))
-            _write_ready(ready_fd, "ready")
-            notifier.ready(_service_status(archive, store_dir, mountpoint))
-            trio.run(_main_loop, ops, archive, notifier, store_dir, mountpoint)
+
+            def announce_ready() -> None:
+                _write_ready(ready_fd, "ready")
+                notifier.ready(_service_status(archive, store_dir, mountpoint))
+
+            trio.run(_main_loop, ops, archive, notifier, store_dir, mountpoint, announce_ready)
         finally:
             notifier.stopping(f"unmounting {mountpoint}")
             pyfuse3.close(unmount=True)
@@ -223,7 +226,7 @@ async def _report_changes(archive, notifier, store_dir: Path, mountpoint: Path, 
             notifier.status(_service_status(archive, store_dir, mountpoint))
 
 
-async def _main_loop(ops, archive=None, notifier=None, store_dir=None, mountpoint=None) -> None:
+async def _main_loop(ops, archive=None, notifier=None, store_dir=None, mountpoint=None, announce_ready=None) -> None:
     import pyfuse3
     import trio
 
@@ -237,17 +240,21 @@ async def _main_loop(ops, archive=None, notifier=None, store_dir=None, mountpoin
     async with trio.open_nursery() as nursery:
         nursery.start_soon(terminate_on_signal)
         nursery.start_soon(ops.refresh_periodically, 1.0)
-        if mountpoint is not None:
-            nursery.start_soon(_widen_kernel_readahead, ops, mountpoint)
+        nursery.start_soon(_when_initialised, ops, mountpoint, announce_ready)
         if notifier is not None and notifier.enabled:
             nursery.start_soon(_report_changes, archive, notifier, store_dir, mountpoint)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()     # main returned: unmounted or terminated
 
 
-async def _widen_kernel_readahead(ops, mountpoint) -> None:
-    """Raise the mount's read-ahead window once the kernel's INIT request has been answered: the
-    kernel sets the window from the INIT reply (128 KiB), undoing any value written before."""
+async def _when_initialised(ops, mountpoint, announce_ready) -> None:
+    """Once the kernel's INIT request has been answered: widen the mount's read-ahead window, then
+    tell the launcher and the service manager that the mount is ready.
+
+    The kernel sets the window from the INIT reply (128 KiB), undoing any value written before,
+    and a file takes the window it finds when it is opened; so readiness waits for the widening,
+    or a reader that starts at once would read in 128 KiB requests for as long as it has the file
+    open."""
     import trio
 
     for _ in range(500):                  # INIT comes with the first turn of the loop; wait <= 5 s
@@ -255,7 +262,10 @@ async def _widen_kernel_readahead(ops, mountpoint) -> None:
             break
         await trio.sleep(0.01)
     await trio.sleep(0.05)                # the reply goes out right after init() returns
-    raise_kernel_readahead(mountpoint)
+    if mountpoint is not None:
+        raise_kernel_readahead(mountpoint)
+    if announce_ready is not None:
+        announce_ready()
 
 
 # -- the public entry points ------------------------------------------------------------------
