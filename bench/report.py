@@ -334,6 +334,8 @@ def markdown(res: dict) -> str:
                 + (f" + {c['uncommitted']} uncommitted file(s) under lmzfs/" if c.get("uncommitted") else "")
                 + f", source hash {c['source_sha256']}"
                 + (f"; tANS decoder: {c['tans_decoder']}" if c.get("tans_decoder") else "") + ".", ""]
+    for note in meta.get("notes", []):     # e.g. a section measured in a second run, and why
+        out += [f"**Note:** {note}", ""]
     out += ["Corpus (fetched and SHA-256-checked by `lmzfs.testing.corpus`):", ""]
     out += table(["name", "file", "bytes", "sha256"],
                  [[n, f"`{c['file']}`", f"{c['bytes']:,}", f"`{c['sha256'][:16]}…`"] for n, c in meta["corpus"].items()],

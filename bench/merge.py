@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""Put sections of a later `bench/run.py` run into an earlier run's results, with a note saying so.
+
+    python3 bench/merge.py BASE.json LATER.json SECTION [SECTION ...] --note TEXT --out MERGED.json
+
+For when code that one section measures changed after a full run (the compression table takes
+most of an hour; the mount table a quarter): the merged file says which sections came from where,
+and `bench/report.py MERGED.json` renders it. The later run's code state is recorded with the note.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("base", type=Path)
+    ap.add_argument("later", type=Path)
+    ap.add_argument("sections", nargs="+")
+    ap.add_argument("--note", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    base, later = json.loads(args.base.read_text()), json.loads(args.later.read_text())
+    for name in args.sections:
+        if name not in later:
+            raise SystemExit(f"{args.later} has no section {name!r}")
+        base[name] = later[name]
+    code = (later.get("meta", {}).get("code") or {}).get("measured") or {}
+    state = f" (lmzfs commit {code.get('commit')}, source hash {code.get('source_sha256')})" if code else ""
+    base.setdefault("meta", {}).setdefault("notes", []).append(args.note + state)
+    args.out.write_text(json.dumps(base, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
