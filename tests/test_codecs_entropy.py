@@ -323,6 +323,22 @@ def test_committed_fixtures_of_the_tans_codecs_decode(codec):
         assert decode_chunk(path.read_bytes(), len(plain)) == plain, path.name
 
 
+def _through_both_loops(compute, errors=(CodecError,)) -> list:
+    """compute() run through the compiled tANS loop, then through the numpy one: each result, or
+    the message of an error in ``errors`` (so that the two paths can be compared as values)."""
+    saved, results = tans._loop, []
+    try:
+        for loop in (saved, None):
+            tans._loop = loop
+            try:
+                results.append(compute())
+            except errors as exc:
+                results.append(str(exc))
+    finally:
+        tans._loop = saved
+    return results
+
+
 @pytest.mark.parametrize("S,R,K", [(2, 4, 1), (7, 5, 3), (300, 11, 4), (4096, 12, 2), (20000, 15, 1)])
 def test_the_compiled_table_builder_makes_exactly_the_numpy_tables(S, R, K):
     rng = np.random.default_rng(S + R)
@@ -348,23 +364,21 @@ def test_both_decode_paths_agree_on_symbols_end_states_and_errors(interleaved, m
     tab = tans.Tables(tans.quantize_rows(np.ones((K, S), dtype=np.int64) + np.bincount(sym, minlength=S), R), R)
     bb = rng.integers(0, 1 << R, size=tans.layout(n, 997, interleaved)[1])
     stream = tans.encode(sym, tab, 997, ctx=ctx, dyn=dyn, bits_back=bb, interleaved=interleaved)
-    results = []
-    saved = tans._loop
-    try:
-        for loop in (saved, None):
-            tans._loop = loop
-            out, fin = tans.decode(stream, n, tab, 997, ctx=ctx, dyn=dyn, interleaved=interleaved)
-            errors = []
-            for bad in (stream[:-1], stream + b"\x00", bytes(len(stream)), stream[:len(stream) // 2]):
-                try:
-                    got = tans.decode(bad, n, tab, 997, ctx=ctx, dyn=dyn, interleaved=interleaved)
-                    errors.append(("decoded", got[0].tolist(), got[1].tolist()))
-                except CodecError as exc:
-                    errors.append(("error", str(exc)))
-            assert errors[0][0] == errors[1][0] == errors[3][0] == "error"
-            results.append((out.tolist(), fin.tolist(), errors))
-    finally:
-        tans._loop = saved
+
+    def decode_good_and_bad():
+        out, fin = tans.decode(stream, n, tab, 997, ctx=ctx, dyn=dyn, interleaved=interleaved)
+        errors = []
+        for bad in (stream[:-1], stream + b"\x00", bytes(len(stream)), stream[:len(stream) // 2]):
+            try:
+                got = tans.decode(bad, n, tab, 997, ctx=ctx, dyn=dyn, interleaved=interleaved)
+                errors.append(("decoded", got[0].tolist(), got[1].tolist()))
+            except CodecError as exc:
+                errors.append(("error", str(exc)))
+        return out.tolist(), fin.tolist(), errors
+
+    results = _through_both_loops(decode_good_and_bad, errors=())
+    for _, _, errors in results:
+        assert errors[0][0] == errors[1][0] == errors[3][0] == "error"
     assert results[0][0] == sym.tolist() and results[0][1] == bb.tolist()
     assert results[0] == results[1]
 
@@ -380,17 +394,7 @@ def test_the_compiled_quantiser_matches_the_numpy_one_exactly(data):
     counts = rng.integers(0, big, size=(K, S)) * (rng.random((K, S)) < data.draw(st.sampled_from([0.05, 0.5, 1.0])))
     counts[:, 0] += 1
     counts[:, :: max(1, S // 7)] *= data.draw(st.sampled_from([1, 2, 1000]))
-    saved = tans._loop
-    try:
-        results = []
-        for loop in (saved, None):
-            tans._loop = loop
-            try:
-                results.append(tans.quantize_rows(counts, R).tolist())
-            except ValueError as exc:
-                results.append(str(exc))
-    finally:
-        tans._loop = saved
+    results = _through_both_loops(lambda: tans.quantize_rows(counts, R).tolist(), errors=(ValueError,))
     assert results[0] == results[1]
 
 
@@ -431,17 +435,7 @@ def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
                      lambda v: uintlist.pack_uints(np.array(v, dtype=np.int64))[1:])),
        st.integers(0, 12))
 def test_compiled_and_numpy_varint_tables_agree_on_values_and_errors(body, count):
-    results = []
-    saved = tans._loop
-    try:
-        for loop in (saved, None):
-            tans._loop = loop
-            try:
-                results.append(uintlist.unpack_uints(b"\x00" + bytes(body), count, "t").tolist())
-            except CodecError as exc:
-                results.append(str(exc))
-    finally:
-        tans._loop = saved
+    results = _through_both_loops(lambda: uintlist.unpack_uints(b"\x00" + bytes(body), count, "t").tolist())
     assert results[0] == results[1]
 
 
@@ -454,15 +448,5 @@ def test_compiled_and_numpy_bits_back_bytes_agree(R, wp, data):
     m = data.draw(st.integers(0, wp * R // 8))
     if data.draw(st.booleans()):
         fin[(8 * m) // R:] = 0        # often nothing past the stored bytes
-    results = []
-    saved = tans._loop
-    try:
-        for loop in (saved, None):
-            tans._loop = loop
-            try:
-                results.append(floatsplit._bits_back_bytes(fin, R, m).tobytes())
-            except CodecError as exc:
-                results.append(str(exc))
-    finally:
-        tans._loop = saved
+    results = _through_both_loops(lambda: floatsplit._bits_back_bytes(fin, R, m).tobytes())
     assert results[0] == results[1]
