@@ -346,6 +346,13 @@ def code_state(root: Path = REPO) -> dict:
     return state
 
 
+def lmzfs_python(frozen: Path | None) -> list[str]:
+    """argv prefix that runs the project's venv Python on the lmzfs copy frozen in *frozen* (see
+    freeze_lmzfs), or on the working tree when None."""
+    env = ["env", f"PYTHONPATH={frozen}", "PYTHONSAFEPATH=1"] if frozen is not None else []
+    return [*env, str(LMZFS_PY)]
+
+
 def freeze_lmzfs(dest: Path) -> tuple[Path, dict]:
     """Copy the working tree's lmzfs/ to dest and write dest/lmz, a CLI that runs that copy with the
     project's venv (its dependencies): every command of the run, mount daemons and decoder processes
@@ -365,12 +372,12 @@ def freeze_lmzfs(dest: Path) -> tuple[Path, dict]:
                    "export PYTHONSAFEPATH=1\n"
                    f"exec '{LMZFS_PY}' -m lmzfs \"$@\"\n")
     cli.chmod(0o755)
-    probe = run(["env", f"PYTHONPATH={dest}", "PYTHONSAFEPATH=1", LMZFS_PY, "-c",
+    probe = run([*lmzfs_python(dest), "-c",
                  "import lmzfs.cli; print(lmzfs.cli.__file__)"], timeout=60).strip()
     if not probe.startswith(str(dest)):
         raise ToolError(f"the frozen copy is not the one imported ({probe})")
     # which tANS decoder the copy runs: the compiled loop (copied with lmzfs/) or the numpy one
-    state["tans_decoder"] = run(["env", f"PYTHONPATH={dest}", "PYTHONSAFEPATH=1", LMZFS_PY, "-c",
+    state["tans_decoder"] = run([*lmzfs_python(dest), "-c",
                                  "from lmzfs.codecs import tans; print('compiled' if tans._loop else 'numpy')"],
                                 timeout=60).strip()
     return cli, state

@@ -244,10 +244,9 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
 def codec_speed(frozen_dir: Path | None, names: list[str], runs: int, tmp: Path) -> dict:
     """bench/codec_speed.py in the project's venv, on the frozen copy of lmzfs when there is one."""
     out = tmp / "codec_speed.json"
-    env = ["env", f"PYTHONPATH={frozen_dir}", "PYTHONSAFEPATH=1"] if frozen_dir is not None else []
     log("codec speed per core: " + ", ".join(names))
     try:
-        common.run([*env, str(common.LMZFS_PY), str(HERE / "codec_speed.py"), "--runs", str(runs),
+        common.run([*common.lmzfs_python(frozen_dir), str(HERE / "codec_speed.py"), "--runs", str(runs),
                     "--json", str(out), *names], timeout=3600)
         return json.loads(out.read_text())
     except Exception as exc:
