@@ -427,6 +427,13 @@ def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
         call(packed=bad)
     with pytest.raises(ValueError, match="bad table arguments"):
         loop.build(np.array([[8, 0]], dtype=np.int64), 1, 2, 3, np.empty(8, dtype=np.int64))
+    u = np.zeros(10, dtype=np.uint16)
+    with pytest.raises(ValueError, match="or_plane: bad arguments"):
+        loop.or_plane(u, 2, bytes(10), False, 9, None)            # the value would leave its element
+    with pytest.raises(ValueError, match="or_plane: bad arguments"):
+        loop.or_plane(u, 2, bytes(10), False, 0, bytes(9))        # a mask shorter than the elements
+    assert loop.or_plane(u, 2, bytes(11), False, 0, None) == 1    # a plane longer than the elements
+    assert loop.or_plane(u, 2, bytes(4), True, 0, None) == 1      # too few nibble pairs
 
 
 @settings(max_examples=400, deadline=None)
@@ -449,4 +456,26 @@ def test_compiled_and_numpy_bits_back_bytes_agree(R, wp, data):
     if data.draw(st.booleans()):
         fin[(8 * m) // R:] = 0        # often nothing past the stored bytes
     results = _through_both_loops(lambda: floatsplit._bits_back_bytes(fin, R, m).tobytes())
+    assert results[0] == results[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([np.uint16, np.uint32, np.uint64]), st.integers(1, 300), st.booleans(),
+       st.booleans(), st.data())
+def test_compiled_and_numpy_plane_merges_agree_on_values_and_errors(dtype, n, nib, masked, data):
+    from lmzfs.codecs import floatsplit
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    u0 = rng.integers(0, 256, size=n).astype(dtype)
+    mask = rng.random(n) < 0.5 if masked else None
+    c = n if mask is None else int(mask.sum())
+    v = rng.integers(0, 256, size=(c + 1) // 2 if nib else c).astype(np.uint8)
+    if nib and c % 2 and data.draw(st.booleans()):
+        v[-1] &= 15                   # often a clean padding nibble; otherwise an error
+    shift = 8 * data.draw(st.integers(0, np.dtype(dtype).itemsize - 1))
+
+    def merge():
+        u = u0.copy()
+        floatsplit._or_plane(u, v, c, nib, shift, mask)
+        return u.tobytes()
+    results = _through_both_loops(merge)
     assert results[0] == results[1]

@@ -136,11 +136,17 @@ static const char *run_steps(struct job *jb)
     return run_steps_mode(jb, 0, 2);
 }
 
-/* out[i] = values[sym of i], i in symbol order; contiguous lanes are transposed in blocks of
- * lanes so that reads and writes stay within a few cache lines. */
+/* out[i] = values[sym of i], i in symbol order. Contiguous lanes are transposed through a small
+ * tile (TILE lanes x every step, when lanes are at most TILE_STEPS long) so that the reads of the
+ * step-major symbols use whole cache lines and the writes of each lane's run are contiguous;
+ * strided stores straight into ``out`` cost twice as much. Every lane but the last holds exactly
+ * T symbols, so only the last one needs a bound. */
+#define TILE 64
+#define TILE_STEPS 1024
 #define SCATTER(TYPE)                                                                           \
     static void scatter_##TYPE(const struct job *jb, const uint16_t *restrict sym,             \
-                               const TYPE *restrict values, TYPE *restrict out)                \
+                               const TYPE *restrict values, TYPE *restrict out,                \
+                               TYPE *restrict tile)                                            \
     {                                                                                          \
         const int64_t n = jb->n, T = jb->T, Wp = jb->Wp;                                       \
         if (jb->interleaved) {                                                                 \
@@ -148,17 +154,21 @@ static const char *run_steps(struct job *jb)
                 out[i] = values[sym[i]];                                                       \
             return;                                                                            \
         }                                                                                      \
-        for (int64_t j0 = 0; j0 < Wp; j0 += 64) {                                              \
-            const int64_t j1 = j0 + 64 < Wp ? j0 + 64 : Wp;                                    \
+        const int64_t full = Wp - 1;                                                           \
+        int64_t j0 = 0;                                                                        \
+        for (; tile && j0 + TILE <= full; j0 += TILE) {                                        \
             for (int64_t t = 0; t < T; t++) {                                                  \
-                const uint16_t *row = sym + t * Wp;                                            \
-                for (int64_t j = j0; j < j1; j++) {                                            \
-                    const int64_t i = j * T + t;                                               \
-                    if (i < n)                                                                 \
-                        out[i] = values[row[j]];                                               \
-                }                                                                              \
+                const uint16_t *restrict row = sym + t * Wp + j0;                              \
+                for (int q = 0; q < TILE; q++)                                                 \
+                    tile[q * T + t] = values[row[q]];                                          \
             }                                                                                  \
+            memcpy(out + j0 * T, tile, (size_t)(TILE * T) * sizeof(TYPE));                     \
         }                                                                                      \
+        for (int64_t j = j0; j < full; j++)                                                    \
+            for (int64_t t = 0; t < T; t++)                                                    \
+                out[j * T + t] = values[sym[t * Wp + j]];                                      \
+        for (int64_t t = 0; full * T + t < n; t++)                                             \
+            out[full * T + t] = values[sym[t * Wp + full]];                                    \
     }
 SCATTER(uint8_t)
 SCATTER(uint16_t)
@@ -174,6 +184,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     uint32_t *tab = NULL, *st = NULL;
     uint16_t *sym = NULL;
+    void *tile = NULL;
 
     if (!PyArg_ParseTuple(args, "y*y*w*w*y*OOpnnnnn", &packed, &stream, &states, &out, &values,
                           &ctx_obj, &nxo_obj, &interleaved, &n, &T, &Wp, &L, &pos0))
@@ -197,7 +208,8 @@ static PyObject *decode(PyObject *self, PyObject *args)
     tab = PyMem_RawMalloc(ntab * sizeof *tab);
     st = PyMem_RawMalloc(Wp * sizeof *st);
     sym = PyMem_RawMalloc(T * Wp * sizeof *sym);
-    if (!tab || !st || !sym) {
+    tile = T <= TILE_STEPS ? PyMem_RawMalloc(TILE * T * 8) : NULL;
+    if (!tab || !st || !sym || (T <= TILE_STEPS && !tile)) {
         PyErr_NoMemory();
         goto done;
     }
@@ -254,10 +266,10 @@ static PyObject *decode(PyObject *self, PyObject *args)
     err = run_steps(&jb);
     if (!err) {
         switch (isz) {
-        case 1: scatter_uint8_t(&jb, sym, values.buf, out.buf); break;
-        case 2: scatter_uint16_t(&jb, sym, values.buf, out.buf); break;
-        case 4: scatter_uint32_t(&jb, sym, values.buf, out.buf); break;
-        default: scatter_uint64_t(&jb, sym, values.buf, out.buf); break;
+        case 1: scatter_uint8_t(&jb, sym, values.buf, out.buf, tile); break;
+        case 2: scatter_uint16_t(&jb, sym, values.buf, out.buf, tile); break;
+        case 4: scatter_uint32_t(&jb, sym, values.buf, out.buf, tile); break;
+        default: scatter_uint64_t(&jb, sym, values.buf, out.buf, tile); break;
         }
     }
     Py_END_ALLOW_THREADS
@@ -273,6 +285,7 @@ done:
     PyMem_RawFree(tab);
     PyMem_RawFree(st);
     PyMem_RawFree(sym);
+    PyMem_RawFree(tile);
     PyBuffer_Release(&packed);
     PyBuffer_Release(&stream);
     PyBuffer_Release(&states);
@@ -290,6 +303,7 @@ static PyMethodDef methods[] = {
     {"build", tans_build, METH_VARARGS, "Build decoder entries; see the comment above build()."},
     {"quantize_rows", tans_quantize_rows, METH_VARARGS, "tans.quantize_rows; see the comment above it."},
     {"pack_fields", tans_pack_fields, METH_VARARGS, "floatsplit's bits-back bytes; see the comment above it."},
+    {"or_plane", tans_or_plane, METH_VARARGS, "floatsplit's plane merge; see the comment at the top of _tansplanes.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
     {NULL, NULL, 0, NULL},
 };

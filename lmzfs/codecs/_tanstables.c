@@ -255,22 +255,37 @@ PyObject *tans_pack_fields(PyObject *self, PyObject *args)
         return NULL;
     }
     uint8_t *o = (uint8_t *)PyBytes_AS_STRING(res);
-    memset(o, 0, m);
     const int64_t *v = vals.buf;
-    const uint64_t limit = (uint64_t)m * 8;
+    const uint64_t mask = ((uint64_t)1 << R) - 1;
+    /* a 64-bit accumulator: bits enter at the top of what it holds, whole bytes leave at the
+     * bottom (R <= 32, so at most 7 + 32 bits are held between flushes) */
+    uint64_t acc = 0;
+    unsigned held = 0;
+    Py_ssize_t w = 0;
     int past = 0;
     for (Py_ssize_t i = 0; i < count; i++) {     /* bits above R are not part of a field */
-        const uint64_t x = (uint64_t)v[i], bit0 = (uint64_t)i * R;
-        for (Py_ssize_t q = 0; q < R; q++) {
-            if (!((x >> q) & 1))
-                continue;
-            const uint64_t bit = bit0 + q;
-            if (bit >= limit)
-                past = 1;
+        acc |= ((uint64_t)v[i] & mask) << held;
+        held += (unsigned)R;
+        while (held >= 8) {
+            const uint8_t byte = (uint8_t)acc;
+            if (w < m)
+                o[w] = byte;
             else
-                o[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+                past |= byte != 0;
+            w++;
+            acc >>= 8;
+            held -= 8;
         }
     }
+    if (held) {
+        if (w < m)
+            o[w] = (uint8_t)acc;
+        else
+            past |= (uint8_t)acc != 0;
+        w++;
+    }
+    for (; w < m; w++)     /* m may ask for up to 7 bits past the last field */
+        o[w] = 0;
     PyBuffer_Release(&vals);
     if (past) {
         Py_DECREF(res);

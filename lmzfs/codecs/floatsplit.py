@@ -247,19 +247,12 @@ class FloatSplitCodec(Codec):
         raw[:m] = _bits_back_bytes(fin, R, m)
         raw[m:] = np.frombuffer(body, dtype=np.uint8, count=raw_len - m, offset=slen)
         off = 0
-        dt = _UINT[bits]
         for (j, mask), ln in zip(groups, lens):
             c = n if mask is None else int(mask.sum())
             nib = j == raw_bits // 8
             v = entropy.decode_stream(raw[off:off + ln], (c + 1) // 2 if nib else c)
             off += ln
-            if nib:
-                v = _unpack_nibbles(v, c)
-            v = v.astype(dt) << dt.type(8 * j)
-            if mask is None:
-                u |= v
-            else:
-                u[mask] |= v
+            _or_plane(u, v, c, nib, 8 * j, mask)
         out = u.astype(_UINT[bits], copy=False).tobytes()
         return out + bytes(body[len(body) - t:]) if t else out
 
@@ -352,6 +345,25 @@ def _pack_group(plane: np.ndarray, mask: np.ndarray | None, nibbles: bool) -> np
             v = np.append(v, np.uint8(0))
         v = v[0::2] | (v[1::2] << 4)
     return v
+
+
+def _or_plane(u: np.ndarray, v: np.ndarray, c: int, nib: bool, shift: int, mask: np.ndarray | None) -> None:
+    """u (or u[mask]) |= the c plane values v (bytes, or nibble pairs) << shift."""
+    if tans._loop is not None:
+        m = None if mask is None else mask.view(np.uint8)
+        err = tans._loop.or_plane(u, u.itemsize, np.ascontiguousarray(v, dtype=np.uint8), nib, shift, m)
+        if err == 2:
+            raise CodecError("floatsplit: nonzero padding nibble")
+        if err:
+            raise CodecError("floatsplit: plane length does not match its elements")
+        return
+    if nib:
+        v = _unpack_nibbles(v, c)
+    v = v.astype(u.dtype) << u.dtype.type(shift)
+    if mask is None:
+        u |= v
+    else:
+        u[mask] |= v
 
 
 def _unpack_nibbles(packed: np.ndarray, c: int) -> np.ndarray:
