@@ -256,6 +256,19 @@ def test_flipping_any_bit_raises_or_decodes_the_same_bytes(case):
 
 
 @pytest.mark.parametrize("case", range(6))
+def test_a_wrong_codec_crc_raises_unless_the_caller_checks_a_hash_itself(case):
+    payload = corruption_cases()[case]
+    plain = decode_chunk(payload, parse_payload(payload).size)
+    crc = zlib.crc32(plain).to_bytes(4, "little")
+    assert payload.count(crc) == 1
+    bad = payload.replace(crc, bytes(b ^ 0x5A for b in crc))
+    with pytest.raises(CodecError, match="checksum mismatch"):
+        decode_chunk(bad, len(plain))
+    assert decode_chunk(bad, len(plain), hash_checked=True) == plain
+    assert decode_chunk(payload, len(plain), hash_checked=True) == plain
+
+
+@pytest.mark.parametrize("case", range(6))
 def test_truncated_or_extended_payloads_raise(case):
     payload = corruption_cases()[case]
     size = parse_payload(payload).size

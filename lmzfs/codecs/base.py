@@ -46,8 +46,11 @@ class Codec(ABC):
         """Return ``(params, body)`` for ``data``; the decoder is given both plus ``len(data)``."""
 
     @abstractmethod
-    def decode(self, params: Buffer, body: Buffer, size: int) -> bytes:
-        """Return exactly ``size`` bytes, or raise CodecError. Never allocate much more than ``size``."""
+    def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
+        """Return exactly ``size`` bytes, or raise CodecError. Never allocate much more than ``size``.
+
+        check=False skips a codec's own checksum of the plain bytes (CRC-32): only for callers
+        that check a hash of the result themselves. Structural checks always run."""
 
     def __repr__(self) -> str:
         return f"<codec {self.name} id={self.id}>"

@@ -78,7 +78,7 @@ class BytegroupCodec(Codec):
         parts.append(a[n * k:].tobytes())
         return bytes((k, mask)) + bytes(lengths), b"".join(parts)
 
-    def decode(self, params: Buffer, body: Buffer, size: int) -> bytes:
+    def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
         if len(params) < 2:
             raise CodecError(f"bytegroup: params are {len(params)} bytes, need at least 2")
         k, mask = params[0], params[1]

@@ -11,7 +11,7 @@ class RawCodec(Codec):
     def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
         return b"", bytes(data)
 
-    def decode(self, params: Buffer, body: Buffer, size: int) -> bytes:
+    def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
         if len(params):
             raise CodecError(f"raw: expected no params, got {len(params)} bytes")
         if len(body) != size:

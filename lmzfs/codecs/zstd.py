@@ -88,7 +88,7 @@ class ZstdCodec(Codec):
     def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
         return b"", compress(data, self.level)
 
-    def decode(self, params: Buffer, body: Buffer, size: int) -> bytes:
+    def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
         if len(params):
             raise CodecError(f"zstd: expected no params, got {len(params)} bytes")
         return decompress(body, size)

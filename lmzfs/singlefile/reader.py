@@ -117,7 +117,7 @@ def _records(f: BinaryIO, header: Header, walk: _Walk):
 
 def _decode_checked(payload: bytes, rec: RecordHeader, index: int, offset: int) -> bytes:
     try:
-        plain = decode_chunk(payload, rec.plain_length)
+        plain = decode_chunk(payload, rec.plain_length, hash_checked=True)   # the record's CRC-32 below
     except CodecError as exc:
         raise InvalidArchive(f"chunk {index} (plain offset {offset}): {exc}") from None
     if crc32(plain) != rec.plain_crc32:

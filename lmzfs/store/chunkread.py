@@ -16,7 +16,7 @@ from lmzfs.store.packs import PackDamaged, read_payload
 def read_chunk(fd: int, extent: Extent) -> bytes:
     try:
         payload = read_payload(fd, extent.chunk_id, extent.location)
-        plain = decode_chunk(payload, extent.size)
+        plain = decode_chunk(payload, extent.size, hash_checked=True)   # the SHA-256 below
     except (PackDamaged, CodecError) as exc:
         raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: {exc}") from exc
     except OSError as exc:
