@@ -36,7 +36,7 @@ def cmd_add(args) -> int:
     src = Path(args.path)
     progress = ProgressLine(f"adding {args.name or src.name}")
     try:
-        r = add_model(store, src, args.name, progress=progress, fast=args.fast)
+        r = add_model(store, src, args.name, progress=progress, fast=args.fast, chunk_size=args.chunk_size)
     finally:
         progress.finish()
     saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
@@ -223,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only zstd and byte grouping: a store a few points larger whose reads through "
                              "the mount decode about twice as fast")
     sp.set_defaults(fast=False)
+    sp.add_argument("--chunk-size", type=parse_size, metavar="SIZE",
+                    help="plain bytes per chunk, 64K to 16M (default 1M); smaller chunks make random "
+                         "4 KiB reads through the mount faster on a cache miss and sequential reads "
+                         "somewhat slower (docs/results.md)")
     sp = cmd("ls", cmd_ls, "list models (or one model's files) with logical and stored sizes")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--json", action="store_true")

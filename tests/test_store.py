@@ -329,6 +329,31 @@ def test_lmz_add_fast_and_default_models_share_a_store_and_read_back_exactly(tmp
     assert files["small/model.safetensors"] == (b / "model.safetensors").read_bytes()
 
 
+def test_lmz_add_chunk_size_cuts_smaller_chunks_that_read_back_exactly_and_refuses_odd_sizes(tmp_path, store_dir,
+                                                                                               capsys):
+    src = small_model(tmp_path / "src", seed=63, mib=2)
+    assert lmz(["--store", str(store_dir), "add", "--chunk-size", "256K", str(src), "--name", "small"]) == 0
+    assert lmz(["--store", str(store_dir), "add", str(src), "--name", "default"]) == 0
+    catalog = Catalog(store_dir / "catalog.sqlite", readonly=True)
+    try:
+        sizes = {f.model: [e.size for e in catalog.extents(f.id)]
+                 for f in catalog.files() if f.path == "model.safetensors"}
+    finally:
+        catalog.close()
+    total = (src / "model.safetensors").stat().st_size
+    assert max(sizes["small"]) == 256 << 10 and sum(sizes["small"]) == total
+    assert max(sizes["default"]) == 1 << 20 and sum(sizes["default"]) == total
+    files = read_all(store_dir)
+    assert files["small/model.safetensors"] == files["default/model.safetensors"] == \
+        (src / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    for bad in ("1K", "32M"):
+        assert lmz(["--store", str(store_dir), "add", "--chunk-size", bad, str(src), "--name", "odd"]) == 2
+        assert "chunk size" in capsys.readouterr().err
+    assert lmz(["--store", str(store_dir), "ls"]) == 0
+    assert "odd" not in capsys.readouterr().out
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_is_a_clear_error_and_loses_nothing(tmp_path):
     disk = tmp_path / "disk"
