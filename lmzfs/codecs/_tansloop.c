@@ -54,7 +54,8 @@ struct job {
     const uint8_t *s;
     Py_ssize_t slen;
     uint32_t *st;
-    uint16_t *sym;            /* step-major symbols: sym[t * Wp + j] */
+    uint16_t *sym;            /* step-major symbols: sym[t * SW + j] */
+    int64_t SW;               /* the row stride of sym: Wp, padded for contiguous lanes (see ROW_PAD) */
     int64_t n, T, Wp, L;
     int interleaved;
     uint64_t pos;
@@ -81,7 +82,7 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode)
     uint64_t pos = jb->pos;
     for (int64_t t = 0; t < T; t++) {
         const int64_t a = interleaved ? (n - t * Wp < Wp ? n - t * Wp : Wp) : (t < last ? Wp : Wp - 1);
-        uint16_t *restrict out = jb->sym + t * Wp;
+        uint16_t *restrict out = jb->sym + t * jb->SW;
         /* lanes below jn decode another symbol at step t + 1 and take its context */
         int64_t jn = 0;
         if ((mode == 1 || mode == 3) && t + 1 < T)
@@ -142,13 +143,17 @@ static const char *run_steps(struct job *jb)
  * strided stores straight into ``out`` cost twice as much. Every lane but the last holds exactly
  * T symbols, so only the last one needs a bound. */
 #define TILE 64
+/* Rows of contiguous lanes are padded by a cache line: with Wp a power of two, unpadded rows sit
+ * 2 * Wp bytes apart, so a tile's reads fall in one L1 set and alias the tile's stores modulo
+ * 4 KiB. */
+#define ROW_PAD 32
 #define TILE_STEPS 1024
 #define SCATTER(TYPE)                                                                           \
     static void scatter_##TYPE(const struct job *jb, const uint16_t *restrict sym,             \
                                const TYPE *restrict values, TYPE *restrict out,                \
                                TYPE *restrict tile)                                            \
     {                                                                                          \
-        const int64_t n = jb->n, T = jb->T, Wp = jb->Wp;                                       \
+        const int64_t n = jb->n, T = jb->T, Wp = jb->Wp, SW = jb->SW;                          \
         if (jb->interleaved) {                                                                 \
             for (int64_t i = 0; i < n; i++)                                                    \
                 out[i] = values[sym[i]];                                                       \
@@ -158,7 +163,7 @@ static const char *run_steps(struct job *jb)
         int64_t j0 = 0;                                                                        \
         for (; tile && j0 + TILE <= full; j0 += TILE) {                                        \
             for (int64_t t = 0; t < T; t++) {                                                  \
-                const uint16_t *restrict row = sym + t * Wp + j0;                              \
+                const uint16_t *restrict row = sym + t * SW + j0;                              \
                 for (int q = 0; q < TILE; q++)                                                 \
                     tile[q * T + t] = values[row[q]];                                          \
             }                                                                                  \
@@ -166,9 +171,9 @@ static const char *run_steps(struct job *jb)
         }                                                                                      \
         for (int64_t j = j0; j < full; j++)                                                    \
             for (int64_t t = 0; t < T; t++)                                                    \
-                out[j * T + t] = values[sym[t * Wp + j]];                                      \
+                out[j * T + t] = values[sym[t * SW + j]];                                      \
         for (int64_t t = 0; full * T + t < n; t++)                                             \
-            out[full * T + t] = values[sym[t * Wp + full]];                                    \
+            out[full * T + t] = values[sym[t * SW + full]];                                    \
     }
 SCATTER(uint8_t)
 SCATTER(uint16_t)
@@ -207,7 +212,8 @@ static PyObject *decode(PyObject *self, PyObject *args)
     }
     tab = PyMem_RawMalloc(ntab * sizeof *tab);
     st = PyMem_RawMalloc(Wp * sizeof *st);
-    sym = PyMem_RawMalloc(T * Wp * sizeof *sym);
+    const int64_t SW = interleaved ? Wp : Wp + ROW_PAD;
+    sym = PyMem_RawMalloc(T * SW * sizeof *sym);
     tile = T <= TILE_STEPS ? PyMem_RawMalloc(TILE * T * 8) : NULL;
     if (!tab || !st || !sym || (T <= TILE_STEPS && !tile)) {
         PyErr_NoMemory();
@@ -259,8 +265,9 @@ static PyObject *decode(PyObject *self, PyObject *args)
                 PyErr_SetString(PyExc_ValueError, "tans: context out of range");
                 goto done;
             }
-    struct job jb = {tab, ntab, nxo.obj ? nx : NULL, cx, cx8, stream.buf, stream.len,
-                     st, sym, n, T, Wp, L, interleaved, (uint64_t)pos0};
+    struct job jb = {.tab = tab, .ntab = ntab, .nxo = nxo.obj ? nx : NULL, .ctx = cx, .ctx8 = cx8,
+                     .s = stream.buf, .slen = stream.len, .st = st, .sym = sym, .SW = SW, .n = n, .T = T,
+                     .Wp = Wp, .L = L, .interleaved = interleaved, .pos = (uint64_t)pos0};
     const char *err;
     Py_BEGIN_ALLOW_THREADS
     err = run_steps(&jb);
