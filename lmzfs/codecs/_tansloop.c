@@ -46,7 +46,7 @@ static const uint32_t LOW_BITS[16] = {0, 1, 3, 7, 15, 31, 63, 127, 255, 511, 102
 #define MAX_SYM32 (1u << (32 - SYM_SHIFT))
 
 struct job {
-    const uint32_t *tab;
+    uint32_t *tab;
     int64_t ntab;
     const int64_t *nxo;       /* per symbol: next context offset (dyn), or NULL */
     const int64_t *ctx;       /* per symbol index: its context (ctx mode, int64), or NULL */
@@ -180,6 +180,44 @@ SCATTER(uint16_t)
 SCATTER(uint32_t)
 SCATTER(uint64_t)
 
+/* The entries repacked to 32 bits and every index the loop will use checked: the first states,
+ * the contexts and the next-context offsets. */
+static const char *prepare(struct job *jb, const int64_t *pk, int64_t nsym, const int64_t *st_in)
+{
+    const int64_t ntab = jb->ntab, L = jb->L, n = jb->n;
+    for (int64_t k = 0; k < ntab; k++) {
+        const int64_t e = pk[k], sy = (e >> 20) & 0xFFFF;
+        if (sy >= nsym)
+            return "tans: a table symbol has no value";
+        const int64_t base = e & 0xFFFF, nb = (e >> 16) & 15;
+        if (base + ((int64_t)1 << nb) > L)
+            return "tans: a table entry leaves its table";
+        jb->tab[k] = (uint32_t)base | (uint32_t)nb << 15 | (uint32_t)sy << SYM_SHIFT;
+    }
+    for (int64_t j = 0; j < jb->Wp; j++) {
+        if (st_in[j] < 0 || st_in[j] >= ntab)
+            return "tans: table index out of range";
+        jb->st[j] = (uint32_t)st_in[j];
+    }
+    int bad_ctx = 0;
+    if (jb->ctx)
+        for (int64_t i = 0; i < n; i++)
+            bad_ctx |= jb->ctx[i] < 0 || jb->ctx[i] >= ntab / L;
+    if (jb->ctx8) {
+        uint8_t top = 0;
+        for (int64_t i = 0; i < n; i++)
+            top = jb->ctx8[i] > top ? jb->ctx8[i] : top;
+        bad_ctx = top >= ntab / L;
+    }
+    if (bad_ctx)
+        return "tans: context out of range";
+    if (jb->nxo)
+        for (int64_t q = 0; q < nsym; q++)
+            if (jb->nxo[q] < 0 || jb->nxo[q] + L > ntab)
+                return "tans: context out of range";
+    return NULL;
+}
+
 static PyObject *decode(PyObject *self, PyObject *args)
 {
     Py_buffer packed = {0}, stream = {0}, states = {0}, out = {0}, values = {0}, ctx = {0}, nxo = {0};
@@ -219,58 +257,17 @@ static PyObject *decode(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    const int64_t *pk = packed.buf;
-    for (int64_t k = 0; k < ntab; k++) {
-        const int64_t e = pk[k], sy = (e >> 20) & 0xFFFF;
-        if (sy >= nsym) {
-            PyErr_SetString(PyExc_ValueError, "tans: a table symbol has no value");
-            goto done;
-        }
-        const int64_t base = e & 0xFFFF, nb = (e >> 16) & 15;
-        if (base + ((int64_t)1 << nb) > L) {
-            PyErr_SetString(PyExc_ValueError, "tans: a table entry leaves its table");
-            goto done;
-        }
-        tab[k] = (uint32_t)base | (uint32_t)nb << 15 | (uint32_t)sy << SYM_SHIFT;
-    }
-    const int64_t *st_in = states.buf;
-    for (int64_t j = 0; j < Wp; j++) {
-        if (st_in[j] < 0 || st_in[j] >= ntab) {
-            PyErr_SetString(PyExc_ValueError, "tans: table index out of range");
-            goto done;
-        }
-        st[j] = (uint32_t)st_in[j];
-    }
     /* the context item size (1 or 8) follows from the buffer's length, as for ``out`` */
-    const int64_t *cx = ctx.obj && ctx.len == 8 * n ? ctx.buf : NULL;
-    const uint8_t *cx8 = ctx.obj && ctx.len == n ? ctx.buf : NULL;
-    int bad_ctx = 0;
-    if (cx)
-        for (int64_t i = 0; i < n; i++)
-            bad_ctx |= cx[i] < 0 || cx[i] >= ntab / L;
-    if (cx8) {
-        uint8_t top = 0;
-        for (int64_t i = 0; i < n; i++)
-            top = cx8[i] > top ? cx8[i] : top;
-        bad_ctx = top >= ntab / L;
-    }
-    if (bad_ctx) {
-        PyErr_SetString(PyExc_ValueError, "tans: context out of range");
-        goto done;
-    }
-    const int64_t *nx = nxo.buf;
-    if (nxo.obj)
-        for (int64_t q = 0; q < nsym; q++)
-            if (nx[q] < 0 || nx[q] + L > ntab) {
-                PyErr_SetString(PyExc_ValueError, "tans: context out of range");
-                goto done;
-            }
-    struct job jb = {.tab = tab, .ntab = ntab, .nxo = nxo.obj ? nx : NULL, .ctx = cx, .ctx8 = cx8,
+    struct job jb = {.tab = tab, .ntab = ntab, .nxo = nxo.obj ? nxo.buf : NULL,
+                     .ctx = ctx.obj && ctx.len == 8 * n ? ctx.buf : NULL,
+                     .ctx8 = ctx.obj && ctx.len == n ? ctx.buf : NULL,
                      .s = stream.buf, .slen = stream.len, .st = st, .sym = sym, .SW = SW, .n = n, .T = T,
                      .Wp = Wp, .L = L, .interleaved = interleaved, .pos = (uint64_t)pos0};
     const char *err;
-    Py_BEGIN_ALLOW_THREADS
-    err = run_steps(&jb);
+    Py_BEGIN_ALLOW_THREADS      /* from here on only C buffers: other decodes run meanwhile */
+    err = prepare(&jb, packed.buf, nsym, states.buf);
+    if (!err)
+        err = run_steps(&jb);
     if (!err) {
         switch (isz) {
         case 1: scatter_uint8_t(&jb, sym, values.buf, out.buf, tile); break;

@@ -12,6 +12,33 @@
  * dealt in order goes to position (k * step) mod L; the positions of symbol s, in increasing
  * order, get sub-states x = f_s, f_s + 1, ...; entry = base | nb << 16 | s << 20 with
  * nb = R - floor(log2 x) and base = x * 2**nb - L. */
+static const char *build_rows(const int64_t *f, int64_t K, int64_t S, int64_t R, int64_t L,
+                              int16_t *spread, int64_t *next, int64_t *pk)
+{
+    const int64_t step = (L >> 1) + (L >> 3) + 3;
+    for (int64_t k = 0; k < K; k++) {
+        const int64_t *fr = f + k * S;
+        int64_t slot = 0;
+        for (int64_t s = 0; s < S; s++) {
+            if (fr[s] < 0 || slot + fr[s] > L)
+                return "tans: a frequency table does not sum to L";
+            for (int64_t c = 0; c < fr[s]; c++, slot++)
+                spread[(slot * step) & (L - 1)] = (int16_t)s;
+            next[s] = fr[s];
+        }
+        if (slot != L)
+            return "tans: a frequency table does not sum to L";
+        int64_t *row = pk + k * L;
+        for (int64_t p = 0; p < L; p++) {
+            const int64_t s = spread[p], x = next[s]++;
+            int lg = 63 - __builtin_clzll((unsigned long long)x);
+            const int64_t nb = R - lg;
+            row[p] = ((x << nb) - L) | (nb << 16) | (s << 20);
+        }
+    }
+    return NULL;
+}
+
 PyObject *tans_build(PyObject *self, PyObject *args)
 {
     Py_buffer freqs = {0}, packed = {0};
@@ -34,32 +61,13 @@ PyObject *tans_build(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    const int64_t step = (L >> 1) + (L >> 3) + 3;
-    const int64_t *f = freqs.buf;
-    int64_t *pk = packed.buf;
-    for (Py_ssize_t k = 0; k < K; k++) {
-        const int64_t *fr = f + k * S;
-        int64_t slot = 0;
-        for (Py_ssize_t s = 0; s < S; s++) {
-            if (fr[s] < 0 || slot + fr[s] > L) {
-                PyErr_SetString(PyExc_ValueError, "tans: a frequency table does not sum to L");
-                goto done;
-            }
-            for (int64_t c = 0; c < fr[s]; c++, slot++)
-                spread[(slot * step) & (L - 1)] = (int16_t)s;
-            next[s] = fr[s];
-        }
-        if (slot != L) {
-            PyErr_SetString(PyExc_ValueError, "tans: a frequency table does not sum to L");
-            goto done;
-        }
-        int64_t *row = pk + k * L;
-        for (int64_t p = 0; p < L; p++) {
-            const int64_t s = spread[p], x = next[s]++;
-            int lg = 63 - __builtin_clzll((unsigned long long)x);
-            const int64_t nb = R - lg;
-            row[p] = ((x << nb) - L) | (nb << 16) | (s << 20);
-        }
+    const char *err;
+    Py_BEGIN_ALLOW_THREADS      /* no Python objects are touched: other decodes run meanwhile */
+    err = build_rows(freqs.buf, K, S, R, L, spread, next, packed.buf);
+    Py_END_ALLOW_THREADS
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, err);
+        goto done;
     }
     Py_INCREF(Py_None);
     result = Py_None;
@@ -77,68 +85,48 @@ done:
  * whose floor is 0 joins the small ones, and the split is redone), then one more slot for the d
  * largest remainders (ties to the lower symbol); any difference left goes to the first largest
  * entry. Returns False (and writes nothing valid) for a row that cannot be quantised. */
-static int64_t *rem_key;
+struct remainder {
+    int64_t rem, sym;
+};
 
 static int by_remainder(const void *pa, const void *pb)
 {
-    const int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
-    if (rem_key[a] != rem_key[b])
-        return rem_key[a] > rem_key[b] ? -1 : 1;
-    return a < b ? -1 : a > b;
+    const struct remainder *a = pa, *b = pb;
+    if (a->rem != b->rem)
+        return a->rem > b->rem ? -1 : 1;
+    return a->sym < b->sym ? -1 : a->sym > b->sym;
 }
 
-PyObject *tans_quantize_rows(PyObject *self, PyObject *args)
+/* the rows of quantize_rows; 0 when a row cannot be quantised */
+static int quantize_rows(const int64_t *counts, int64_t *freqs, int64_t K, int64_t S, int64_t L,
+                         unsigned char *small, struct remainder *big)
 {
-    Py_buffer counts = {0}, freqs = {0};
-    Py_ssize_t K, S, R;
-    PyObject *result = NULL;
-    unsigned char *small = NULL;
-    int64_t *rem = NULL, *idx = NULL;
-    if (!PyArg_ParseTuple(args, "y*nnnw*", &counts, &K, &S, &R, &freqs))
-        return NULL;
-    if (R < 1 || R > 30 || K < 1 || S < 1 || counts.len != K * S * 8 || freqs.len != K * S * 8) {
-        PyErr_SetString(PyExc_ValueError, "quantize_rows: bad arguments");
-        goto done;
-    }
-    small = PyMem_RawMalloc(S);
-    rem = PyMem_RawMalloc(S * sizeof *rem);
-    idx = PyMem_RawMalloc(S * sizeof *idx);
-    if (!small || !rem || !idx) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const int64_t L = (int64_t)1 << R;
-    int ok = 1;
-    for (Py_ssize_t k = 0; k < K && ok; k++) {
-        const int64_t *c = (const int64_t *)counts.buf + k * S;
-        int64_t *f = (int64_t *)freqs.buf + k * S;
+    for (int64_t k = 0; k < K; k++) {
+        const int64_t *c = counts + k * S;
+        int64_t *f = freqs + k * S;
         int64_t tot = 0, nnz = 0;
-        for (Py_ssize_t i = 0; i < S; i++) {
-            if (c[i] < 0 || c[i] > ((int64_t)1 << 40)) {
-                ok = 0;
-                break;
-            }
+        for (int64_t i = 0; i < S; i++) {
+            if (c[i] < 0 || c[i] > ((int64_t)1 << 40))
+                return 0;
             tot += c[i];
             nnz += c[i] > 0;
         }
-        if (!ok || tot <= 0 || nnz > L) {
-            ok = 0;
-            break;
-        }
-        for (Py_ssize_t i = 0; i < S; i++)
+        if (tot <= 0 || nnz > L)
+            return 0;
+        for (int64_t i = 0; i < S; i++)
             small[i] = c[i] > 0 && c[i] * L < tot;
         int64_t lb, tb;
         for (;;) {
             int64_t nsmall = 0;
             tb = 0;
-            for (Py_ssize_t i = 0; i < S; i++) {
+            for (int64_t i = 0; i < S; i++) {
                 nsmall += small[i];
                 if (c[i] > 0 && !small[i])
                     tb += c[i];
             }
             lb = L - nsmall;
             int newly = 0;
-            for (Py_ssize_t i = 0; i < S; i++) {
+            for (int64_t i = 0; i < S; i++) {
                 if (c[i] > 0 && !small[i]) {
                     f[i] = c[i] * lb / (tb > 0 ? tb : 1);
                     if (f[i] == 0) {
@@ -153,23 +141,20 @@ PyObject *tans_quantize_rows(PyObject *self, PyObject *args)
                 break;
         }
         int64_t sumbig = 0, nbig = 0;
-        for (Py_ssize_t i = 0; i < S; i++)
+        for (int64_t i = 0; i < S; i++)
             if (c[i] > 0 && !small[i]) {
                 sumbig += f[i];
-                rem[i] = c[i] * lb % (tb > 0 ? tb : 1);
-                idx[nbig++] = i;
-            } else {
-                rem[i] = -1;
+                big[nbig].rem = c[i] * lb % (tb > 0 ? tb : 1);
+                big[nbig++].sym = i;
             }
         const int64_t d = lb - sumbig;
         if (d > 0 && nbig > 0) {
-            rem_key = rem;      /* qsort has no context argument; the GIL is held throughout */
-            qsort(idx, nbig, sizeof *idx, by_remainder);
+            qsort(big, nbig, sizeof *big, by_remainder);
             for (int64_t q = 0; q < d && q < nbig; q++)
-                f[idx[q]] += 1;
+                f[big[q].sym] += 1;
         }
         int64_t sum = 0, arg = 0;
-        for (Py_ssize_t i = 0; i < S; i++) {
+        for (int64_t i = 0; i < S; i++) {
             sum += f[i];
             if (f[i] > f[arg])
                 arg = i;
@@ -177,11 +162,36 @@ PyObject *tans_quantize_rows(PyObject *self, PyObject *args)
         if (sum != L)
             f[arg] += L - sum;
     }
+    return 1;
+}
+
+PyObject *tans_quantize_rows(PyObject *self, PyObject *args)
+{
+    Py_buffer counts = {0}, freqs = {0};
+    Py_ssize_t K, S, R;
+    PyObject *result = NULL;
+    unsigned char *small = NULL;
+    struct remainder *big = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &counts, &K, &S, &R, &freqs))
+        return NULL;
+    if (R < 1 || R > 30 || K < 1 || S < 1 || counts.len != K * S * 8 || freqs.len != K * S * 8) {
+        PyErr_SetString(PyExc_ValueError, "quantize_rows: bad arguments");
+        goto done;
+    }
+    small = PyMem_RawMalloc(S);
+    big = PyMem_RawMalloc(S * sizeof *big);
+    if (!small || !big) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS      /* no Python objects are touched: other decodes run meanwhile */
+    ok = quantize_rows(counts.buf, freqs.buf, K, S, (int64_t)1 << R, small, big);
+    Py_END_ALLOW_THREADS
     result = PyBool_FromLong(ok);
 done:
     PyMem_RawFree(small);
-    PyMem_RawFree(rem);
-    PyMem_RawFree(idx);
+    PyMem_RawFree(big);
     PyBuffer_Release(&counts);
     PyBuffer_Release(&freqs);
     return result;
@@ -263,6 +273,7 @@ PyObject *tans_pack_fields(PyObject *self, PyObject *args)
     unsigned held = 0;
     Py_ssize_t w = 0;
     int past = 0;
+    Py_BEGIN_ALLOW_THREADS      /* only the new bytes object is written, before anyone can see it */
     for (Py_ssize_t i = 0; i < count; i++) {     /* bits above R are not part of a field */
         acc |= ((uint64_t)v[i] & mask) << held;
         held += (unsigned)R;
@@ -286,6 +297,7 @@ PyObject *tans_pack_fields(PyObject *self, PyObject *args)
     }
     for (; w < m; w++)     /* m may ask for up to 7 bits past the last field */
         o[w] = 0;
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&vals);
     if (past) {
         Py_DECREF(res);
