@@ -23,6 +23,9 @@
 #include "_tansloop.h"
 #include <stdint.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 /* the last few bytes of a stream: byte by byte, zero past the end (kept out of line: the loop
  * needs its registers) */
@@ -54,7 +57,9 @@ struct job {
     const uint8_t *s;
     Py_ssize_t slen;
     uint32_t *st;
-    uint16_t *sym;            /* step-major symbols: sym[t * SW + j] */
+    uint16_t *sym;            /* step-major: sym[t * SW + j] = map[symbol] */
+    const uint16_t *map;      /* per symbol: what the loop stores (the values themselves when they
+                               * are 16-bit, else the symbol) */
     int64_t SW;               /* the row stride of sym: Wp, padded for contiguous lanes (see ROW_PAD) */
     int64_t n, T, Wp, L;
     int interleaved;
@@ -68,6 +73,7 @@ static inline __attribute__((always_inline)) const char *
 run_steps_mode(struct job *jb, const int interleaved, const int mode)
 {
     const uint32_t *restrict tab = jb->tab;
+    const uint16_t *restrict map = jb->map;
     const uint8_t *restrict s = jb->s;
     uint32_t *restrict st = jb->st;
     const int64_t *restrict ctx = jb->ctx;
@@ -94,7 +100,7 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode)
         for (int64_t j = 0; j < a; j++) {
             const uint32_t e = tab[st[j]];
             const unsigned nb = (e >> 15) & 15;
-            out[j] = (uint16_t)(e >> SYM_SHIFT);
+            out[j] = map[e >> SYM_SHIFT];
             uint64_t w;
             if (pos <= safe_bits)
                 memcpy(&w, s + (pos >> 3), 8);   /* little-endian hosts only; checked at import */
@@ -175,8 +181,60 @@ static const char *run_steps(struct job *jb)
         for (int64_t t = 0; full * T + t < n; t++)                                             \
             out[full * T + t] = values[sym[t * SW + full]];                                    \
     }
+/* The 16-bit case (floatsplit's bfloat16 and float16): the loop already stored the values, so
+ * this is a plain transpose, done in 8 x 8 blocks in SSE2 registers where the host has them. */
+static void transpose16(const struct job *jb, const uint16_t *restrict sym, uint16_t *restrict out)
+{
+    const int64_t n = jb->n, T = jb->T, Wp = jb->Wp, SW = jb->SW, full = Wp - 1;
+    if (jb->interleaved) {
+        memcpy(out, sym, (size_t)n * sizeof *out);
+        return;
+    }
+    int64_t j = 0;
+#ifdef __SSE2__
+    const int64_t T8 = T & ~(int64_t)7;
+    for (; j + 8 <= full; j += 8) {
+        for (int64_t t = 0; t < T8; t += 8) {
+            const uint16_t *r = sym + t * SW + j;
+            const __m128i r0 = _mm_loadu_si128((const __m128i *)(r)),
+                          r1 = _mm_loadu_si128((const __m128i *)(r + SW)),
+                          r2 = _mm_loadu_si128((const __m128i *)(r + 2 * SW)),
+                          r3 = _mm_loadu_si128((const __m128i *)(r + 3 * SW)),
+                          r4 = _mm_loadu_si128((const __m128i *)(r + 4 * SW)),
+                          r5 = _mm_loadu_si128((const __m128i *)(r + 5 * SW)),
+                          r6 = _mm_loadu_si128((const __m128i *)(r + 6 * SW)),
+                          r7 = _mm_loadu_si128((const __m128i *)(r + 7 * SW));
+            const __m128i a0 = _mm_unpacklo_epi16(r0, r1), a1 = _mm_unpackhi_epi16(r0, r1),
+                          a2 = _mm_unpacklo_epi16(r2, r3), a3 = _mm_unpackhi_epi16(r2, r3),
+                          a4 = _mm_unpacklo_epi16(r4, r5), a5 = _mm_unpackhi_epi16(r4, r5),
+                          a6 = _mm_unpacklo_epi16(r6, r7), a7 = _mm_unpackhi_epi16(r6, r7);
+            const __m128i b0 = _mm_unpacklo_epi32(a0, a2), b1 = _mm_unpackhi_epi32(a0, a2),
+                          b2 = _mm_unpacklo_epi32(a1, a3), b3 = _mm_unpackhi_epi32(a1, a3),
+                          b4 = _mm_unpacklo_epi32(a4, a6), b5 = _mm_unpackhi_epi32(a4, a6),
+                          b6 = _mm_unpacklo_epi32(a5, a7), b7 = _mm_unpackhi_epi32(a5, a7);
+            uint16_t *o = out + j * T + t;      /* lane j + q's steps t..t+7 */
+            _mm_storeu_si128((__m128i *)(o), _mm_unpacklo_epi64(b0, b4));
+            _mm_storeu_si128((__m128i *)(o + T), _mm_unpackhi_epi64(b0, b4));
+            _mm_storeu_si128((__m128i *)(o + 2 * T), _mm_unpacklo_epi64(b1, b5));
+            _mm_storeu_si128((__m128i *)(o + 3 * T), _mm_unpackhi_epi64(b1, b5));
+            _mm_storeu_si128((__m128i *)(o + 4 * T), _mm_unpacklo_epi64(b2, b6));
+            _mm_storeu_si128((__m128i *)(o + 5 * T), _mm_unpackhi_epi64(b2, b6));
+            _mm_storeu_si128((__m128i *)(o + 6 * T), _mm_unpacklo_epi64(b3, b7));
+            _mm_storeu_si128((__m128i *)(o + 7 * T), _mm_unpackhi_epi64(b3, b7));
+        }
+        for (int64_t t = T8; t < T; t++)
+            for (int q = 0; q < 8; q++)
+                out[(j + q) * T + t] = sym[t * SW + j + q];
+    }
+#endif
+    for (; j < full; j++)
+        for (int64_t t = 0; t < T; t++)
+            out[j * T + t] = sym[t * SW + j];
+    for (int64_t t = 0; full * T + t < n; t++)
+        out[full * T + t] = sym[t * SW + full];
+}
+
 SCATTER(uint8_t)
-SCATTER(uint16_t)
 SCATTER(uint32_t)
 SCATTER(uint64_t)
 
@@ -226,7 +284,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
     Py_ssize_t n, T, Wp, L, pos0;
     PyObject *result = NULL;
     uint32_t *tab = NULL, *st = NULL;
-    uint16_t *sym = NULL;
+    uint16_t *sym = NULL, *ident = NULL;
     void *tile = NULL;
 
     if (!PyArg_ParseTuple(args, "y*y*w*w*y*OOpnnnnn", &packed, &stream, &states, &out, &values,
@@ -252,17 +310,22 @@ static PyObject *decode(PyObject *self, PyObject *args)
     st = PyMem_RawMalloc(Wp * sizeof *st);
     const int64_t SW = interleaved ? Wp : Wp + ROW_PAD;
     sym = PyMem_RawMalloc(T * SW * sizeof *sym);
-    tile = T <= TILE_STEPS ? PyMem_RawMalloc(TILE * T * 8) : NULL;
-    if (!tab || !st || !sym || (T <= TILE_STEPS && !tile)) {
+    tile = T <= TILE_STEPS && isz != 2 ? PyMem_RawMalloc(TILE * T * 8) : NULL;
+    ident = isz != 2 ? PyMem_RawMalloc(nsym * sizeof *ident) : NULL;
+    if (!tab || !st || !sym || (T <= TILE_STEPS && isz != 2 && !tile) || (isz != 2 && !ident)) {
         PyErr_NoMemory();
         goto done;
     }
+    if (ident)
+        for (int64_t q = 0; q < nsym; q++)
+            ident[q] = (uint16_t)q;
     /* the context item size (1 or 8) follows from the buffer's length, as for ``out`` */
     struct job jb = {.tab = tab, .ntab = ntab, .nxo = nxo.obj ? nxo.buf : NULL,
                      .ctx = ctx.obj && ctx.len == 8 * n ? ctx.buf : NULL,
                      .ctx8 = ctx.obj && ctx.len == n ? ctx.buf : NULL,
                      .s = stream.buf, .slen = stream.len, .st = st, .sym = sym, .SW = SW, .n = n, .T = T,
-                     .Wp = Wp, .L = L, .interleaved = interleaved, .pos = (uint64_t)pos0};
+                     .Wp = Wp, .L = L, .interleaved = interleaved, .pos = (uint64_t)pos0,
+                     .map = isz == 2 ? (const uint16_t *)values.buf : ident};
     const char *err;
     Py_BEGIN_ALLOW_THREADS      /* from here on only C buffers: other decodes run meanwhile */
     err = prepare(&jb, packed.buf, nsym, states.buf);
@@ -271,7 +334,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
     if (!err) {
         switch (isz) {
         case 1: scatter_uint8_t(&jb, sym, values.buf, out.buf, tile); break;
-        case 2: scatter_uint16_t(&jb, sym, values.buf, out.buf, tile); break;
+        case 2: transpose16(&jb, sym, out.buf); break;
         case 4: scatter_uint32_t(&jb, sym, values.buf, out.buf, tile); break;
         default: scatter_uint64_t(&jb, sym, values.buf, out.buf, tile); break;
         }
@@ -290,6 +353,7 @@ done:
     PyMem_RawFree(st);
     PyMem_RawFree(sym);
     PyMem_RawFree(tile);
+    PyMem_RawFree(ident);
     PyBuffer_Release(&packed);
     PyBuffer_Release(&stream);
     PyBuffer_Release(&states);
