@@ -440,6 +440,8 @@ def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
         call(packed=bad)
     with pytest.raises(ValueError, match="bad table arguments"):
         loop.build(np.array([[8, 0]], dtype=np.int64), 1, 2, 3, np.empty(8, dtype=np.int64))
+    with pytest.raises(ValueError, match="unpack_fields: bad arguments"):
+        loop.unpack_fields(bytes(4), 11, np.empty(3, dtype=np.int64))   # 33 bits from 32
     u = np.zeros(10, dtype=np.uint16)
     with pytest.raises(ValueError, match="or_plane: bad arguments"):
         loop.or_plane(u, 2, bytes(10), False, 9, None)            # the value would leave its element
@@ -515,3 +517,14 @@ def test_compiled_and_numpy_decodes_agree_on_mapped_values_of_every_width(n, lan
         lambda: [a.tobytes() for a in tans.decode(stream, n, tab, lanes, interleaved=il, values=values, **kw)])
     assert results[0] == results[1]
     assert results[0][0] == values[sym].tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 15), st.lists(st.integers(0, 2**15 - 1), min_size=1, max_size=400))
+def test_compiled_fields_unpack_what_was_packed(R, values):
+    from lmzfs.codecs import _tansloop as loop
+    v = np.array(values, dtype=np.int64) & ((1 << R) - 1)
+    packed = loop.pack_fields(v, R, (len(v) * R + 7) // 8)
+    out = np.empty(len(v), dtype=np.int64)
+    loop.unpack_fields(packed, R, out)
+    assert out.tolist() == v.tolist()

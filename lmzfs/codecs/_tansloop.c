@@ -371,6 +371,7 @@ static PyMethodDef methods[] = {
     {"build", tans_build, METH_VARARGS, "Build decoder entries; see the comment above build()."},
     {"quantize_rows", tans_quantize_rows, METH_VARARGS, "tans.quantize_rows; see the comment above it."},
     {"pack_fields", tans_pack_fields, METH_VARARGS, "floatsplit's bits-back bytes; see the comment above it."},
+    {"unpack_fields", tans_unpack_fields, METH_VARARGS, "tans.decode's first states; see the comment above it."},
     {"or_plane", tans_or_plane, METH_VARARGS, "floatsplit's plane merge; see the comment at the top of _tansplanes.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
     {NULL, NULL, 0, NULL},

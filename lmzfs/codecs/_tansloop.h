@@ -10,6 +10,7 @@ PyObject *tans_build(PyObject *self, PyObject *args);
 PyObject *tans_quantize_rows(PyObject *self, PyObject *args);
 PyObject *tans_varints(PyObject *self, PyObject *args);
 PyObject *tans_pack_fields(PyObject *self, PyObject *args);
+PyObject *tans_unpack_fields(PyObject *self, PyObject *args);
 PyObject *tans_or_plane(PyObject *self, PyObject *args);
 
 #endif

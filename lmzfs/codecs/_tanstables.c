@@ -306,3 +306,38 @@ PyObject *tans_pack_fields(PyObject *self, PyObject *args)
     return res;
 }
 
+
+/* unpack_fields(buf, R, out) -> None: out[i] = the R-bit little-endian field at bit i * R of buf
+ * (pack_fields's inverse; tans.decode's first states). out: int64[count], count * R <= 8 * len. */
+PyObject *tans_unpack_fields(PyObject *self, PyObject *args)
+{
+    Py_buffer buf = {0}, out = {0};
+    Py_ssize_t R;
+    if (!PyArg_ParseTuple(args, "y*nw*", &buf, &R, &out))
+        return NULL;
+    const Py_ssize_t count = out.len / 8;
+    if (R < 1 || R > 32 || out.len % 8 || count * R > buf.len * 8) {
+        PyBuffer_Release(&buf);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "unpack_fields: bad arguments");
+        return NULL;
+    }
+    const uint8_t *b = buf.buf;
+    int64_t *o = out.buf;
+    const uint64_t mask = ((uint64_t)1 << R) - 1;
+    uint64_t acc = 0;
+    unsigned held = 0;
+    Py_ssize_t r = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {    /* bytes enter at the top, fields leave at the bottom */
+        while (held < (unsigned)R) {
+            acc |= (uint64_t)b[r++] << held;
+            held += 8;
+        }
+        o[i] = (int64_t)(acc & mask);
+        acc >>= R;
+        held -= (unsigned)R;
+    }
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}

@@ -274,12 +274,16 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
     if nbits < Wp * R:
         raise CodecError("tans: stream shorter than its initial states")
     # the lanes' first states: the first Wp * R bits
-    hb = (Wp * R + 7) >> 3
-    head = np.zeros(hb + 4, dtype=np.uint8)
-    head[:hb] = raw[:hb]
-    o = np.arange(Wp, dtype=np.int64) * R
-    first = (np.ndarray((hb + 1,), dtype="<u4", buffer=head, strides=(1,)).astype(np.int64)[o >> 3]
-             >> (o & 7)) & _MASK[R]
+    first = np.empty(Wp, dtype=np.int64)
+    if _loop is not None:
+        _loop.unpack_fields(raw, R, first)
+    else:
+        hb = (Wp * R + 7) >> 3
+        head = np.zeros(hb + 4, dtype=np.uint8)
+        head[:hb] = raw[:hb]
+        o = np.arange(Wp, dtype=np.int64) * R
+        first = (np.ndarray((hb + 1,), dtype="<u4", buffer=head, strides=(1,)).astype(np.int64)[o >> 3]
+                 >> (o & 7)) & _MASK[R]
     pos = Wp * R
     packed = tab.packed
     compiled = _loop is not None and S <= _COMPILED_MAX_S
