@@ -51,6 +51,21 @@ def test_a_sequential_reader_is_served_by_read_ahead(eight_files):
         archive.close()
 
 
+def test_read_ahead_starts_only_after_two_sequential_reads_in_a_row():
+    from lmzfs.reader.readahead import MIN_WINDOW, Prefetcher
+    p = Prefetcher(1, 256 << 20)
+    try:
+        s = p.register(1)
+        mib = 1 << 20
+        assert p.note_read(s, 100 * mib, 101 * mib) is None       # a first read: nothing to follow
+        assert p.note_read(s, 101 * mib, 102 * mib) is None       # one in a row: could be chance
+        assert p.note_read(s, 102 * mib, 103 * mib) == (103 * mib, 103 * mib + MIN_WINDOW)
+        assert p.note_read(s, 7 * mib, 8 * mib) is None           # a jump resets the stream
+        assert p.note_read(s, 8 * mib, 9 * mib) is None
+    finally:
+        p.close()
+
+
 def test_random_reads_do_not_read_ahead(eight_files):
     store, originals = eight_files
     archive = Archive(store, cache_bytes=32 << 20, workers=2)

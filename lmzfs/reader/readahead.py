@@ -3,7 +3,8 @@
 The kernel asks a FUSE daemon for at most 128 KiB at a time, so a lone sequential reader would
 wait for every chunk decode. Each open file keeps a `StreamState`; a read that starts near where
 the previous one ended (mmap faults and the kernel's own read-ahead arrive slightly out of
-order, hence the slack) grows the window, any other read resets it. Prefetches go through the
+order, hence the slack) grows the window once START_AFTER such reads came in a row, any other
+read resets it. Prefetches go through the
 shared chunk cache, so a chunk being decoded is awaited, never decoded twice, and the cache's
 byte budget bounds everything read ahead. With many active streams each one's window shrinks so
 that together they stay within half the cache.
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 SLACK = 2 << 20                 # how far from the expected offset a read still counts as sequential
+# sequential reads in a row before anything is read ahead: random reads land within the slack of
+# the previous one now and then, and a read-ahead they trigger delays the next miss by a decode
+START_AFTER = 2
 MIN_WINDOW = 2 << 20            # bytes read ahead once a stream is recognised
 MAX_WINDOW = 32 << 20           # bytes read ahead by one stream at full speed
 ACTIVE_SECONDS = 1.0            # a stream with no read for this long no longer counts as active
@@ -73,6 +77,8 @@ class Prefetcher:
             state.prefetched_upto = end
             return None
         state.sequential_reads += 1
+        if state.sequential_reads < START_AFTER:
+            return None
         limit = self.window_limit()
         state.window = min(limit, max(MIN_WINDOW, state.window * 2) if state.window else MIN_WINDOW)
         if state.window < MIN_WINDOW // 2:
