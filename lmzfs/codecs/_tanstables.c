@@ -97,6 +97,52 @@ static int by_remainder(const void *pa, const void *pb)
     return a->sym < b->sym ? -1 : a->sym > b->sym;
 }
 
+static inline int ranks_before(const struct remainder *x, const struct remainder *y)
+{
+    return x->rem > y->rem || (x->rem == y->rem && x->sym < y->sym);
+}
+
+static inline void swap_remainders(struct remainder *x, struct remainder *y)
+{
+    const struct remainder t = *x;
+    *x = *y;
+    *y = t;
+}
+
+/* Rearranges a[0..n) so that a[0..d) are its d first in by_remainder's order (in any order among
+ * themselves): a quickselect, as only those d get a slot. After a bounded number of rounds (a
+ * hostile table could make the pivots bad) it sorts what is left instead. */
+static void select_first(struct remainder *a, int64_t n, int64_t d)
+{
+    int64_t lo = 0, hi = n - 1, rounds = 0;
+    const int64_t k = d - 1;
+    while (hi > lo) {
+        if (++rounds > 64) {
+            qsort(a + lo, (size_t)(hi - lo + 1), sizeof *a, by_remainder);
+            return;
+        }
+        const int64_t mid = lo + (hi - lo) / 2;       /* median of three to the end as the pivot */
+        if (ranks_before(&a[mid], &a[lo]))
+            swap_remainders(&a[mid], &a[lo]);
+        if (ranks_before(&a[hi], &a[lo]))
+            swap_remainders(&a[hi], &a[lo]);
+        if (ranks_before(&a[mid], &a[hi]))
+            swap_remainders(&a[mid], &a[hi]);
+        const struct remainder pivot = a[hi];
+        int64_t store = lo;
+        for (int64_t i = lo; i < hi; i++)
+            if (ranks_before(&a[i], &pivot))
+                swap_remainders(&a[i], &a[store++]);
+        swap_remainders(&a[store], &a[hi]);
+        if (store == k)
+            return;
+        if (k < store)
+            hi = store - 1;
+        else
+            lo = store + 1;
+    }
+}
+
 /* the rows of quantize_rows; 0 when a row cannot be quantised */
 static int quantize_rows(const int64_t *counts, int64_t *freqs, int64_t K, int64_t S, int64_t L,
                          unsigned char *small, struct remainder *big)
@@ -149,8 +195,9 @@ static int quantize_rows(const int64_t *counts, int64_t *freqs, int64_t K, int64
             }
         const int64_t d = lb - sumbig;
         if (d > 0 && nbig > 0) {
-            qsort(big, nbig, sizeof *big, by_remainder);
-            for (int64_t q = 0; q < d && q < nbig; q++)
+            const int64_t take = d < nbig ? d : nbig;
+            select_first(big, nbig, take);
+            for (int64_t q = 0; q < take; q++)
                 f[big[q].sym] += 1;
         }
         int64_t sum = 0, arg = 0;
