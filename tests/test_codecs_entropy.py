@@ -528,3 +528,19 @@ def test_compiled_fields_unpack_what_was_packed(R, values):
     out = np.empty(len(v), dtype=np.int64)
     loop.unpack_fields(packed, R, out)
     assert out.tolist() == v.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 12), st.sampled_from([4, 8, 16]), st.integers(4, 12), st.data())
+def test_compiled_and_numpy_floatsplit_model_tables_agree_on_entries_and_errors(nb, E, T2, R, data):
+    from lmzfs.codecs import floatsplit
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    A = rng.integers(0, 1 << floatsplit.A_LOG, size=(nb, E)) * (rng.random((nb, E)) < 0.7)
+    if data.draw(st.booleans()):
+        A[rng.integers(0, nb)] = 0                      # an unused context
+    SM = rng.integers(0, (1 << floatsplit.M_LOG) + 1, size=2 + E * T2 // 2) * (rng.random(2 + E * T2 // 2) < 0.8)
+    vals = np.concatenate([A.ravel(), SM]).astype(np.int64)
+    if data.draw(st.integers(0, 9)) == 0:
+        vals[rng.integers(0, len(vals))] = (1 << floatsplit.A_LOG) + 1   # out of range
+    results = _through_both_loops(lambda: floatsplit._model_tables(vals, nb, E, T2, R).packed.tolist())
+    assert results[0] == results[1]

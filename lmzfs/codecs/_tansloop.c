@@ -372,7 +372,8 @@ static PyMethodDef methods[] = {
     {"quantize_rows", tans_quantize_rows, METH_VARARGS, "tans.quantize_rows; see the comment above it."},
     {"pack_fields", tans_pack_fields, METH_VARARGS, "floatsplit's bits-back bytes; see the comment above it."},
     {"unpack_fields", tans_unpack_fields, METH_VARARGS, "tans.decode's first states; see the comment above it."},
-    {"or_plane", tans_or_plane, METH_VARARGS, "floatsplit's plane merge; see the comment at the top of _tansplanes.c."},
+    {"float_tables", tans_float_tables, METH_VARARGS, "floatsplit's decoder tables; see the comment above it in _tansfloat.c."},
+    {"or_plane", tans_or_plane, METH_VARARGS, "floatsplit's plane merge; see the comment above it in _tansfloat.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
     {NULL, NULL, 0, NULL},
 };

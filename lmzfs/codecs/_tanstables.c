@@ -12,7 +12,7 @@
  * dealt in order goes to position (k * step) mod L; the positions of symbol s, in increasing
  * order, get sub-states x = f_s, f_s + 1, ...; entry = base | nb << 16 | s << 20 with
  * nb = R - floor(log2 x) and base = x * 2**nb - L. */
-static const char *build_rows(const int64_t *f, int64_t K, int64_t S, int64_t R, int64_t L,
+const char *tans_build_rows(const int64_t *f, int64_t K, int64_t S, int64_t R, int64_t L,
                               int16_t *spread, int64_t *next, int64_t *pk)
 {
     const int64_t step = (L >> 1) + (L >> 3) + 3;
@@ -63,7 +63,7 @@ PyObject *tans_build(PyObject *self, PyObject *args)
     }
     const char *err;
     Py_BEGIN_ALLOW_THREADS      /* no Python objects are touched: other decodes run meanwhile */
-    err = build_rows(freqs.buf, K, S, R, L, spread, next, packed.buf);
+    err = tans_build_rows(freqs.buf, K, S, R, L, spread, next, packed.buf);
     Py_END_ALLOW_THREADS
     if (err) {
         PyErr_SetString(PyExc_ValueError, err);
@@ -85,10 +85,6 @@ done:
  * whose floor is 0 joins the small ones, and the split is redone), then one more slot for the d
  * largest remainders (ties to the lower symbol); any difference left goes to the first largest
  * entry. Returns False (and writes nothing valid) for a row that cannot be quantised. */
-struct remainder {
-    int64_t rem, sym;
-};
-
 static int by_remainder(const void *pa, const void *pb)
 {
     const struct remainder *a = pa, *b = pb;
@@ -144,7 +140,7 @@ static void select_first(struct remainder *a, int64_t n, int64_t d)
 }
 
 /* the rows of quantize_rows; 0 when a row cannot be quantised */
-static int quantize_rows(const int64_t *counts, int64_t *freqs, int64_t K, int64_t S, int64_t L,
+int tans_quantize_counts(const int64_t *counts, int64_t *freqs, int64_t K, int64_t S, int64_t L,
                          unsigned char *small, struct remainder *big)
 {
     for (int64_t k = 0; k < K; k++) {
@@ -233,7 +229,7 @@ PyObject *tans_quantize_rows(PyObject *self, PyObject *args)
     }
     int ok;
     Py_BEGIN_ALLOW_THREADS      /* no Python objects are touched: other decodes run meanwhile */
-    ok = quantize_rows(counts.buf, freqs.buf, K, S, (int64_t)1 << R, small, big);
+    ok = tans_quantize_counts(counts.buf, freqs.buf, K, S, (int64_t)1 << R, small, big);
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(ok);
 done:

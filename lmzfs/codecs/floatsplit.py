@@ -220,15 +220,11 @@ class FloatSplitCodec(Codec):
         if nb * (E * T2 + (1 << R)) > _table_budget(n):
             raise CodecError("floatsplit: tables too large for the chunk")
         vals = uintlist.unpack_uints(blob, nb * E + 2 + E * T2 // 2, "floatsplit")
-        if vals.max(initial=0) > 1 << A_LOG or vals[nb * E:].max(initial=0) > 1 << M_LOG:
-            raise CodecError("floatsplit: model table value out of range")
-        A, S = vals[: nb * E].reshape(nb, E), vals[nb * E:nb * E + 2]
-        B = _sign_mantissa(S, vals[nb * E + 2:].reshape(E, T2 // 2))
         raw_len = sum(lens)
         wp = tans.layout(n, lanes, rows is not None)[1]
         if slen + raw_len + t != len(body) + min(raw_len, wp * R // 8):
             raise CodecError("floatsplit: body length does not match params")
-        tab = tans.Tables(_joint_tables(A, B, R), R)
+        tab = _model_tables(vals, nb, E, T2, R)
         cmap = np.minimum(E - 1 - (np.arange(E * T2) // T2), nb - 1)
         J = np.arange(E * T2, dtype=np.uint64)
         e, top = J // np.uint64(T2) + np.uint64(emin), J % np.uint64(T2)
@@ -255,6 +251,27 @@ class FloatSplitCodec(Codec):
             _or_plane(u, v, c, nib, 8 * j, mask)
         out = u.astype(_UINT[bits], copy=False).tobytes()
         return out + bytes(body[len(body) - t:]) if t else out
+
+
+def _model_tables(vals: np.ndarray, nb: int, E: int, T2: int, R: int) -> tans.Tables:
+    """The decoder's nb tANS tables from the transmitted model: A (nb x E), S (2), M (E x T2/2)."""
+    if tans._loop is not None and E * T2 <= 32767 and tans.MIN_R <= R <= 15:   # what float_tables takes
+        packed = np.empty(nb << R, dtype=np.int64)
+        code = tans._loop.float_tables(np.ascontiguousarray(vals, dtype=np.int64), nb, E, T2, R,
+                                       1 << A_LOG, 1 << M_LOG, packed)
+        if code == 1:
+            raise CodecError("floatsplit: model table value out of range")
+        if code:
+            raise CodecError("floatsplit: the model's tables cannot be quantised")
+        return tans.Tables.prebuilt(packed, nb, E * T2, R)
+    if vals.max(initial=0) > 1 << A_LOG or vals[nb * E:].max(initial=0) > 1 << M_LOG:
+        raise CodecError("floatsplit: model table value out of range")
+    A, S = vals[: nb * E].reshape(nb, E), vals[nb * E:nb * E + 2]
+    B = _sign_mantissa(S, vals[nb * E + 2:].reshape(E, T2 // 2))
+    try:
+        return tans.Tables(_joint_tables(A, B, R), R)
+    except ValueError:
+        raise CodecError("floatsplit: the model's tables cannot be quantised") from None
 
 
 def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):

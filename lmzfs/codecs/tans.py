@@ -140,6 +140,15 @@ class Tables:
         else:
             self._spread_tables()
 
+    @classmethod
+    def prebuilt(cls, packed: np.ndarray, K: int, S: int, R: int) -> "Tables":
+        """Decoder tables whose entries a compiled helper built (floatsplit's model tables): for
+        decoding only, as the frequencies the encoder needs are not kept."""
+        tab = cls.__new__(cls)
+        tab.K, tab.S, tab.R, tab.L, tab.freqs = K, S, R, 1 << R, None
+        tab.packed, tab._order, tab._enc = packed, None, None
+        return tab
+
     def _spread_tables(self):
         """Fill ``packed`` (the decoder entries) and ``_order`` (each table's positions by symbol)."""
         K, S, R, L, freqs = self.K, self.S, self.R, self.L, self.freqs
@@ -163,6 +172,8 @@ class Tables:
 
     def _encode_tables(self):
         if self._enc is None:
+            if self.freqs is None:
+                raise ValueError("tans: prebuilt tables decode only")
             if self._order is None:
                 self._spread_tables()
             K, R, L, f = self.K, self.R, self.L, self.freqs

@@ -1,8 +1,10 @@
-/* floatsplit's stored mantissa planes merged into the decoded elements, compiled.
+/* floatsplit's helpers, compiled: its decoder tables from the transmitted model, and its stored
+ * mantissa planes merged into the decoded elements. The numpy paths in floatsplit.py compute the
+ * same and stay the fallback; the tests run both.
  *
- * Why C: numpy spends four whole-array passes per plane (unpack nibbles, widen, shift, or) and a
- * masked scatter for zero-block groups; this is one pass. The numpy path in floatsplit.py does
- * the same and stays the fallback; the tests run both.
+ * Why C: on a 256 KiB chunk the model tables took a dozen numpy calls and three compiled ones
+ * (as long as the tANS loop itself); a plane merge took four whole-array numpy passes and a
+ * masked scatter for zero-block groups, here one pass.
  *
  * or_plane(u, isz, plane, nibbles, shift, mask) -> 0 ok, 1 the plane's length does not match,
  * 2 a nonzero padding nibble
@@ -14,6 +16,8 @@
  */
 #include "_tansloop.h"
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define OR_PLANE(TYPE)                                                                             \
     static void or_##TYPE(TYPE *restrict u, Py_ssize_t n, const uint8_t *restrict p, int nib,     \
@@ -86,5 +90,77 @@ done:
     PyBuffer_Release(&plane);
     if (mask.obj)
         PyBuffer_Release(&mask);
+    return result;
+}
+
+/* float_tables(vals, nb, E, T2, R, a_max, m_max, packed) -> 0 ok, 1 a model value out of range,
+ * 2 a table that cannot be quantised. floatsplit's _model_tables: vals holds A (nb x E), S (2)
+ * and M (E x T2/2); A values must be <= a_max and S, M values <= m_max. Row b of the tables is
+ * quantize(A[b, e] * S[sign] * M[e, m] over symbols e * T2 + sign * T2/2 + m, R), or every slot
+ * on symbol 0 when that product is zero everywhere; packed (int64[nb * 2**R]) gets build()'s
+ * entries for those rows. */
+PyObject *tans_float_tables(PyObject *self, PyObject *args)
+{
+    Py_buffer vals = {0}, packed = {0};
+    Py_ssize_t nb, E, T2, R, a_max, m_max;
+    PyObject *result = NULL;
+    int64_t *joint = NULL, *freqs = NULL, *next = NULL;
+    int16_t *spread = NULL;
+    unsigned char *small = NULL;
+    struct remainder *big = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnnnnnw*", &vals, &nb, &E, &T2, &R, &a_max, &m_max, &packed))
+        return NULL;
+    const int64_t L = (int64_t)1 << (R < 4 || R > 15 ? 4 : R), S = E * T2, H = T2 / 2;
+    if (R < 4 || R > 15 || nb < 1 || E < 1 || T2 < 2 || T2 % 2 || S > 32767 ||
+        vals.len != (nb * E + 2 + E * H) * 8 || packed.len != nb * L * 8) {
+        PyErr_SetString(PyExc_ValueError, "float_tables: bad arguments");
+        goto done;
+    }
+    joint = PyMem_RawMalloc(nb * S * sizeof *joint);
+    freqs = PyMem_RawMalloc(nb * S * sizeof *freqs);
+    next = PyMem_RawMalloc(S * sizeof *next);
+    spread = PyMem_RawMalloc(L * sizeof *spread);
+    small = PyMem_RawMalloc(S);
+    big = PyMem_RawMalloc(S * sizeof *big);
+    if (!joint || !freqs || !next || !spread || !small || !big) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *A = vals.buf, *Sg = A + nb * E, *M = Sg + 2;
+    long code = 0;
+    Py_BEGIN_ALLOW_THREADS      /* only C buffers from here on */
+    for (int64_t i = 0; i < nb * E && !code; i++)
+        code = A[i] < 0 || A[i] > a_max;
+    for (int64_t i = 0; i < 2 + E * H && !code; i++)
+        code = Sg[i] < 0 || Sg[i] > m_max;
+    for (int64_t b = 0; b < nb && !code; b++) {
+        int64_t *row = joint + b * S, any = 0;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t sign = 0; sign < 2; sign++)
+                for (int64_t m = 0; m < H; m++) {
+                    const int64_t v = A[b * E + e] * Sg[sign] * M[e * H + m];
+                    row[e * T2 + sign * H + m] = v;
+                    any |= v;
+                }
+        if (!any) {             /* an unused context: every slot on symbol 0 */
+            memset(freqs + b * S, 0, S * sizeof *freqs);
+            freqs[b * S] = L;
+        } else if (!tans_quantize_counts(row, freqs + b * S, 1, S, L, small, big)) {
+            code = 2;
+        }
+    }
+    if (!code && tans_build_rows(freqs, nb, S, R, L, spread, next, packed.buf))
+        code = 2;
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLong(code);
+done:
+    PyMem_RawFree(joint);
+    PyMem_RawFree(freqs);
+    PyMem_RawFree(next);
+    PyMem_RawFree(spread);
+    PyMem_RawFree(small);
+    PyMem_RawFree(big);
+    PyBuffer_Release(&vals);
+    PyBuffer_Release(&packed);
     return result;
 }
