@@ -420,7 +420,8 @@ def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
     def call(states=None, out=None, ctx=None, n=100, T=10, Wp=10, L=64, values=vals, packed=tab.packed):
         states = np.zeros(Wp, dtype=np.int64) if states is None else states
         out = np.empty(n, dtype=np.uint8) if out is None else out
-        return loop.decode(packed, stream, states, out, values, ctx, None, True, n, T, Wp, L, Wp * 6)
+        return loop.decode(packed, packed.dtype == np.uint32, stream, states, out, values, ctx, None, True, n, T,
+                           Wp, L, Wp * 6)
 
     with pytest.raises(ValueError, match="table index"):
         call(states=np.full(10, 64, dtype=np.int64))
@@ -438,6 +439,13 @@ def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
     bad[0] = 63 | (4 << 16)          # base 63 + 4 bits would leave a table of 64
     with pytest.raises(ValueError, match="leaves its table"):
         call(packed=bad)
+    compact = np.full(64, 5 | (1 << 15), dtype=np.uint32)         # base 5, 1 bit: fine
+    compact[7] = 63 | (4 << 15)                                     # base 63 + 4 bits leaves a table of 64
+    with pytest.raises(ValueError, match="leaves its table"):
+        call(packed=compact)
+    compact[7] = 5 | (1 << 15) | (4 << 19)                           # symbol 4 of a 4-symbol alphabet
+    with pytest.raises(ValueError, match="has no value"):
+        call(packed=compact)
     with pytest.raises(ValueError, match="bad table arguments"):
         loop.build(np.array([[8, 0]], dtype=np.int64), 1, 2, 3, np.empty(8, dtype=np.int64))
     with pytest.raises(ValueError, match="unpack_fields: bad arguments"):
@@ -542,5 +550,11 @@ def test_compiled_and_numpy_floatsplit_model_tables_agree_on_entries_and_errors(
     vals = np.concatenate([A.ravel(), SM]).astype(np.int64)
     if data.draw(st.integers(0, 9)) == 0:
         vals[rng.integers(0, len(vals))] = (1 << floatsplit.A_LOG) + 1   # out of range
-    results = _through_both_loops(lambda: floatsplit._model_tables(vals, nb, E, T2, R).packed.tolist())
+    def entries(tab: tans.Tables) -> list[int]:     # the numpy loop's entry form either way
+        if tab.packed32 is None:
+            return tab.packed.tolist()
+        e = tab.packed32.astype(np.int64)
+        return ((e & 0x7FFF) | (((e >> 15) & 15) << 16) | ((e >> 19) << 20)).tolist()
+
+    results = _through_both_loops(lambda: entries(floatsplit._model_tables(vals, nb, E, T2, R)))
     assert results[0] == results[1]

@@ -97,8 +97,9 @@ done:
  * 2 a table that cannot be quantised. floatsplit's _model_tables: vals holds A (nb x E), S (2)
  * and M (E x T2/2); A values must be <= a_max and S, M values <= m_max. Row b of the tables is
  * quantize(A[b, e] * S[sign] * M[e, m] over symbols e * T2 + sign * T2/2 + m, R), or every slot
- * on symbol 0 when that product is zero everywhere; packed (int64[nb * 2**R]) gets build()'s
- * entries for those rows. */
+ * on symbol 0 when that product is zero everywhere; packed (uint32[nb * 2**R]) gets the entries
+ * for those rows in the decode loop's own 32-bit form (base | nb << 15 | sym << 19), so that
+ * decode() only checks them (E * T2 <= 8192). */
 PyObject *tans_float_tables(PyObject *self, PyObject *args)
 {
     Py_buffer vals = {0}, packed = {0};
@@ -111,8 +112,8 @@ PyObject *tans_float_tables(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnnnnnw*", &vals, &nb, &E, &T2, &R, &a_max, &m_max, &packed))
         return NULL;
     const int64_t L = (int64_t)1 << (R < 4 || R > 15 ? 4 : R), S = E * T2, H = T2 / 2;
-    if (R < 4 || R > 15 || nb < 1 || E < 1 || T2 < 2 || T2 % 2 || S > 32767 ||
-        vals.len != (nb * E + 2 + E * H) * 8 || packed.len != nb * L * 8) {
+    if (R < 4 || R > 15 || nb < 1 || E < 1 || T2 < 2 || T2 % 2 || S > 8192 ||
+        vals.len != (nb * E + 2 + E * H) * 8 || packed.len != nb * L * 4) {
         PyErr_SetString(PyExc_ValueError, "float_tables: bad arguments");
         goto done;
     }
@@ -149,7 +150,7 @@ PyObject *tans_float_tables(PyObject *self, PyObject *args)
             code = 2;
         }
     }
-    if (!code && tans_build_rows(freqs, nb, S, R, L, spread, next, packed.buf))
+    if (!code && tans_build_rows(freqs, nb, S, R, L, spread, next, NULL, packed.buf))
         code = 2;
     Py_END_ALLOW_THREADS
     result = PyLong_FromLong(code);

@@ -6,8 +6,10 @@
  * that path when this module is missing, so the pure path still reads every store. The tests
  * decode every fixture both ways.
  *
- * decode(packed, stream, states, out, values, ctx, nxo, interleaved, n, T, Wp, L, pos) -> pos
- *   packed: int64[K*L] decoder entries (base | nb << 16 | sym << 20), L <= 2**15, S <= 8192
+ * decode(packed, compact, stream, states, out, values, ctx, nxo, interleaved, n, T, Wp, L, pos) -> pos
+ *   packed: int64[K*L] decoder entries (base | nb << 16 | sym << 20), L <= 2**15, S <= 8192; or,
+ *           with compact, uint32[K*L] entries in the loop's own form (base | nb << 15 |
+ *           sym << 19, as float_tables writes them), checked and used in place
  *   stream: the tANS bit string; bits past its end read as zero
  *   states: writable int64[Wp]: in, each lane's first table index; out, its table index after
  *           its last symbol
@@ -238,12 +240,26 @@ SCATTER(uint8_t)
 SCATTER(uint32_t)
 SCATTER(uint64_t)
 
-/* The entries repacked to 32 bits and every index the loop will use checked: the first states,
- * the contexts and the next-context offsets. */
-static const char *prepare(struct job *jb, const int64_t *pk, int64_t nsym, const int64_t *st_in)
+/* The entries repacked to 32 bits (or, compact ones, checked) and every index the loop will use
+ * checked: the first states, the contexts and the next-context offsets. */
+static const char *prepare(struct job *jb, const int64_t *pk, const uint32_t *pk32, int64_t nsym,
+                           const int64_t *st_in)
 {
     const int64_t ntab = jb->ntab, L = jb->L, n = jb->n;
-    for (int64_t k = 0; k < ntab; k++) {
+    if (pk32) {
+        uint32_t top = 0, bad = 0;
+        for (int64_t k = 0; k < ntab; k++) {
+            const uint32_t e = pk32[k], base = e & 0x7FFF, nb = (e >> 15) & 15;
+            top = e > top ? e : top;
+            bad |= base + (1u << nb) > (uint32_t)L;
+        }
+        if ((int64_t)(top >> SYM_SHIFT) >= nsym)
+            return "tans: a table symbol has no value";
+        if (bad)
+            return "tans: a table entry leaves its table";
+        jb->tab = (uint32_t *)pk32;
+    }
+    for (int64_t k = 0; !pk32 && k < ntab; k++) {
         const int64_t e = pk[k], sy = (e >> 20) & 0xFFFF;
         if (sy >= nsym)
             return "tans: a table symbol has no value";
@@ -287,7 +303,8 @@ static PyObject *decode(PyObject *self, PyObject *args)
     uint16_t *sym = NULL, *ident = NULL;
     void *tile = NULL;
 
-    if (!PyArg_ParseTuple(args, "y*y*w*w*y*OOpnnnnn", &packed, &stream, &states, &out, &values,
+    int compact;
+    if (!PyArg_ParseTuple(args, "y*py*w*w*y*OOpnnnnn", &packed, &compact, &stream, &states, &out, &values,
                           &ctx_obj, &nxo_obj, &interleaved, &n, &T, &Wp, &L, &pos0))
         return NULL;
     if (ctx_obj != Py_None && PyObject_GetBuffer(ctx_obj, &ctx, PyBUF_SIMPLE) < 0)
@@ -297,7 +314,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
 
     /* values: the item size is passed through ``out``'s length (n items) */
     const Py_ssize_t isz = n > 0 ? out.len / n : 0;
-    const int64_t ntab = packed.len / 8, nsym = isz ? values.len / isz : 0;
+    const int64_t ntab = packed.len / (compact ? 4 : 8), nsym = isz ? values.len / isz : 0;
     if (n < 1 || T < 1 || Wp < 1 || L < 2 || L > 1 << 15 || pos0 < 0 || states.len / 8 < Wp ||
         out.len != n * isz || (isz != 1 && isz != 2 && isz != 4 && isz != 8) ||
         nsym < 1 || nsym > MAX_SYM32 || ntab > 1 << 24 || ntab % L || (ctx.obj && ctx.len != n && ctx.len != 8 * n) ||
@@ -306,13 +323,13 @@ static PyObject *decode(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "tans: bad decode arguments");
         goto done;
     }
-    tab = PyMem_RawMalloc(ntab * sizeof *tab);
+    tab = compact ? NULL : PyMem_RawMalloc(ntab * sizeof *tab);
     st = PyMem_RawMalloc(Wp * sizeof *st);
     const int64_t SW = interleaved ? Wp : Wp + ROW_PAD;
     sym = PyMem_RawMalloc(T * SW * sizeof *sym);
     tile = T <= TILE_STEPS && isz != 2 ? PyMem_RawMalloc(TILE * T * 8) : NULL;
     ident = isz != 2 ? PyMem_RawMalloc(nsym * sizeof *ident) : NULL;
-    if (!tab || !st || !sym || (T <= TILE_STEPS && isz != 2 && !tile) || (isz != 2 && !ident)) {
+    if ((!compact && !tab) || !st || !sym || (T <= TILE_STEPS && isz != 2 && !tile) || (isz != 2 && !ident)) {
         PyErr_NoMemory();
         goto done;
     }
@@ -328,7 +345,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
                      .map = isz == 2 ? (const uint16_t *)values.buf : ident};
     const char *err;
     Py_BEGIN_ALLOW_THREADS      /* from here on only C buffers: other decodes run meanwhile */
-    err = prepare(&jb, packed.buf, nsym, states.buf);
+    err = prepare(&jb, compact ? NULL : packed.buf, compact ? packed.buf : NULL, nsym, states.buf);
     if (!err)
         err = run_steps(&jb);
     if (!err) {

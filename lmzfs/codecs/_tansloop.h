@@ -13,7 +13,7 @@ struct remainder {
     int64_t rem, sym;
 };
 const char *tans_build_rows(const int64_t *f, int64_t K, int64_t S, int64_t R, int64_t L,
-                            int16_t *spread, int64_t *next, int64_t *pk);
+                            int16_t *spread, int64_t *next, int64_t *pk, uint32_t *pk32);
 int tans_quantize_counts(const int64_t *counts, int64_t *freqs, int64_t K, int64_t S, int64_t L,
                          unsigned char *small, struct remainder *big);
 

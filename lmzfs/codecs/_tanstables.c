@@ -13,7 +13,7 @@
  * order, get sub-states x = f_s, f_s + 1, ...; entry = base | nb << 16 | s << 20 with
  * nb = R - floor(log2 x) and base = x * 2**nb - L. */
 const char *tans_build_rows(const int64_t *f, int64_t K, int64_t S, int64_t R, int64_t L,
-                              int16_t *spread, int64_t *next, int64_t *pk)
+                              int16_t *spread, int64_t *next, int64_t *pk, uint32_t *pk32)
 {
     const int64_t step = (L >> 1) + (L >> 3) + 3;
     for (int64_t k = 0; k < K; k++) {
@@ -28,6 +28,15 @@ const char *tans_build_rows(const int64_t *f, int64_t K, int64_t S, int64_t R, i
         }
         if (slot != L)
             return "tans: a frequency table does not sum to L";
+        if (pk32) {     /* the compiled loop's own 32-bit entries (S <= 8192, checked by the caller) */
+            uint32_t *row = pk32 + k * L;
+            for (int64_t p = 0; p < L; p++) {
+                const int64_t s = spread[p], x = next[s]++;
+                const int64_t nb = R - (63 - __builtin_clzll((unsigned long long)x));
+                row[p] = (uint32_t)((x << nb) - L) | (uint32_t)nb << 15 | (uint32_t)s << 19;
+            }
+            continue;
+        }
         int64_t *row = pk + k * L;
         for (int64_t p = 0; p < L; p++) {
             const int64_t s = spread[p], x = next[s]++;
@@ -63,7 +72,7 @@ PyObject *tans_build(PyObject *self, PyObject *args)
     }
     const char *err;
     Py_BEGIN_ALLOW_THREADS      /* no Python objects are touched: other decodes run meanwhile */
-    err = tans_build_rows(freqs.buf, K, S, R, L, spread, next, packed.buf);
+    err = tans_build_rows(freqs.buf, K, S, R, L, spread, next, packed.buf, NULL);
     Py_END_ALLOW_THREADS
     if (err) {
         PyErr_SetString(PyExc_ValueError, err);

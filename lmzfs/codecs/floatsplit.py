@@ -255,8 +255,8 @@ class FloatSplitCodec(Codec):
 
 def _model_tables(vals: np.ndarray, nb: int, E: int, T2: int, R: int) -> tans.Tables:
     """The decoder's nb tANS tables from the transmitted model: A (nb x E), S (2), M (E x T2/2)."""
-    if tans._loop is not None and E * T2 <= 32767 and tans.MIN_R <= R <= 15:   # what float_tables takes
-        packed = np.empty(nb << R, dtype=np.int64)
+    if tans._loop is not None and E * T2 <= tans._COMPILED_MAX_S and tans.MIN_R <= R <= 15:   # float_tables's
+        packed = np.empty(nb << R, dtype=np.uint32)
         code = tans._loop.float_tables(np.ascontiguousarray(vals, dtype=np.int64), nb, E, T2, R,
                                        1 << A_LOG, 1 << M_LOG, packed)
         if code == 1:

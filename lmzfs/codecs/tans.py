@@ -133,6 +133,7 @@ class Tables:
             raise CodecError(f"tans: a frequency table does not sum to {L}")
         self.K, self.S, self.R, self.L, self.freqs = K, S, R, L, freqs
         self.packed = np.empty(K * L, dtype=np.int64)
+        self.packed32 = None
         self._order = None
         self._enc = None
         if _loop is not None and S <= 32767:
@@ -141,12 +142,13 @@ class Tables:
             self._spread_tables()
 
     @classmethod
-    def prebuilt(cls, packed: np.ndarray, K: int, S: int, R: int) -> "Tables":
-        """Decoder tables whose entries a compiled helper built (floatsplit's model tables): for
-        decoding only, as the frequencies the encoder needs are not kept."""
+    def prebuilt(cls, packed32: np.ndarray, K: int, S: int, R: int) -> "Tables":
+        """Decoder tables whose entries a compiled helper built in the compiled loop's own 32-bit
+        form (floatsplit's model tables, S <= 8192): for that loop only, as neither the numpy
+        loop's entries nor the frequencies the encoder needs are kept."""
         tab = cls.__new__(cls)
         tab.K, tab.S, tab.R, tab.L, tab.freqs = K, S, R, 1 << R, None
-        tab.packed, tab._order, tab._enc = packed, None, None
+        tab.packed, tab.packed32, tab._order, tab._enc = None, packed32, None, None
         return tab
 
     def _spread_tables(self):
@@ -372,7 +374,9 @@ def _decode_compiled(raw, n, tab, states, ctx, dyn, values, interleaved, T, Wp, 
     states = np.ascontiguousarray(states, dtype=np.int64)
     nxo = None if dyn is None else np.ascontiguousarray(np.asarray(dyn[0], dtype=np.int64)[:tab.S] * L)
     try:
-        pos = _loop.decode(tab.packed, raw, states, out, vals, ctx, nxo, interleaved, n, T, Wp, L, pos)
+        compact = tab.packed32 is not None
+        pos = _loop.decode(tab.packed32 if compact else tab.packed, compact, raw, states, out, vals, ctx, nxo,
+                           interleaved, n, T, Wp, L, pos)
     except ValueError as exc:
         raise CodecError(str(exc)) from None
     if (pos + 7) >> 3 != len(raw) or (pos & 7 and raw[-1] >> (pos & 7)):
