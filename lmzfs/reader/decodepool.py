@@ -62,6 +62,11 @@ def _worker_main(conn: Connection, buffer_fd: int) -> None:
         conn.send(("ok", len(plain)))
 
 
+_WORKER_START = ("import sys; from multiprocessing.connection import Connection; "
+                 "from lmzfs.reader.decodepool import _worker_main; "
+                 "_worker_main(Connection(int(sys.argv[1])), int(sys.argv[2]))")
+
+
 class _Worker:
     def __init__(self, index: int):
         # A plain subprocess rather than multiprocessing's spawn, which would re-run the daemon's
@@ -71,8 +76,10 @@ class _Worker:
         os.ftruncate(self.buffer_fd, BUFFER_BYTES)
         self.buffer = mmap.mmap(self.buffer_fd, BUFFER_BYTES)
         ours, theirs = socket.socketpair()
+        # `-c` rather than `-m lmzfs.reader.decodepool`: the package imports this module first,
+        # and runpy warns about running a module that is already imported
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lmzfs.reader.decodepool", str(theirs.fileno()), str(self.buffer_fd)],
+            [sys.executable, "-c", _WORKER_START, str(theirs.fileno()), str(self.buffer_fd)],
             pass_fds=(theirs.fileno(), self.buffer_fd), stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(ours.detach())
@@ -152,7 +159,3 @@ class ProcessDecoder:
             workers, self._all = self._all, []
         for w in workers:
             w.stop()
-
-
-if __name__ == "__main__":
-    _worker_main(Connection(int(sys.argv[1])), int(sys.argv[2]))
