@@ -4,8 +4,6 @@ from __future__ import annotations
 import os
 import struct
 import threading
-import time
-import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from lmzfs.codecs import (
     encode_chunk, encode_with, parse_payload,
 )
 from lmzfs.codecs.base import get_varint, put_varint
+from lmzfs.testing import hostile
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -353,16 +352,7 @@ def zeros_frame(total: int, declared: int | None) -> bytes:
 
 
 def assert_rejected_quickly_and_small(payload: bytes, size: int) -> None:
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    try:
-        with pytest.raises(CodecError):
-            decode_chunk(payload, size)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert time.perf_counter() - t0 < 1.0
-    assert peak < 1 << 20, f"decoding a {len(payload)}-byte bomb allocated {peak} bytes"
+    hostile.assert_rejected_quickly_and_small(payload, size, seconds=1.0, peak_bytes=1 << 20)
 
 
 def test_a_zstd_bomb_claiming_100_bytes_raises_quickly_without_allocating_more():

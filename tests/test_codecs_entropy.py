@@ -1,8 +1,6 @@
 """The tANS engine and the codecs built on it: floatsplit (3), entropy (4), ggufblocks (5)."""
 from __future__ import annotations
 
-import time
-import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from lmzfs.codecs import entropy, tans, uintlist
 from lmzfs.codecs.base import put_varint
 from lmzfs.codecs.floatsplit import FORMATS
 from lmzfs.codecs.ggufblocks import LAYOUTS
+from lmzfs.testing import hostile
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -281,16 +280,7 @@ def test_truncated_or_extended_payloads_raise(case):
 
 
 def assert_rejected_quickly_and_small(payload: bytes, size: int) -> None:
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    try:
-        with pytest.raises(CodecError):
-            decode_chunk(payload, size)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert time.perf_counter() - t0 < 2.0
-    assert peak < max(4 << 20, 64 * size), f"a hostile {len(payload)}-byte payload allocated {peak} bytes"
+    hostile.assert_rejected_quickly_and_small(payload, size, seconds=2.0, peak_bytes=max(4 << 20, 64 * size))
 
 
 def test_hostile_floatsplit_params_cannot_make_the_decoder_allocate_much():
