@@ -258,15 +258,16 @@ static const char *prepare(struct job *jb, const int64_t *pk, const uint32_t *pk
         if (bad)
             return "tans: a table entry leaves its table";
         jb->tab = (uint32_t *)pk32;
-    }
-    for (int64_t k = 0; !pk32 && k < ntab; k++) {
-        const int64_t e = pk[k], sy = (e >> 20) & 0xFFFF;
-        if (sy >= nsym)
-            return "tans: a table symbol has no value";
-        const int64_t base = e & 0xFFFF, nb = (e >> 16) & 15;
-        if (base + ((int64_t)1 << nb) > L)
-            return "tans: a table entry leaves its table";
-        jb->tab[k] = (uint32_t)base | (uint32_t)nb << 15 | (uint32_t)sy << SYM_SHIFT;
+    } else {
+        for (int64_t k = 0; k < ntab; k++) {
+            const int64_t e = pk[k], sy = (e >> 20) & 0xFFFF;
+            if (sy >= nsym)
+                return "tans: a table symbol has no value";
+            const int64_t base = e & 0xFFFF, nb = (e >> 16) & 15;
+            if (base + ((int64_t)1 << nb) > L)
+                return "tans: a table entry leaves its table";
+            jb->tab[k] = (uint32_t)base | (uint32_t)nb << 15 | (uint32_t)sy << SYM_SHIFT;
+        }
     }
     for (int64_t j = 0; j < jb->Wp; j++) {
         if (st_in[j] < 0 || st_in[j] >= ntab)
@@ -327,9 +328,11 @@ static PyObject *decode(PyObject *self, PyObject *args)
     st = PyMem_RawMalloc(Wp * sizeof *st);
     const int64_t SW = interleaved ? Wp : Wp + ROW_PAD;
     sym = PyMem_RawMalloc(T * SW * sizeof *sym);
-    tile = T <= TILE_STEPS && isz != 2 ? PyMem_RawMalloc(TILE * T * 8) : NULL;
-    ident = isz != 2 ? PyMem_RawMalloc(nsym * sizeof *ident) : NULL;
-    if ((!compact && !tab) || !st || !sym || (T <= TILE_STEPS && isz != 2 && !tile) || (isz != 2 && !ident)) {
+    /* 16-bit values are stored by the loop itself and transposed without a tile */
+    const int mapped = isz == 2, tiled = !mapped && T <= TILE_STEPS;
+    tile = tiled ? PyMem_RawMalloc(TILE * T * 8) : NULL;
+    ident = mapped ? NULL : PyMem_RawMalloc(nsym * sizeof *ident);
+    if ((!compact && !tab) || !st || !sym || (tiled && !tile) || (!mapped && !ident)) {
         PyErr_NoMemory();
         goto done;
     }
@@ -342,7 +345,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
                      .ctx8 = ctx.obj && ctx.len == n ? ctx.buf : NULL,
                      .s = stream.buf, .slen = stream.len, .st = st, .sym = sym, .SW = SW, .n = n, .T = T,
                      .Wp = Wp, .L = L, .interleaved = interleaved, .pos = (uint64_t)pos0,
-                     .map = isz == 2 ? (const uint16_t *)values.buf : ident};
+                     .map = mapped ? (const uint16_t *)values.buf : ident};
     const char *err;
     Py_BEGIN_ALLOW_THREADS      /* from here on only C buffers: other decodes run meanwhile */
     err = prepare(&jb, compact ? NULL : packed.buf, compact ? packed.buf : NULL, nsym, states.buf);

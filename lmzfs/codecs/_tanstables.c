@@ -28,21 +28,13 @@ const char *tans_build_rows(const int64_t *f, int64_t K, int64_t S, int64_t R, i
         }
         if (slot != L)
             return "tans: a frequency table does not sum to L";
-        if (pk32) {     /* the compiled loop's own 32-bit entries (S <= 8192, checked by the caller) */
-            uint32_t *row = pk32 + k * L;
-            for (int64_t p = 0; p < L; p++) {
-                const int64_t s = spread[p], x = next[s]++;
-                const int64_t nb = R - (63 - __builtin_clzll((unsigned long long)x));
-                row[p] = (uint32_t)((x << nb) - L) | (uint32_t)nb << 15 | (uint32_t)s << 19;
-            }
-            continue;
-        }
-        int64_t *row = pk + k * L;
         for (int64_t p = 0; p < L; p++) {
             const int64_t s = spread[p], x = next[s]++;
-            int lg = 63 - __builtin_clzll((unsigned long long)x);
-            const int64_t nb = R - lg;
-            row[p] = ((x << nb) - L) | (nb << 16) | (s << 20);
+            const int64_t nb = R - (63 - __builtin_clzll((unsigned long long)x)), base = (x << nb) - L;
+            if (pk32)   /* the compiled loop's own 32-bit entries (S <= 8192, checked by the caller) */
+                pk32[k * L + p] = (uint32_t)base | (uint32_t)nb << 15 | (uint32_t)s << 19;
+            else
+                pk[k * L + p] = base | (nb << 16) | (s << 20);
         }
     }
     return NULL;

@@ -287,8 +287,8 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
     if nbits < Wp * R:
         raise CodecError("tans: stream shorter than its initial states")
     # the lanes' first states: the first Wp * R bits
-    first = np.empty(Wp, dtype=np.int64)
     if _loop is not None:
+        first = np.empty(Wp, dtype=np.int64)
         _loop.unpack_fields(raw, R, first)
     else:
         hb = (Wp * R + 7) >> 3
