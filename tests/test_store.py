@@ -334,7 +334,7 @@ def test_lmz_add_chunk_size_cuts_smaller_chunks_that_read_back_exactly_and_refus
     src = small_model(tmp_path / "src", seed=63, mib=2)
     assert lmz(["--store", str(store_dir), "add", "--chunk-size", "256K", str(src), "--name", "small"]) == 0
     assert lmz(["--store", str(store_dir), "add", str(src), "--name", "default"]) == 0
-    catalog = Catalog(store_dir / "catalog.sqlite", readonly=True)
+    catalog = Catalog(StorePaths(store_dir).catalog, readonly=True)
     try:
         sizes = {f.model: [e.size for e in catalog.extents(f.id)]
                  for f in catalog.files() if f.path == "model.safetensors"}

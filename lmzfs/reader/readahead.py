@@ -4,10 +4,9 @@ The kernel asks a FUSE daemon for at most 128 KiB at a time, so a lone sequentia
 wait for every chunk decode. Each open file keeps a `StreamState`; a read that starts near where
 the previous one ended (mmap faults and the kernel's own read-ahead arrive slightly out of
 order, hence the slack) grows the window once START_AFTER such reads came in a row, any other
-read resets it. Prefetches go through the
-shared chunk cache, so a chunk being decoded is awaited, never decoded twice, and the cache's
-byte budget bounds everything read ahead. With many active streams each one's window shrinks so
-that together they stay within half the cache.
+read resets it. Prefetches go through the shared chunk cache, so a chunk being decoded is
+awaited, never decoded twice, and the cache's byte budget bounds everything read ahead. With
+many active streams each one's window shrinks so that together they stay within half the cache.
 """
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     """Add SOURCE as model NAME.
 
     By default every chunk gets the smallest of all codecs, the entropy-coded ones (floatsplit,
-    ggufblocks, entropy) included: the smallest store, decoding at ~50-200 MB/s per core with
+    ggufblocks, entropy) included: the smallest store, decoding at ~100-400 MB/s per core with
     the compiled tANS loop. ``fast`` keeps to zstd and byte grouping: a store a few points
     larger whose chunks decode at several hundred MB/s per core (docs/results.md).
 
