@@ -46,8 +46,10 @@ def check_pack_header(fd: int, path: Path) -> None:
         raise PackDamaged(f"{path}: pack version {version} is not supported")
 
 
-def read_payload(fd: int, chunk_id: bytes, loc: ChunkLocation) -> bytes:
-    """Read one payload and check its record header names this chunk and length."""
+def read_payload(fd: int, chunk_id: bytes, loc: ChunkLocation) -> memoryview:
+    """Read one payload and check its record header names this chunk and length.
+
+    A view past the record header, not a copy: a 1 MiB copy is ~5% of decoding the chunk."""
     start = loc.offset - RECORD_HEADER.size
     raw = os.pread(fd, RECORD_HEADER.size + loc.length, start)
     if len(raw) != RECORD_HEADER.size + loc.length:
@@ -55,7 +57,7 @@ def read_payload(fd: int, chunk_id: bytes, loc: ChunkLocation) -> bytes:
     magic, rid, length = RECORD_HEADER.unpack_from(raw)
     if magic != RECORD_MAGIC or rid != chunk_id or length != loc.length:
         raise PackDamaged(f"pack {loc.pack}: record at {start} does not hold chunk {chunk_id.hex()[:16]}")
-    return raw[RECORD_HEADER.size:]
+    return memoryview(raw)[RECORD_HEADER.size:]
 
 
 class PackWriter:
