@@ -40,6 +40,7 @@ def large_folio_pages(path: str, mib: int) -> tuple[int, int, int]:
         view = np.frombuffer(m, dtype=np.uint8)
         int(view[::PAGE].sum())        # fault every page in
         base = view.ctypes.data
+        del view                       # the mapping cannot close while an array exports it
         resident = large = 0
         with open("/proc/self/pagemap", "rb") as pm, open("/proc/kpageflags", "rb") as kf:
             pm.seek(base // PAGE * 8)
@@ -51,7 +52,6 @@ def large_folio_pages(path: str, mib: int) -> tuple[int, int, int]:
                 kf.seek((e & ((1 << 55) - 1)) * 8)
                 flags = struct.unpack("<Q", kf.read(8))[0]
                 large += (flags >> KPF_COMPOUND_HEAD | flags >> KPF_COMPOUND_TAIL) & 1
-        del view
         return n, resident, large
     finally:
         m.close()
