@@ -356,3 +356,77 @@ def test_tree_skips_conflicting_and_invalid_paths(caplog):
     assert [n.name for n in tree.children(tree.lookup(ROOT_INODE, "m").inode)] == ["ok"]
     assert "a/b/c" in caplog.text and "x/../y" in caplog.text
     assert tree.refresh(archive) is None                  # same generation: no rebuild
+
+
+@pytest.fixture
+def two_chunk_store(tmp_path) -> tuple["Path", bytes]:
+    from pathlib import Path
+    from lmzfs.store.add import add_model
+    from lmzfs.store.layout import StorePaths
+    src = tmp_path / "src"
+    src.mkdir()
+    data = random.Random(7).randbytes(2 << 20)
+    (src / "w.bin").write_bytes(data)
+    add_model(StorePaths(tmp_path / "store"), src, "m")
+    return tmp_path / "store", data
+
+
+def _slow_second_chunk(monkeypatch, fail_first: bool):
+    """Make the decode of the chunk at 1 MiB wait for a gate (and, if asked, fail once)."""
+    import threading
+    import lmzfs.reader.archive as archive_module
+    from lmzfs.reader.api import CorruptChunk
+    real_read_chunk = archive_module.read_chunk
+    gate, started = threading.Event(), threading.Event()
+    failures = [fail_first]
+
+    def read_chunk(fd, extent):
+        if extent.offset == 1 << 20 and not started.is_set():
+            started.set()
+            gate.wait(10)
+            if failures.pop():
+                raise CorruptChunk("simulated damage, once")
+        return real_read_chunk(fd, extent)
+
+    monkeypatch.setattr(archive_module, "read_chunk", read_chunk)
+    return gate, started
+
+
+@pytest.mark.parametrize("fail_first", [False, True])
+def test_a_read_waits_for_a_running_decode_on_the_event_loop_and_gets_exact_bytes(two_chunk_store, monkeypatch,
+                                                                                 fail_first):
+    import json
+    import threading
+    from lmzfs.reader import Archive
+    store, data = two_chunk_store
+    gate, started = _slow_second_chunk(monkeypatch, fail_first)
+    archive = Archive(store, cache_bytes=8 << 20, workers=0)
+
+    async def main():
+        ops = LmzOperations(archive, workers=2)
+        attrs = await resolve(ops, "m/w.bin")
+        info = await ops.open(attrs.st_ino, os.O_RDONLY)
+        other = archive.open(archive.entry("m", "w.bin"))      # stands in for read-ahead
+        decoder = threading.Thread(target=lambda: pytest.raises(Exception, other.pread, 1 << 20, 1)
+                                   if fail_first else other.pread(1 << 20, 1))
+        decoder.start()
+        await trio.to_thread.run_sync(started.wait, 10)
+        got = {}
+
+        async def read():
+            got["bytes"] = await ops.read(info.fh, (1 << 20) + 5, 4096)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.sleep(0.05)
+            assert "bytes" not in got                 # waiting for the decode, not answering early
+            gate.set()
+        await trio.to_thread.run_sync(decoder.join, 10)
+        other.close()
+        assert got["bytes"] == data[(1 << 20) + 5:(1 << 20) + 5 + 4096]
+        counters = json.loads(ops._virtual_content("stats"))["daemon"]
+        # a failed decode is not awaited twice: the read decodes the chunk itself in a thread
+        assert (counters["reads_awaited"], counters["reads_threaded"]) == ((0, 1) if fail_first else (1, 0))
+        await ops.release(info.fh)
+        ops.close_all()
+    run(main)

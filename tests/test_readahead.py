@@ -220,3 +220,70 @@ def test_the_process_decoder_turns_a_flipped_byte_into_corrupt_chunk(tmp_path):
             assert r.pread(0, 100) == (src / "model.safetensors").read_bytes()[:100]
     finally:
         archive.close()
+
+
+def test_a_pending_decode_calls_back_when_it_ends_even_if_it_fails():
+    from lmzfs.reader.cache import ChunkCache
+    cache = ChunkCache(1 << 20)
+    gate, started = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def load(value):
+        started.set()
+        gate.wait(10)
+        if value is None:
+            raise OSError("damaged")
+        return value
+
+    for key, value in ((b"good", b"plain bytes"), (b"bad", None)):
+        gate.clear()
+        started.clear()
+        worker = threading.Thread(target=lambda: pytest.raises(OSError, cache.get, key, lambda: load(value))
+                                  if value is None else cache.get(key, lambda: load(value)))
+        worker.start()
+        assert started.wait(10)
+        pending = cache.pending(key)
+        assert pending is not None
+        pending.when_done(lambda key=key: calls.append(key.decode()))
+        assert key.decode() not in calls                    # not before the decode ends
+        gate.set()
+        worker.join(10)
+        assert calls[-1] == key.decode()
+        assert cache.pending(key) is None
+        pending.when_done(lambda: calls.append("after"))    # already ended: called right away
+        assert calls[-1] == "after"
+    assert cache.peek(b"good") == b"plain bytes" and cache.peek(b"bad") is None
+
+
+def test_pending_decodes_names_only_decodes_that_other_threads_are_running(eight_files, monkeypatch):
+    import lmzfs.reader.archive as archive_module
+    store, originals = eight_files
+    gate, started = threading.Event(), threading.Event()
+    real_read_chunk = archive_module.read_chunk
+
+    def slow_read_chunk(fd, extent):
+        if extent.offset == CHUNK:
+            started.set()
+            gate.wait(10)
+        return real_read_chunk(fd, extent)
+
+    monkeypatch.setattr(archive_module, "read_chunk", slow_read_chunk)
+    archive = Archive(store, cache_bytes=32 << 20, workers=0)
+    try:
+        entry = archive.entry("big", "f1.bin")
+        with archive.open(entry) as reader, archive.open(entry) as other:
+            assert reader.pending_decodes(CHUNK + 10, 100) is None      # nobody decodes it: pread must
+            worker = threading.Thread(target=other.pread, args=(CHUNK, 1))
+            worker.start()
+            assert started.wait(10)
+            pending = reader.pending_decodes(CHUNK + 10, 100)
+            assert pending is not None and len(pending) == 1
+            assert reader.pending_decodes(CHUNK - 10, 100) is None      # the chunk before: nobody
+            assert reader.pread_cached(CHUNK + 10, 100) is None
+            gate.set()
+            worker.join(10)
+            assert pending[0].done.is_set()
+            assert reader.pending_decodes(CHUNK + 10, 100) is None      # decoded: nothing to wait for
+            assert reader.pread_cached(CHUNK + 10, 100) == originals["f1.bin"][CHUNK + 10:CHUNK + 110]
+    finally:
+        archive.close()
