@@ -20,6 +20,9 @@ Measurements, each on a fresh mount:
   rss      our mount's VmHWM after the same 8-reader stream (1.9 GB) at other --cache-size values
   load     safetensors.safe_open(framework="pt") loading every tensor of astra, and
            gguf.GGUFReader touching every tensor's data of smollm2
+  ceiling  our default mount reading random bytes of astra's size (incompressible, so stored
+           raw: a read costs the SHA-256 check and the FUSE path, no decoding), cold: the most
+           any codec could reach through this daemon on this host
 """
 from __future__ import annotations
 
@@ -105,6 +108,16 @@ def make_variants(src: Path, dest: Path, count: int) -> list[Path]:
     return out
 
 
+def make_incompressible(like: Path, dest: Path) -> Path:
+    """Seeded random bytes of `like`'s size, under dest (no codec can shrink them)."""
+    import numpy as np
+
+    dest.mkdir(parents=True, exist_ok=True)
+    p = dest / "incompressible.bin"
+    p.write_bytes(np.random.default_rng(20261201).bytes(like.stat().st_size))
+    return p
+
+
 def _read_all(paths: list[Path]) -> tuple[int, float]:
     """Read the files concurrently, one thread each; (total bytes, wall seconds)."""
     barrier = threading.Barrier(len(paths) + 1)
@@ -188,6 +201,7 @@ class MountBench:
                           "file": {"name": astra.name, "bytes": astra.stat().st_size},
                           "gguf": {"name": gguf.name, "bytes": gguf.stat().st_size},
                           "seq": {}, "rand": {}, "conc": {}, "rss": [], "load": {}, "errors": []}
+        self.ceiling: Target | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -232,6 +246,7 @@ class MountBench:
                 else:
                     t.error = f"setting up the store failed: {s}"
         self.res["targets"] = [t.info() for t in self.targets]
+        self.setup_ceiling(ours)
         ours_default = Target("lmzfs mount (no options)", "ours", ours, [], store=stores.get(ours.name))
         if isinstance(ours_default.store, Path):
             try:
@@ -240,6 +255,19 @@ class MountBench:
                     self.res["default_cache_bytes"] = (s.stats or {}).get("cache", {}).get("capacity_bytes")
             except Exception as exc:
                 self.res["errors"].append(f"mount with default options: {describe(exc)}")
+
+    def setup_ceiling(self, ours: CliStore) -> None:
+        """A store of incompressible bytes of astra's size, for the serving ceiling."""
+        try:
+            random_file = make_incompressible(self.astra, self.work / "ceiling")
+            store = self.work / "store-ceiling"
+            ours.add(store, [random_file], "ceiling", self.work)
+            self.ceiling = Target("lmzfs mount, incompressible bytes", "ours", ours, ["--cache-size", DEFAULT_CACHE],
+                                  store=store, cache_size=DEFAULT_CACHE)
+            self.res["ceiling"] = {"label": self.ceiling.label, "file": random_file.name,
+                                   "bytes": random_file.stat().st_size, "cold_s": [], "error": None}
+        except Exception as exc:
+            self.res["ceiling"] = {"error": f"setting up the store failed: {describe(exc)}"}
 
     # ------------------------------------------------------------------ sessions
 
@@ -349,6 +377,22 @@ class MountBench:
             gg_s = time.perf_counter() - start
         return {"safetensors_s": st_s, "safetensors_bytes": n1, "gguf_s": gg_s, "gguf_bytes": n2}
 
+    def ceiling_reads(self) -> None:
+        """Cold sequential reads of the incompressible file, one fresh mount per run."""
+        row = self.res["ceiling"]
+        for i in range(self.runs if self.ceiling else 0):
+            log(f"mount ceiling: run {i + 1}/{self.runs}")
+            try:
+                with self.session(self.ceiling) as s:
+                    p = s.path("ceiling", row["file"])
+                    n, cold = read_sequential(p)
+                    if n != row["bytes"] or (i == 0 and sha256_file(p) != sha256_file(self.work / "ceiling" / row["file"])):
+                        raise ToolError("served bytes differ from the original")
+                row["cold_s"].append(cold)
+            except Exception as exc:
+                row["error"] = describe(exc)
+                break
+
     def measure(self) -> dict:
         try:
             import safetensors, gguf, torch  # noqa: F401,E401  (imports are not timed)
@@ -360,6 +404,7 @@ class MountBench:
         self._each("conc", self.conc)
         self.rss()
         self._each("load", self.load)
+        self.ceiling_reads()
         return self.res
 
 
@@ -370,3 +415,4 @@ def measure(astra: Path, gguf: Path, work: Path, runs: int, reads: int = 2000) -
         return bench.measure()
     finally:
         shutil.rmtree(work / "variants", ignore_errors=True)
+        shutil.rmtree(work / "ceiling", ignore_errors=True)

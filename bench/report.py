@@ -189,6 +189,7 @@ def mount_md(m: dict) -> list[str]:
             "× plain: MB/s over the plain file's page-cache read (first read) in the same run.", ""]
     out += table(["reader", "cold MB/s", "cold × plain", "warm MB/s", "warm × plain", "mount ready s", "notes"],
                  rows, "lrrrrrl")
+    out += ceiling_md(m, mbps)
 
     # random reads
     rnd = m["rand"]
@@ -281,6 +282,23 @@ def mount_md(m: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the page
+
+
+def ceiling_md(m: dict, mbps) -> list[str]:
+    """What serving alone costs: our mount reading bytes no codec can shrink (stored raw)."""
+    c = m.get("ceiling")
+    if not c:
+        return []
+    if not c.get("cold_s"):
+        return ["", f"**Serving ceiling**: not measured ({(c.get('error') or 'no run')[:200]}).", ""]
+    ours = mbps(c["cold_s"], c["bytes"])
+    lmzip = m["seq"].get("lmzip mount", {}).get("cold_s")
+    three = summ([3 * v for v in mbps(lmzip, m["file"]["bytes"]) if v is not None]) if lmzip else None
+    return ["", f"**Serving ceiling**: the same mount options on a store of {c['bytes']:,} random bytes "
+            "(incompressible, so every chunk is stored raw and a read costs only the SHA-256 check and the "
+            f"FUSE path) read cold at {cell(summ(ours))} MB/s, {len(ours)} runs: the most any codec could "
+            "reach through this daemon on this host"
+            + (f"; 3× lmzip's cold read in this run is {cell(three)} MB/s" if three else "") + ".", ""]
 
 
 def codec_speed_md(cs: dict) -> list[str]:
