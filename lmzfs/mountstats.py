@@ -118,7 +118,6 @@ def summary(mountpoint: Path, stats: dict, now: float | None = None) -> list[str
         f"{reader.get('readahead_hits', 0)} reads served from them, "
         f"{readahead.get('active_streams', 0)} active streams",
         f"  reads       {daemon.get('reads_inline', 0)} from decoded chunks on the event loop, "
-        f"{daemon.get('reads_awaited', 0)} after awaiting read-ahead there, "
         f"{daemon.get('reads_threaded', 0)} in worker threads",
         f"  open files  {stats.get('open_files', 0)}",
     ]

@@ -55,22 +55,6 @@ def _fuse_errors(handler):
     return wrapper
 
 
-async def _decodes_done(pending) -> None:
-    """Wait, without a thread, until each of these decodes (running in other threads) has ended."""
-    token = trio.lowlevel.current_trio_token()
-    for decode in pending:
-        event = trio.Event()
-        decode.when_done(functools.partial(_wake, token, event))
-        await event.wait()
-
-
-def _wake(token, event: trio.Event) -> None:
-    try:
-        token.run_sync_soon(event.set)
-    except trio.RunFinishedError:
-        pass                            # the mount is shutting down: nobody is waiting any more
-
-
 def _read_only(handler):
     @functools.wraps(handler)
     async def refuse(*args, **kwargs):
@@ -122,7 +106,7 @@ class LmzOperations(pyfuse3.Operations):
         self._next_fh = 1
         self._totals = None                 # (generation, StoreTotals)
         self._mounted = False               # kernel notifications only make sense when mounted
-        self._counters = {"reads_inline": 0, "reads_awaited": 0, "reads_threaded": 0}
+        self._counters = {"reads_inline": 0, "reads_threaded": 0}
         self._refresh()
 
     @property
@@ -285,15 +269,6 @@ class LmzOperations(pyfuse3.Operations):
         if data is not None:
             self._counters["reads_inline"] += 1
             return data
-        # Chunks that read-ahead is decoding right now are awaited here rather than from a worker
-        # thread: a thread that would only sit waiting costs a hop and contends for the GIL.
-        pending = handle.reader.pending_decodes(off, size)
-        if pending:
-            await _decodes_done(pending)
-            data = handle.reader.pread_cached(off, size)
-            if data is not None:        # else a decode failed or its chunk was evicted already
-                self._counters["reads_awaited"] += 1
-                return data
         self._counters["reads_threaded"] += 1
         try:
             return await trio.to_thread.run_sync(handle.reader.pread, off, size, limiter=self._limiter)

@@ -14,9 +14,6 @@ layers above lives in lmzfs/testing/fake_archive.py. Both follow this contract:
 - ``FileReader.pread_cached(offset, length)`` returns the same bytes as pread() when they can be
   served without decoding (every chunk already cached), else None; it never blocks, so an event
   loop may call it directly.
-- ``FileReader.pending_decodes(offset, length)`` never blocks either: when every chunk the range
-  needs is decoded or being decoded by another thread, it returns the running decodes (objects
-  with ``when_done(callback)``), after which pread_cached() can serve the range; else None.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreTotals
-from lmzfs.reader.cache import ChunkCache, PendingDecode
+from lmzfs.reader.cache import ChunkCache
 from lmzfs.reader.decodepool import ProcessDecoder
 from lmzfs.reader.readahead import Prefetcher
 from lmzfs.reader.stats import ReaderStats
@@ -200,23 +200,6 @@ class FileReader:
                 return None
             chunks.append(data)
         return self._finish(offset, end, first, chunks)
-
-    def pending_decodes(self, offset: int, length: int) -> list[PendingDecode] | None:
-        """When every chunk that [offset, offset+length) needs is either decoded or being decoded
-        by another thread (read-ahead, another reader), the decodes still running; else None (a
-        chunk nobody is decoding: pread() must do it). Never waits, like pread_cached()."""
-        end, first, offset = self._span(offset, length)
-        if offset >= end:
-            return None
-        cache = self._archive.cache
-        running = []
-        for e in self._covering(first, end):
-            pending = cache.pending(e.chunk_id)
-            if pending is not None:
-                running.append(pending)
-            elif e.chunk_id not in cache:
-                return None
-        return running or None
 
     def _finish(self, offset: int, end: int, first: int, chunks: list[bytes]) -> bytes:
         out = self._assemble(offset, end, first, chunks)

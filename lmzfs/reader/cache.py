@@ -1,7 +1,6 @@
 """Decoded chunks, shared by every open file, bounded in bytes, least recently used out first.
 
-A chunk that one thread is decoding is awaited by the others, never decoded twice; an event loop
-can instead ask the PendingDecode to call it back, and so wait without a thread.
+A chunk that one thread is decoding is awaited by the others, never decoded twice.
 """
 from __future__ import annotations
 
@@ -19,31 +18,11 @@ class CacheStats:
     decoded_bytes: int = 0
 
 
-class PendingDecode:
-    """A chunk one thread is decoding; others wait on ``done`` or ask to be called back."""
-
+class _InFlight:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.value: bytes | None = None
         self.error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
-
-    def when_done(self, callback: Callable[[], None]) -> None:
-        """Call *callback* once the decode has ended, well or not: from the decoding thread, or
-        right away in this one if it already has. It must be quick and must not raise."""
-        with self._lock:
-            if not self.done.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def _finish(self) -> None:
-        with self._lock:
-            self.done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
 
 
 class ChunkCache:
@@ -51,7 +30,7 @@ class ChunkCache:
         self.capacity = max(0, capacity_bytes)
         self._lock = threading.Lock()
         self._items: OrderedDict[bytes, bytes] = OrderedDict()
-        self._inflight: dict[bytes, PendingDecode] = {}
+        self._inflight: dict[bytes, _InFlight] = {}
         self._bytes = 0
         self.stats = CacheStats()
 
@@ -71,11 +50,6 @@ class ChunkCache:
         with self._lock:
             return self._hit_locked(key)
 
-    def pending(self, key: bytes) -> PendingDecode | None:
-        """The decode of *key* that some thread is running now, if any; never waits."""
-        with self._lock:
-            return self._inflight.get(key)
-
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
             return key in self._items or key in self._inflight
@@ -88,7 +62,7 @@ class ChunkCache:
             flight = self._inflight.get(key)
             owner = flight is None
             if owner:
-                flight = self._inflight[key] = PendingDecode()
+                flight = self._inflight[key] = _InFlight()
                 self.stats.misses += 1
             else:
                 self.stats.waits += 1
@@ -109,7 +83,7 @@ class ChunkCache:
         finally:
             with self._lock:
                 del self._inflight[key]
-            flight._finish()
+            flight.done.set()
 
     def _insert(self, key: bytes, value: bytes) -> None:
         with self._lock:

@@ -60,10 +60,6 @@ class FakeFileReader:
         """The fake keeps no decoded-chunk cache: every read takes the pread() path."""
         return None
 
-    def pending_decodes(self, offset: int, length: int) -> None:
-        """Nor does it decode ahead: there is never a decode to wait for."""
-        return None
-
     def close(self) -> None:
         if not self.closed:
             self.closed = True
