@@ -241,6 +241,15 @@ done:
     return result;
 }
 
+/* The refusal of a call whose two buffers were already taken: release both, raise ValueError. */
+static PyObject *refuse_arguments(Py_buffer *a, Py_buffer *b, const char *message)
+{
+    PyBuffer_Release(a);
+    PyBuffer_Release(b);
+    PyErr_SetString(PyExc_ValueError, message);
+    return NULL;
+}
+
 /* varints(buf, count, out) -> 0 ok, 1 wrong number of values, 2 a value over 5 bytes,
  * 3 a non-canonical value (a last byte of 0 after others): uintlist.unpack_uints's body, with the
  * same precedence of errors. out: int64[count]. */
@@ -251,12 +260,8 @@ PyObject *tans_varints(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nw*", &buf, &count, &out))
         return NULL;
     long code = 0;
-    if (count < 0 || out.len != count * 8) {
-        PyBuffer_Release(&buf);
-        PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "varints: bad arguments");
-        return NULL;
-    }
+    if (count < 0 || out.len != count * 8)
+        return refuse_arguments(&buf, &out, "varints: bad arguments");
     const uint8_t *b = buf.buf;
     int64_t *o = out.buf;
     Py_ssize_t got = 0, len = 0;
@@ -360,12 +365,8 @@ PyObject *tans_unpack_fields(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nw*", &buf, &R, &out))
         return NULL;
     const Py_ssize_t count = out.len / 8;
-    if (R < 1 || R > 32 || out.len % 8 || count * R > buf.len * 8) {
-        PyBuffer_Release(&buf);
-        PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "unpack_fields: bad arguments");
-        return NULL;
-    }
+    if (R < 1 || R > 32 || out.len % 8 || count * R > buf.len * 8)
+        return refuse_arguments(&buf, &out, "unpack_fields: bad arguments");
     const uint8_t *b = buf.buf;
     int64_t *o = out.buf;
     const uint64_t mask = ((uint64_t)1 << R) - 1;
