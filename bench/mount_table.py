@@ -200,7 +200,7 @@ class MountBench:
         self.res: dict = {"runs": runs, "reads": reads, "variants": VARIANTS, "default_cache": DEFAULT_CACHE,
                           "file": {"name": astra.name, "bytes": astra.stat().st_size},
                           "gguf": {"name": gguf.name, "bytes": gguf.stat().st_size},
-                          "seq": {}, "rand": {}, "conc": {}, "rss": [], "load": {}, "errors": []}
+                          "seq": {}, "rand": {}, "conc": {}, "rss": [], "load": {}, "ceiling": {}, "errors": []}
         self.ceiling: Target | None = None
 
     # ------------------------------------------------------------------ set-up
@@ -258,16 +258,16 @@ class MountBench:
 
     def setup_ceiling(self, ours: CliStore) -> None:
         """A store of incompressible bytes of astra's size, for the serving ceiling."""
+        self.ceiling = Target("lmzfs mount, incompressible bytes", "ours", ours, ["--cache-size", DEFAULT_CACHE],
+                              cache_size=DEFAULT_CACHE)
         try:
             random_file = make_incompressible(self.astra, self.work / "ceiling")
-            store = self.work / "store-ceiling"
-            ours.add(store, [random_file], "ceiling", self.work)
-            self.ceiling = Target("lmzfs mount, incompressible bytes", "ours", ours, ["--cache-size", DEFAULT_CACHE],
-                                  store=store, cache_size=DEFAULT_CACHE)
-            self.res["ceiling"] = {"label": self.ceiling.label, "file": random_file.name,
-                                   "bytes": random_file.stat().st_size, "cold_s": [], "error": None}
+            self.res["ceiling_file"] = {"name": random_file.name, "bytes": random_file.stat().st_size,
+                                        "sha256": sha256_file(random_file)}
+            self.ceiling.store = self.work / "store-ceiling"
+            ours.add(self.ceiling.store, [random_file], "ceiling", self.work)
         except Exception as exc:
-            self.res["ceiling"] = {"error": f"setting up the store failed: {describe(exc)}"}
+            self.ceiling.error = f"setting up the store failed: {describe(exc)}"
 
     # ------------------------------------------------------------------ sessions
 
@@ -291,11 +291,12 @@ class MountBench:
             with contextlib.suppress(OSError):
                 mnt.rmdir()
 
-    def _each(self, what: str, fn: Callable[[Target, int], dict]) -> None:
-        """Run fn(target, run) for every run and target (interleaved); keep per-run values, None on failure."""
+    def _each(self, what: str, fn: Callable[[Target, int], dict], targets: list[Target] | None = None) -> None:
+        """Run fn(target, run) for every run and target (interleaved; the mount targets unless
+        `targets` names others); keep per-run values, None on failure."""
         table = self.res[what]
         for i in range(self.runs):
-            for t in self.targets:
+            for t in self.targets if targets is None else targets:
                 row = table.setdefault(t.label, {"error": t.error})
                 if t.error:
                     continue
@@ -377,21 +378,15 @@ class MountBench:
             gg_s = time.perf_counter() - start
         return {"safetensors_s": st_s, "safetensors_bytes": n1, "gguf_s": gg_s, "gguf_bytes": n2}
 
-    def ceiling_reads(self) -> None:
-        """Cold sequential reads of the incompressible file, one fresh mount per run."""
-        row = self.res["ceiling"]
-        for i in range(self.runs if self.ceiling else 0):
-            log(f"mount ceiling: run {i + 1}/{self.runs}")
-            try:
-                with self.session(self.ceiling) as s:
-                    p = s.path("ceiling", row["file"])
-                    n, cold = read_sequential(p)
-                    if n != row["bytes"] or (i == 0 and sha256_file(p) != sha256_file(self.work / "ceiling" / row["file"])):
-                        raise ToolError("served bytes differ from the original")
-                row["cold_s"].append(cold)
-            except Exception as exc:
-                row["error"] = describe(exc)
-                break
+    def ceiling_seq(self, t: Target, i: int) -> dict:
+        """A cold sequential read of the incompressible file (SHA-256 checked in run 1)."""
+        info = self.res["ceiling_file"]
+        with self.session(t) as s:
+            p = s.path("ceiling", info["name"])
+            n, cold = read_sequential(p)
+            if n != info["bytes"] or (i == 0 and sha256_file(p) != info["sha256"]):
+                raise ToolError("served bytes differ from the original")
+        return {"cold_s": cold}
 
     def measure(self) -> dict:
         try:
@@ -404,7 +399,8 @@ class MountBench:
         self._each("conc", self.conc)
         self.rss()
         self._each("load", self.load)
-        self.ceiling_reads()
+        if self.ceiling:
+            self._each("ceiling", self.ceiling_seq, [self.ceiling])
         return self.res
 
 

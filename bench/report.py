@@ -143,6 +143,11 @@ def compression_md(subjects: list[dict], runs: int) -> list[str]:
 # ----------------------------------------------------------------------------- mount
 
 
+def mbps(series: list | None, n: int) -> list:
+    """Seconds per run -> MB/s of an n-byte read (None stays None)."""
+    return [None if s is None else n / 1e6 / s for s in (series or [])]
+
+
 def mount_md(m: dict) -> list[str]:
     runs, nbytes = m["runs"], m["file"]["bytes"]
     targets = m.get("targets", [])
@@ -161,9 +166,6 @@ def mount_md(m: dict) -> list[str]:
     if m.get("decoders") == [None]:
         out += ["`lmz mount --help` offers no `--decoder` option in this build, so one decoder was measured "
                 "(stats.json reports which).", ""]
-
-    def mbps(series: list | None, n: int) -> list:
-        return [None if s is None else n / 1e6 / s for s in (series or [])]
 
     # sequential
     seq = m["seq"]
@@ -189,7 +191,7 @@ def mount_md(m: dict) -> list[str]:
             "× plain: MB/s over the plain file's page-cache read (first read) in the same run.", ""]
     out += table(["reader", "cold MB/s", "cold × plain", "warm MB/s", "warm × plain", "mount ready s", "notes"],
                  rows, "lrrrrrl")
-    out += ceiling_md(m, mbps)
+    out += ceiling_md(m)
 
     # random reads
     rnd = m["rand"]
@@ -284,17 +286,18 @@ def mount_md(m: dict) -> list[str]:
 # ----------------------------------------------------------------------------- the page
 
 
-def ceiling_md(m: dict, mbps) -> list[str]:
+def ceiling_md(m: dict) -> list[str]:
     """What serving alone costs: our mount reading bytes no codec can shrink (stored raw)."""
-    c = m.get("ceiling")
-    if not c:
+    rows = list(m.get("ceiling", {}).values())
+    if not rows:
         return []
-    if not c.get("cold_s"):
-        return ["", f"**Serving ceiling**: not measured ({(c.get('error') or 'no run')[:200]}).", ""]
-    ours = mbps(c["cold_s"], c["bytes"])
-    lmzip = m["seq"].get("lmzip mount", {}).get("cold_s")
-    three = summ([3 * v for v in mbps(lmzip, m["file"]["bytes"]) if v is not None]) if lmzip else None
-    return ["", f"**Serving ceiling**: the same mount options on a store of {c['bytes']:,} random bytes "
+    row, info = rows[0], m.get("ceiling_file", {})
+    ours = [v for v in mbps(row.get("cold_s"), info.get("bytes", 0)) if v is not None]
+    if not ours:
+        return ["", f"**Serving ceiling**: not measured ({(row.get('error') or 'no run')[:200]}).", ""]
+    lmzip = [v for v in mbps(m["seq"].get("lmzip mount", {}).get("cold_s"), m["file"]["bytes"]) if v is not None]
+    three = summ([3 * v for v in lmzip]) if lmzip else None
+    return ["", f"**Serving ceiling**: the same mount options on a store of {info['bytes']:,} random bytes "
             "(incompressible, so every chunk is stored raw and a read costs only the SHA-256 check and the "
             f"FUSE path) read cold at {cell(summ(ours))} MB/s, {len(ours)} runs: the most any codec could "
             "reach through this daemon on this host"
