@@ -1,4 +1,4 @@
-/* Shared by the two sources of the lmzfs.codecs._tansloop extension: the decode loop
+/* Shared by the three sources of the lmzfs.codecs._tansloop extension: the decode loop
  * (_tansloop.c, which defines the module), the table helpers (_tanstables.c) and floatsplit's
  * helpers (_tansfloat.c). */
 #ifndef LMZFS_TANSLOOP_H
