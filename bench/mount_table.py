@@ -18,8 +18,10 @@ Measurements, each on a fresh mount:
            size and compressibility, no shared chunks); total MB/s, and the daemon's VmHWM/VmRSS
            (/proc/PID/status; our pid from MNT/.lmzfs/stats.json) right after the 8 readers
   rss      our mount's VmHWM after the same 8-reader stream (1.9 GB) at other --cache-size values
-  load     safetensors.safe_open(framework="pt") loading every tensor of astra, and
-           gguf.GGUFReader touching every tensor's data of smollm2
+  load     safetensors.safe_open(framework="pt") + get_tensor of every tensor of astra (the
+           tensors are views of safetensors' mmap: only the pages the loader itself touches are
+           read), the same with a copy of every tensor (every byte read: what a model load does),
+           and gguf.GGUFReader + a copy of every tensor's data of smollm2
   ceiling  our default mount reading random bytes of astra's size (incompressible, so stored
            raw: a read costs the SHA-256 check and the FUSE path, no decoding), cold: the most
            any codec could reach through this daemon on this host
@@ -168,12 +170,15 @@ def _check_random(path: Path, plain: Path, offsets: list[int]) -> None:
                 raise ToolError(f"random read at {off} differs from the original")
 
 
-def load_safetensors(path: Path) -> int:
+def load_safetensors(path: Path, copy: bool = False) -> int:
+    """Tensor bytes loaded; with copy, each tensor is copied out of the mapping (every byte read)."""
     from safetensors import safe_open
     n = 0
     with safe_open(str(path), framework="pt") as f:
         for k in f.keys():
             t = f.get_tensor(k)
+            if copy:
+                t = t.clone()
             n += t.numel() * t.element_size()
             del t
     return n
@@ -380,9 +385,16 @@ class MountBench:
             st_s = time.perf_counter() - start
         with self.session(t) as s:
             start = time.perf_counter()
+            n3 = load_safetensors(s.path("bench", self.astra.name), copy=True)
+            copy_s = time.perf_counter() - start
+        with self.session(t) as s:
+            start = time.perf_counter()
             n2 = load_gguf(s.path("bench", self.gguf.name))
             gg_s = time.perf_counter() - start
-        return {"safetensors_s": st_s, "safetensors_bytes": n1, "gguf_s": gg_s, "gguf_bytes": n2}
+        if n3 != n1:
+            raise ToolError(f"safetensors loads differ: {n1} bytes lazily, {n3} copied")
+        return {"safetensors_s": st_s, "safetensors_bytes": n1, "safetensors_copy_s": copy_s,
+                "gguf_s": gg_s, "gguf_bytes": n2}
 
     def ceiling_seq(self, t: Target, i: int) -> dict:
         """A cold sequential read of the incompressible file (SHA-256 checked in run 1)."""
