@@ -22,7 +22,7 @@ from lmzfs.progress import human_bytes
 from lmzfs.store.layout import StoreError, StorePaths
 
 FUSE_CONF = "/etc/fuse.conf"
-PACKAGES = ("pyfuse3", "trio", "zstandard", "numpy")
+PACKAGES = ("pyfuse3", "trio", "zstandard", "numpy", "xxhash")
 
 
 def diagnose(settings: Settings, config_error: str | None = None) -> dict:
@@ -157,6 +157,11 @@ def _check_catalog(db: sqlite3.Connection, store: StorePaths, out: dict, problem
     out["models"] = one("SELECT COUNT(*) FROM models")[0]
     out["files"], out["logical_bytes"] = one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM files")
     out["chunks"] = one("SELECT COUNT(*) FROM chunks")[0]
+    out["catalog_version"] = one("SELECT value FROM meta WHERE key = 'catalog_version'")[0]
+    # chunks stored before the catalog kept read checksums: their reads check the SHA-256 id
+    has_xxh3 = any(r[1] == "xxh3" for r in db.execute("PRAGMA table_info(chunks)"))
+    out["chunks_checked_by_sha256"] = one("SELECT COUNT(*) FROM chunks WHERE xxh3 IS NULL")[0] if has_xxh3 \
+        else out["chunks"]
     out["unreferenced_chunks"], out["unreferenced_bytes"] = one(
         "SELECT COUNT(*), COALESCE(SUM(length), 0) FROM chunks WHERE refs = 0")
     packs = db.execute("SELECT pack, COUNT(*), MAX(offset + length) FROM chunks GROUP BY pack ORDER BY pack").fetchall()
@@ -232,11 +237,16 @@ def render(doc: dict) -> list[str]:
     store = doc["store"]
     lines.append(f"store {store['path']} (from {store['source']})")
     if "chunks" in store:
-        lines.append(f"  format         {store['format']}; catalog quick_check: "
+        lines.append(f"  format         {store['format']}, catalog version {store['catalog_version']}; quick_check: "
                      f"{store['quick_check'] if store['quick_check'] == 'ok' else 'FAILED'}")
         lines.append(f"  contents       {store['models']} model(s), {store['files']} file(s), {store['chunks']} chunk(s)"
                      + (f"; {store['unreferenced_chunks']} unreferenced ({human_bytes(store['unreferenced_bytes'])}, "
                         "`lmz gc` reclaims them)" if store["unreferenced_chunks"] else ""))
+        old = store["chunks_checked_by_sha256"]
+        lines.append("  checksums      " + ("every chunk read is checked by its XXH3-128" if not old else
+                     f"{old} of {store['chunks']} chunk(s) were stored before lmzfs kept read checksums: reads "
+                     "check their SHA-256 instead (about 40% more CPU per chunk read); adding their models "
+                     "again fills the checksums in"))
         packs = store["packs"]
         bad = len(packs["missing"]) + len(packs["damaged"])
         lines.append(f"  packs          {packs['referenced']} referenced, "

@@ -400,10 +400,12 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     status, out = doctor(capsys, fresh_store.root)
     assert status == 0, out
     assert "problem:" not in out and "healthy" in out and "pyfuse3" in out and "1 model(s), 2 file(s)" in out
+    assert "catalog version 2" in out and "every chunk read is checked by its XXH3-128" in out
     status, out = doctor(capsys, fresh_store.root, "--json")
     doc = json.loads(out)
     assert status == 0 and doc["ok"] and doc["problems"] == []
     assert doc["store"]["quick_check"] == "ok" and doc["store"]["models"] == 1 and doc["store"]["files"] == 2
+    assert doc["store"]["catalog_version"] == "2" and doc["store"]["chunks_checked_by_sha256"] == 0
     assert doc["store"]["packs"] == {"referenced": 1, "missing": [], "damaged": []}
     assert doc["fuse"]["dev_fuse"]["openable"] and doc["versions"]["libfuse"]
     assert doc["versions"]["tans_decoder"] == "compiled"

@@ -25,11 +25,13 @@ class Archive:
 
     `workers` threads decode ahead of sequential readers (0 turns read-ahead off). With
     decoder="process", chunks are decoded in that many worker processes instead of in the
-    calling threads (see decodepool.py for why)."""
+    calling threads (see decodepool.py for why). With check_ids, every chunk is also checked
+    against its SHA-256 id, not only against its read checksum (`lmz verify`)."""
 
     def __init__(self, store_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES, workers: int | None = None,
-                 decoder: str = "thread"):
+                 decoder: str = "thread", check_ids: bool = False):
         self.store = StorePaths(Path(store_dir))
+        self.check_ids = check_ids
         self.store.check_format()
         self._catalog = Catalog(self.store.catalog, readonly=True)
         self._lock = threading.Lock()
@@ -38,8 +40,8 @@ class Archive:
         self.stats = ReaderStats()
         workers = (os.cpu_count() or 2) if workers is None else workers
         self.prefetcher = Prefetcher(workers, cache_bytes) if workers > 0 else None
-        if decoder not in ("thread", "process"):
-            raise ValueError(f"decoder must be 'thread' or 'process', not {decoder!r}")
+        if decoder not in ("thread", "process") or (check_ids and decoder != "thread"):
+            raise ValueError(f"decoder must be 'thread' or 'process' (check_ids: 'thread'), not {decoder!r}")
         self.decoder = ProcessDecoder(max(1, workers)) if decoder == "process" else None
 
     def generation(self) -> int:
@@ -122,7 +124,7 @@ class FileReader:
         try:
             fd = self._fds[e.location.pack]
             decoder = self._archive.decoder
-            data = decoder.decode(fd, e) if decoder is not None else read_chunk(fd, e)
+            data = decoder.decode(fd, e) if decoder is not None else read_chunk(fd, e, check_id=self._archive.check_ids)
         except CorruptChunk:
             self._archive.stats.add(corrupt_chunks=1)
             raise

@@ -3,7 +3,7 @@
 Decoding is numpy and zstd work behind Python glue; two threads on two cores barely beat one
 because the glue holds the GIL, while two processes scale. A worker reads the payload itself
 (through /proc/<daemon>/fd/<n>, so a pack that `lmz gc` already unlinked stays readable for as
-long as the daemon holds it open), decodes it, checks the SHA-256 against the chunk id, and
+long as the daemon holds it open), decodes it, checks it as chunkread.read_chunk does, and
 writes the plain bytes into a buffer shared with the daemon (a memfd both map), which the daemon
 copies out once: no pickling of chunk data, no pipe copies. A worker that dies is replaced and
 the chunk retried once; a chunk larger than the shared buffer is decoded in the calling thread.

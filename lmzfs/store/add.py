@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import xxhash
+
 from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, plan_chunks
 from lmzfs.codecs import encode_chunk
 from lmzfs.formats import parse_file
@@ -55,6 +57,7 @@ class _NewChunk:
     pack: int
     offset: int
     length: int
+    xxh3: bytes           # XXH3-128 of the plain bytes: what reads check
 
 
 @dataclass
@@ -65,6 +68,7 @@ class _FilePlan:
     sha256: str
     format: str
     extents: list[tuple[int, bytes]] = field(default_factory=list)   # (plain offset, chunk id)
+    checks: dict[bytes, bytes] = field(default_factory=dict)    # chunk id -> XXH3-128, of reused chunks
 
 
 def default_model_name(source: Path) -> str:
@@ -184,10 +188,10 @@ def _add_file(src: SourceFile, catalog: Catalog, writer: PackWriter, pool: Threa
 
             def drain(keep: int) -> None:
                 while len(window) > keep:
-                    cid, size, fut = window.popleft()
+                    cid, size, check, fut = window.popleft()
                     encoded = fut.result()
                     loc = writer.append(cid, encoded.payload)
-                    new[cid] = _NewChunk(cid, size, encoded.codec, loc.pack, loc.offset, loc.length)
+                    new[cid] = _NewChunk(cid, size, encoded.codec, loc.pack, loc.offset, loc.length, check)
                     result.new_payload_bytes += loc.length
 
             pending: set[bytes] = set()
@@ -195,13 +199,17 @@ def _add_file(src: SourceFile, catalog: Catalog, writer: PackWriter, pool: Threa
                 data = memoryview(mm)[cp.offset:cp.offset + cp.length]
                 whole.update(data)
                 cid = hashlib.sha256(data).digest()
+                check = xxhash.xxh3_128_digest(data)
                 plan.extents.append((cp.offset, cid))
-                if cid in new or cid in pending or catalog.has_chunk(cid):
+                if cid in new or cid in pending:
                     result.reused_chunks += 1
+                elif catalog.has_chunk(cid):
+                    result.reused_chunks += 1
+                    plan.checks[cid] = check    # fills in the checksum of a chunk stored without one
                 else:
                     pending.add(cid)
                     result.new_chunks += 1
-                    window.append((cid, cp.length, pool.submit(encode_chunk, bytes(data), cp.hint, fast=fast)))
+                    window.append((cid, cp.length, check, pool.submit(encode_chunk, bytes(data), cp.hint, fast=fast)))
                     drain(limit)
                 del data
                 progress(cp.offset + cp.length)
@@ -221,8 +229,10 @@ def _add_file(src: SourceFile, catalog: Catalog, writer: PackWriter, pool: Threa
 def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
             new: dict[bytes, _NewChunk], writer: PackWriter) -> None:
     with catalog.transaction() as db:
-        db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs) VALUES (?,?,?,?,?,?,0)",
-                       [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length) for c in new.values()])
+        db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3) VALUES (?,?,?,?,?,?,0,?)",
+                       [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3) for c in new.values()])
+        db.executemany("UPDATE chunks SET xxh3 = ? WHERE id = ? AND xxh3 IS NULL",
+                       [(check, cid) for p in plans for cid, check in p.checks.items()])
         model_id = db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
                               (name, time.time(), source)).lastrowid
         refs: dict[bytes, int] = {}

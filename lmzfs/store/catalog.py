@@ -2,7 +2,8 @@
 
 Writers hold the store's WriterLock and change the catalog only in single transactions, so a
 model appears whole or not at all. Readers open their own connection and never block writers
-(WAL mode).
+(WAL mode). A version 1 catalog (no read checksums) is read as it is and upgraded to version 2
+the first time it is opened for writing.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 from lmzfs.store.layout import StoreError
 from lmzfs.store.packs import ChunkLocation
 
-CATALOG_VERSION = 1
+CATALOG_VERSION = 2
+READABLE_VERSIONS = ("1", "2")  # 1: chunks have no xxh3 column; their reads are checked by SHA-256
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -40,7 +42,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     pack INTEGER NOT NULL,
     offset INTEGER NOT NULL,      -- of the payload inside the pack
     length INTEGER NOT NULL,      -- payload length
-    refs INTEGER NOT NULL         -- extents pointing here; 0 = garbage until `lmz gc`
+    refs INTEGER NOT NULL,        -- extents pointing here; 0 = garbage until `lmz gc`
+    xxh3 BLOB                     -- XXH3-128 of the plain bytes (16 bytes), what reads check; NULL: SHA-256
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS extents (
     file INTEGER NOT NULL REFERENCES files(id),
@@ -79,6 +82,7 @@ class Extent:
     chunk_id: bytes
     codec: str
     location: ChunkLocation
+    xxh3: bytes | None = None    # XXH3-128 of the plain bytes; None: reads check the SHA-256 id
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,35 @@ class Catalog:
                 self.db.execute("PRAGMA synchronous=FULL")
                 self.db.executescript(SCHEMA)
                 self.db.execute("INSERT OR IGNORE INTO meta VALUES ('catalog_version', ?)", (str(CATALOG_VERSION),))
-            version = self.db.execute("SELECT value FROM meta WHERE key='catalog_version'").fetchone()
+            if not readonly and self._version() == "1":
+                self._upgrade_from_1()
+            version, self.has_xxh3 = self._schema_state()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"catalog {path} is unreadable: {exc}") from exc
-        if version is None or version[0] != str(CATALOG_VERSION):
-            raise StoreError(f"catalog {path}: version {version and version[0]} is not supported "
-                             f"(this lmzfs reads version {CATALOG_VERSION})")
+        if version not in READABLE_VERSIONS or self.has_xxh3 != (version != "1"):
+            raise StoreError(f"catalog {path}: version {version} is not supported "
+                             f"(this lmzfs reads versions {', '.join(READABLE_VERSIONS)})")
+
+    def _schema_state(self) -> tuple[str | None, bool]:
+        """(catalog version, whether chunks have the xxh3 column), read in one snapshot so that an
+        upgrade committing meanwhile cannot make them disagree."""
+        self.db.execute("BEGIN")
+        try:
+            return self._version(), any(r[1] == "xxh3" for r in self.db.execute("PRAGMA table_info(chunks)"))
+        finally:
+            self.db.execute("COMMIT")
+
+    def _version(self) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key='catalog_version'").fetchone()
+        return row[0] if row else None
+
+    def _upgrade_from_1(self) -> None:
+        """Version 1 to 2: chunks get their read checksum column, empty (their reads keep checking
+        the SHA-256 id until an add of the same content fills it in)."""
+        with self.transaction() as db:
+            if self._version() == "1":         # another writer may have upgraded it meanwhile
+                db.execute("ALTER TABLE chunks ADD COLUMN xxh3 BLOB")
+                db.execute("UPDATE meta SET value = ? WHERE key = 'catalog_version'", (str(CATALOG_VERSION),))
 
     def close(self) -> None:
         self.db.close()
@@ -147,10 +174,12 @@ class Catalog:
         return FileRow(*r) if r else None
 
     def extents(self, file_id: int) -> list[Extent]:
+        if not self.has_xxh3:       # a version 1 catalog that a writer may have upgraded since
+            self.has_xxh3 = self._schema_state()[1]
         rows = self.db.execute(
-            "SELECT e.offset, c.size, c.id, c.codec, c.pack, c.offset, c.length FROM extents e "
-            "JOIN chunks c ON c.id = e.chunk WHERE e.file=? ORDER BY e.seq", (file_id,))
-        return [Extent(o, s, cid, codec, ChunkLocation(p, po, pl)) for o, s, cid, codec, p, po, pl in rows]
+            f"SELECT e.offset, c.size, c.id, c.codec, c.pack, c.offset, c.length, {'c.xxh3' if self.has_xxh3 else 'NULL'} "
+            "FROM extents e JOIN chunks c ON c.id = e.chunk WHERE e.file=? ORDER BY e.seq", (file_id,))
+        return [Extent(o, s, cid, codec, ChunkLocation(p, po, pl), x) for o, s, cid, codec, p, po, pl, x in rows]
 
     def file_storage(self) -> dict[int, tuple[int, str]]:
         """file id -> (payload bytes of its distinct chunks, comma-separated codec names)."""

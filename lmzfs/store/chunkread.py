@@ -1,4 +1,5 @@
-"""Read one chunk back: payload from its pack, decode, and check the plain bytes against the id.
+"""Read one chunk back: payload from its pack, decode, and check the plain bytes against the
+checksum the catalog keeps for them (XXH3-128, or the SHA-256 id itself for chunks stored without).
 
 The one place where stored bytes become plain bytes; the reader, `lmz verify` and `lmz cat` all
 go through it, so nothing can hand out bytes that were not checked.
@@ -7,21 +8,27 @@ from __future__ import annotations
 
 import hashlib
 
+import xxhash
+
 from lmzfs.codecs import CodecError, decode_chunk
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
 from lmzfs.store.packs import PackDamaged, read_payload
 
 
-def read_chunk(fd: int, extent: Extent) -> bytes:
+def read_chunk(fd: int, extent: Extent, *, check_id: bool = False) -> bytes:
+    """The chunk's plain bytes, checked against its XXH3-128 (or, for a chunk stored without one,
+    or with check_id, its SHA-256 id: 25x the cost, a third of a 1 MiB chunk's decode time)."""
     try:
         payload = read_payload(fd, extent.chunk_id, extent.location)
-        plain = decode_chunk(payload, extent.size, hash_checked=True)   # the SHA-256 below
+        plain = decode_chunk(payload, extent.size, hash_checked=True)   # the check below
     except (PackDamaged, CodecError) as exc:
         raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: {exc}") from exc
     except OSError as exc:
         raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: cannot read pack {extent.location.pack}: "
                            f"{exc.strerror or exc}") from exc
-    if len(plain) != extent.size or hashlib.sha256(plain).digest() != extent.chunk_id:
+    if len(plain) != extent.size or \
+            (extent.xxh3 is not None and xxhash.xxh3_128_digest(plain) != extent.xxh3) or \
+            ((extent.xxh3 is None or check_id) and hashlib.sha256(plain).digest() != extent.chunk_id):
         raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: decoded bytes do not match the chunk's hash")
     return plain

@@ -1,5 +1,6 @@
-"""`lmz verify`: decode every chunk, check every chunk hash and every whole-file SHA-256, and name
-each damaged file. Read-only: it takes no lock and runs beside a mount or an add."""
+"""`lmz verify`: decode every chunk, check every chunk's SHA-256 id and read checksum and every
+whole-file SHA-256, and name each damaged file. Read-only: it takes no lock and runs beside a
+mount or an add."""
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,9 @@ def verify_store(store: StorePaths, model: str | None = None,
             raise StoreError(f"no model named {model!r} (see `lmz ls`)")
     finally:
         catalog.close()
-    # A zero-byte cache: every chunk is decoded and hashed afresh, none is taken on trust.
-    archive = Archive(store.root, cache_bytes=0, workers=0)
+    # A zero-byte cache: every chunk is decoded and hashed afresh, none is taken on trust; each is
+    # checked against its SHA-256 id as well as the read checksum the mount checks.
+    archive = Archive(store.root, cache_bytes=0, workers=0, check_ids=True)
     report = VerifyReport()
     try:
         entries = [e for e in archive.files() if model is None or e.model == model]
