@@ -317,8 +317,10 @@ def codec_speed_md(cs: dict) -> list[str]:
         return out + [f"n/a: {cs['error']}", ""]
     out += [f"`bench/codec_speed.py`: every {cs['every']}th chunk of each file as `lmz add` cuts and codes it "
             "(default codecs), timed in CPU seconds of one thread, best of "
-            f"{cs['runs']} decode runs; MB of plain bytes. \"decode + SHA-256\" is what the mount spends per "
-            "chunk it serves; \"numpy loop\" is the same decode without the compiled tANS loop (every "
+            f"{cs['runs']} decode runs; MB of plain bytes. \"decode + read check\" is what the mount spends per "
+            "chunk it serves (the XXH3-128 of the plain bytes; n/a in runs from before it had one); \"decode + "
+            "SHA-256\" is the check of chunks stored before lmzfs kept read checksums and of `lmz verify`; "
+            "\"numpy loop\" is the same decode without the compiled tANS loop (every "
             f"{4 * cs['every']}th chunk). lmz's own `compress`/`decompress` rates are in the table above (whole processes, wall "
             "time).", ""]
     rows = []
@@ -327,10 +329,11 @@ def codec_speed_md(cs: dict) -> list[str]:
         tot = sum(by.values()) or 1
         mix = ", ".join(f"{k} {100 * v / tot:.0f}%" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
         rows.append([name, f"{r['sample_bytes'] / 1e6:.1f} MB ({r['sample_chunks']} chunks)", fmt(r["saved_pct"], 2),
-                     fmt(r["encode_mbps"], 1), fmt(r["decode_mbps"], 0), fmt(r["decode_verify_mbps"], 0),
-                     fmt(r["numpy_decode_mbps"], 0), mix])
-    out += table(["file", "sample", "saved %", "encode MB/s/core", "decode MB/s/core",
-                  "decode + SHA-256", "numpy loop decode", "codecs (by plain bytes)"], rows, "llrrrrrl")
+                     fmt(r["encode_mbps"], 1), fmt(r["decode_mbps"], 0),
+                     fmt(r["decode_read_mbps"], 0) if r.get("decode_read_mbps") else "n/a",
+                     fmt(r["decode_verify_mbps"], 0), fmt(r["numpy_decode_mbps"], 0), mix])
+    out += table(["file", "sample", "saved %", "encode MB/s/core", "decode MB/s/core", "decode + read check",
+                  "decode + SHA-256", "numpy loop decode", "codecs (by plain bytes)"], rows, "llrrrrrrl")
     return out
 
 
