@@ -23,7 +23,7 @@ Measurements, each on a fresh mount:
            read), the same with a copy of every tensor (every byte read: what a model load does),
            and gguf.GGUFReader + a copy of every tensor's data of smollm2
   ceiling  our default mount reading random bytes of astra's size (incompressible, so stored
-           raw: a read costs the SHA-256 check and the FUSE path, no decoding), cold: the most
+           raw: a read costs its checksum and the FUSE path, no decoding), cold: the most
            any codec could reach through this daemon on this host
 """
 from __future__ import annotations

@@ -305,7 +305,7 @@ def ceiling_md(m: dict) -> list[str]:
     lmzip = [v for v in mbps(m["seq"].get("lmzip mount", {}).get("cold_s"), m["file"]["bytes"]) if v is not None]
     three = summ([3 * v for v in lmzip]) if lmzip else None
     return ["", f"**Serving ceiling**: the same mount options on a store of {info['bytes']:,} random bytes "
-            "(incompressible, so every chunk is stored raw and a read costs only the SHA-256 check and the "
+            "(incompressible, so every chunk is stored raw and a read costs only its checksum and the "
             f"FUSE path) read cold at {cell(summ(ours))} MB/s, {len(ours)} runs: the most any codec could "
             "reach through this daemon on this host"
             + (f"; 3× lmzip's cold read in this run is {cell(three)} MB/s" if three else "") + ".", ""]
