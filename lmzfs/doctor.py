@@ -245,8 +245,8 @@ def render(doc: dict) -> list[str]:
         old = store["chunks_checked_by_sha256"]
         lines.append("  checksums      " + ("every chunk read is checked by its XXH3-128" if not old else
                      f"{old} of {store['chunks']} chunk(s) were stored before lmzfs kept read checksums: reads "
-                     "check their SHA-256 instead (about 40% more CPU per chunk read); adding their models "
-                     "again fills the checksums in"))
+                     "check their SHA-256 instead (about 40% more CPU per chunk read); `lmz verify "
+                     "--record-checksums` records them"))
         packs = store["packs"]
         bad = len(packs["missing"]) + len(packs["damaged"])
         lines.append(f"  packs          {packs['referenced']} referenced, "

@@ -21,7 +21,7 @@ from lmzfs.store.chunkread import read_chunk
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.packs import PackWriter
 from lmzfs.store.verify import verify_store
-from lmzfs.testing.synthetic import small_model
+from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 
 
 def chunk_rows(store: StorePaths) -> dict[bytes, bytes | None]:
@@ -35,11 +35,16 @@ def chunk_rows(store: StorePaths) -> dict[bytes, bytes | None]:
 
 def plain_chunks(store_dir: Path) -> dict[bytes, bytes]:
     """chunk id -> plain bytes, for every chunk of every file (read through the reader)."""
+    return plain_chunks_of(store_dir, None)
+
+
+def plain_chunks_of(store_dir: Path, model: str | None) -> dict[bytes, bytes]:
+    """chunk id -> plain bytes, for every chunk of the model's files (every model's if None)."""
     archive = Archive(store_dir, workers=0)
     cat = Catalog(StorePaths(store_dir).catalog, readonly=True)
     try:
         out = {}
-        for entry in archive.files():
+        for entry in (e for e in archive.files() if model is None or e.model == model):
             with archive.open(entry) as r:
                 for x in cat.extents(entry.file_id):
                     out[x.chunk_id] = r.pread(x.offset, x.size)
@@ -188,3 +193,32 @@ def test_a_catalog_of_an_unknown_version_is_refused(tmp_path, store_dir, capsys)
         Archive(store_dir)
     assert lmz(["--store", str(store_dir), "ls"]) == 2
     assert "version 3 is not supported" in capsys.readouterr().err
+
+
+def test_verify_record_checksums_gives_old_chunks_theirs_and_leaves_a_damaged_one_without(tmp_path, store_dir,
+                                                                                          capsys):
+    store = StorePaths(store_dir)
+    a, b = small_model(tmp_path / "a", seed=6), small_model(tmp_path / "b", seed=7)
+    add_model(store, a, "a")
+    add_model(store, b, "b")
+    downgrade_to_version_1(store)
+    bad_offset = flip_byte_in_chunk_of(store, "b", "model.safetensors")
+    assert lmz(["--store", str(store_dir), "verify", "--record-checksums"]) == 1
+    out = capsys.readouterr().out
+    assert catalog_version(store) == "2"
+    rows = chunk_rows(store)
+    missing = [cid for cid, check in rows.items() if check is None]
+    assert len(missing) == 1 and f"DAMAGED chunk {missing[0].hex()[:16]}" in out
+    assert "DAMAGED b/model.safetensors" in out and "DAMAGED a/" not in out
+    plain = plain_chunks_of(store_dir, "a")
+    assert plain and all(rows[cid] == xxhash.xxh3_128_digest(data) for cid, data in plain.items())
+    archive = Archive(store_dir)
+    try:
+        with archive.open(archive.entry("b", "model.safetensors")) as r:
+            with pytest.raises(CorruptChunk):
+                r.pread(bad_offset, 4096)
+    finally:
+        archive.close()
+    # a second run has nothing left to record but the damaged chunk, which it still refuses
+    assert lmz(["--store", str(store_dir), "verify", "--record-checksums", "a"]) == 1
+    assert "recorded for 0 chunk(s)" in capsys.readouterr().out

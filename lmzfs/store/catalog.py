@@ -137,7 +137,7 @@ class Catalog:
 
     def _upgrade_from_1(self) -> None:
         """Version 1 to 2: chunks get their read checksum column, empty (their reads keep checking
-        the SHA-256 id until an add of the same content fills it in)."""
+        the SHA-256 id until `lmz verify --record-checksums` or an add of the same content fills it in)."""
         with self.transaction() as db:
             if self._version() == "1":         # another writer may have upgraded it meanwhile
                 db.execute("ALTER TABLE chunks ADD COLUMN xxh3 BLOB")
