@@ -222,3 +222,14 @@ def test_verify_record_checksums_gives_old_chunks_theirs_and_leaves_a_damaged_on
     # a second run has nothing left to record but the damaged chunk, which it still refuses
     assert lmz(["--store", str(store_dir), "verify", "--record-checksums", "a"]) == 1
     assert "recorded for 0 chunk(s)" in capsys.readouterr().out
+
+
+def test_a_version_2_catalog_without_its_checksum_column_is_called_damaged(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    add_model(store, small_model(tmp_path / "a", mib=1), "a")
+    db = sqlite3.connect(store.catalog)
+    db.execute("ALTER TABLE chunks DROP COLUMN xxh3")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="damaged: version 2 lacks the chunks.xxh3 column"):
+        Archive(store_dir)

@@ -118,9 +118,12 @@ class Catalog:
             version, self.has_xxh3 = self._schema_state()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"catalog {path} is unreadable: {exc}") from exc
-        if version not in READABLE_VERSIONS or self.has_xxh3 != (version != "1"):
+        if version not in READABLE_VERSIONS:
             raise StoreError(f"catalog {path}: version {version} is not supported "
                              f"(this lmzfs reads versions {', '.join(READABLE_VERSIONS)})")
+        if self.has_xxh3 != (version != "1"):
+            raise StoreError(f"catalog {path} is damaged: version {version} "
+                             f"{'has' if self.has_xxh3 else 'lacks'} the chunks.xxh3 column")
 
     def _schema_state(self) -> tuple[str | None, bool]:
         """(catalog version, whether chunks have the xxh3 column), read in one snapshot so that an
