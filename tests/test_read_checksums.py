@@ -54,15 +54,21 @@ def plain_chunks_of(store_dir: Path, model: str | None) -> dict[bytes, bytes]:
         archive.close()
 
 
-def downgrade_to_version_1(store: StorePaths) -> None:
-    """What a store written before read checksums looks like: no xxh3 column, catalog version 1."""
+def alter_catalog(store: StorePaths, *statements: str | tuple[str, tuple]) -> None:
+    """Run SQL statements (text, or (text, parameters)) on the catalog behind lmzfs's back."""
     db = sqlite3.connect(store.catalog)
     try:
-        db.execute("ALTER TABLE chunks DROP COLUMN xxh3")
-        db.execute("UPDATE meta SET value = '1' WHERE key = 'catalog_version'")
+        for st in statements:
+            db.execute(*((st,) if isinstance(st, str) else st))
         db.commit()
     finally:
         db.close()
+
+
+def downgrade_to_version_1(store: StorePaths) -> None:
+    """What a store written before read checksums looks like: no xxh3 column, catalog version 1."""
+    alter_catalog(store, "ALTER TABLE chunks DROP COLUMN xxh3",
+                  "UPDATE meta SET value = '1' WHERE key = 'catalog_version'")
 
 
 def catalog_version(store: StorePaths) -> str:
@@ -96,10 +102,7 @@ def test_a_wrong_read_checksum_is_eio_not_wrong_bytes_and_verify_names_the_file(
     cat = Catalog(store.catalog, readonly=True)
     victim = max(cat.extents(entry.file_id), key=lambda x: x.size)
     cat.close()
-    db = sqlite3.connect(store.catalog)
-    db.execute("UPDATE chunks SET xxh3 = ? WHERE id = ?", (bytes(16), victim.chunk_id))
-    db.commit()
-    db.close()
+    alter_catalog(store, ("UPDATE chunks SET xxh3 = ? WHERE id = ?", (bytes(16), victim.chunk_id)))
     archive = Archive(store_dir)
     try:
         with archive.open(archive.entry("a", "model.safetensors")) as r:
@@ -185,10 +188,7 @@ def test_a_reader_of_a_version_1_catalog_sees_checksums_once_a_writer_upgrades_i
 def test_a_catalog_of_an_unknown_version_is_refused(tmp_path, store_dir, capsys):
     store = StorePaths(store_dir)
     add_model(store, small_model(tmp_path / "a", mib=1), "a")
-    db = sqlite3.connect(store.catalog)
-    db.execute("UPDATE meta SET value = '3' WHERE key = 'catalog_version'")
-    db.commit()
-    db.close()
+    alter_catalog(store, "UPDATE meta SET value = '3' WHERE key = 'catalog_version'")
     with pytest.raises(StoreError, match="version 3 is not supported"):
         Archive(store_dir)
     assert lmz(["--store", str(store_dir), "ls"]) == 2
@@ -227,9 +227,6 @@ def test_verify_record_checksums_gives_old_chunks_theirs_and_leaves_a_damaged_on
 def test_a_version_2_catalog_without_its_checksum_column_is_called_damaged(tmp_path, store_dir):
     store = StorePaths(store_dir)
     add_model(store, small_model(tmp_path / "a", mib=1), "a")
-    db = sqlite3.connect(store.catalog)
-    db.execute("ALTER TABLE chunks DROP COLUMN xxh3")
-    db.commit()
-    db.close()
+    alter_catalog(store, "ALTER TABLE chunks DROP COLUMN xxh3")
     with pytest.raises(StoreError, match="damaged: version 2 lacks the chunks.xxh3 column"):
         Archive(store_dir)
