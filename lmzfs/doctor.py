@@ -14,12 +14,16 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from lmzfs import __version__
 from lmzfs.config import Settings
 from lmzfs.mountstats import StatsUnavailable, lmzfs_mounts, read_stats
 from lmzfs.progress import human_bytes
 from lmzfs.store.layout import StoreError, StorePaths
+
+if TYPE_CHECKING:
+    from lmzfs.store.catalog import Catalog
 
 FUSE_CONF = "/etc/fuse.conf"
 PACKAGES = ("pyfuse3", "trio", "zstandard", "numpy", "xxhash")
@@ -130,25 +134,26 @@ def check_store(store: StorePaths, problems: list[str]) -> dict:
         problems.append(f"store format: {exc}")
         return out
     try:
-        db = _open_catalog(store)
+        catalog = _open_catalog(store)
     except (StoreError, sqlite3.Error) as exc:
         problems.append(f"catalog: {exc}")
         return out
     try:
-        _check_catalog(db, store, out, problems)
+        _check_catalog(catalog, store, out, problems)
     except sqlite3.Error as exc:
         problems.append(f"catalog {store.catalog}: {exc}")
     finally:
-        db.close()
+        catalog.close()
     return out
 
 
-def _open_catalog(store: StorePaths) -> sqlite3.Connection:
+def _open_catalog(store: StorePaths) -> Catalog:
     from lmzfs.store.catalog import Catalog
-    return Catalog(store.catalog, readonly=True).db
+    return Catalog(store.catalog, readonly=True)
 
 
-def _check_catalog(db: sqlite3.Connection, store: StorePaths, out: dict, problems: list[str]) -> None:
+def _check_catalog(catalog: Catalog, store: StorePaths, out: dict, problems: list[str]) -> None:
+    db = catalog.db
     rows = [r[0] for r in db.execute("PRAGMA quick_check")]
     out["quick_check"] = "ok" if rows == ["ok"] else rows[:10]
     if rows != ["ok"]:
@@ -157,11 +162,8 @@ def _check_catalog(db: sqlite3.Connection, store: StorePaths, out: dict, problem
     out["models"] = one("SELECT COUNT(*) FROM models")[0]
     out["files"], out["logical_bytes"] = one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM files")
     out["chunks"] = one("SELECT COUNT(*) FROM chunks")[0]
-    out["catalog_version"] = one("SELECT value FROM meta WHERE key = 'catalog_version'")[0]
-    # chunks stored before the catalog kept read checksums: their reads check the SHA-256 id
-    has_xxh3 = any(r[1] == "xxh3" for r in db.execute("PRAGMA table_info(chunks)"))
-    out["chunks_checked_by_sha256"] = one("SELECT COUNT(*) FROM chunks WHERE xxh3 IS NULL")[0] if has_xxh3 \
-        else out["chunks"]
+    out["catalog_version"] = catalog.version
+    out["chunks_checked_by_sha256"] = catalog.chunks_checked_by_id()
     out["unreferenced_chunks"], out["unreferenced_bytes"] = one(
         "SELECT COUNT(*), COALESCE(SUM(length), 0) FROM chunks WHERE refs = 0")
     packs = db.execute("SELECT pack, COUNT(*), MAX(offset + length) FROM chunks GROUP BY pack ORDER BY pack").fetchall()

@@ -115,14 +115,14 @@ class Catalog:
                 self.db.execute("INSERT OR IGNORE INTO meta VALUES ('catalog_version', ?)", (str(CATALOG_VERSION),))
             if not readonly and self._version() == "1":
                 self._upgrade_from_1()
-            version, self.has_xxh3 = self._schema_state()
+            self.version, self.has_xxh3 = self._schema_state()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"catalog {path} is unreadable: {exc}") from exc
-        if version not in READABLE_VERSIONS:
-            raise StoreError(f"catalog {path}: version {version} is not supported "
+        if self.version not in READABLE_VERSIONS:
+            raise StoreError(f"catalog {path}: version {self.version} is not supported "
                              f"(this lmzfs reads versions {', '.join(READABLE_VERSIONS)})")
-        if self.has_xxh3 != (version != "1"):
-            raise StoreError(f"catalog {path} is damaged: version {version} "
+        if self.has_xxh3 != (self.version != "1"):
+            raise StoreError(f"catalog {path} is damaged: version {self.version} "
                              f"{'has' if self.has_xxh3 else 'lacks'} the chunks.xxh3 column")
 
     def _schema_state(self) -> tuple[str | None, bool]:
@@ -227,6 +227,12 @@ class Catalog:
 
     def chunk_count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+
+    def chunks_checked_by_id(self) -> int:
+        """Chunks stored without a read checksum: their reads check the SHA-256 id instead."""
+        if not self.has_xxh3:
+            return self.chunk_count()
+        return self.db.execute("SELECT COUNT(*) FROM chunks WHERE xxh3 IS NULL").fetchone()[0]
 
     def pack_ids(self) -> tuple[int | None, int]:
         """(the pack adds append to, or None; one above the highest pack id ever committed)."""
