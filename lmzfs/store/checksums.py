@@ -8,7 +8,6 @@ run goes on from there. Mounts pick the checksums up for files they open afterwa
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,6 +18,7 @@ from lmzfs.store.catalog import Catalog, Extent
 from lmzfs.store.chunkread import read_chunk
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.lock import WriterLock
+from lmzfs.store.packfds import PackDescriptors
 from lmzfs.store.packs import ChunkLocation
 
 BATCH = 256       # chunks per catalog transaction
@@ -36,6 +36,7 @@ def record_checksums(store: StorePaths, progress: Callable[[int, int], None] | N
     report = ChecksumReport()
     with WriterLock(store.lock):
         catalog = Catalog(store.catalog)        # a version 1 catalog is upgraded here
+        packs = PackDescriptors(store)
         fds: dict[int, int] = {}
         try:
             rows = catalog.db.execute("SELECT id, size, codec, pack, offset, length FROM chunks "
@@ -46,10 +47,10 @@ def record_checksums(store: StorePaths, progress: Callable[[int, int], None] | N
                 extent = Extent(0, size, cid, codec, ChunkLocation(pack, offset, length))
                 try:
                     if pack not in fds:
-                        fds[pack] = os.open(store.pack(pack), os.O_RDONLY | os.O_CLOEXEC)
+                        fds.update(packs.acquire({pack}))
                     plain = read_chunk(fds[pack], extent, check_id=True)
-                except (CorruptChunk, OSError) as exc:
-                    report.damaged.append(f"chunk {cid.hex()[:16]}: {exc.strerror or exc}")
+                except CorruptChunk as exc:
+                    report.damaged.append(f"chunk {cid.hex()[:16]}: {exc.strerror}")
                     continue
                 pending.append((xxhash.xxh3_128_digest(plain), cid))
                 report.bytes += size
@@ -59,8 +60,7 @@ def record_checksums(store: StorePaths, progress: Callable[[int, int], None] | N
                     progress(report.bytes, total)
             report.recorded += _commit(catalog, pending)
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            packs.close()
             catalog.close()
     return report
 
