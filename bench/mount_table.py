@@ -378,19 +378,17 @@ class MountBench:
                         break
                 self.res["rss"].append(row)
 
+    def _timed_load(self, t: Target, name: str, loader: Callable[[Path], int]) -> tuple[int, float]:
+        """(bytes loaded, seconds) of loader on file `name`, through a fresh mount of t."""
+        with self.session(t) as s:
+            start = time.perf_counter()
+            n = loader(s.path("bench", name))
+            return n, time.perf_counter() - start
+
     def load(self, t: Target, i: int) -> dict:
-        with self.session(t) as s:
-            start = time.perf_counter()
-            n1 = load_safetensors(s.path("bench", self.astra.name))
-            st_s = time.perf_counter() - start
-        with self.session(t) as s:
-            start = time.perf_counter()
-            n3 = load_safetensors(s.path("bench", self.astra.name), copy=True)
-            copy_s = time.perf_counter() - start
-        with self.session(t) as s:
-            start = time.perf_counter()
-            n2 = load_gguf(s.path("bench", self.gguf.name))
-            gg_s = time.perf_counter() - start
+        n1, st_s = self._timed_load(t, self.astra.name, load_safetensors)
+        n3, copy_s = self._timed_load(t, self.astra.name, lambda p: load_safetensors(p, copy=True))
+        n2, gg_s = self._timed_load(t, self.gguf.name, load_gguf)
         if n3 != n1:
             raise ToolError(f"safetensors loads differ: {n1} bytes lazily, {n3} copied")
         return {"safetensors_s": st_s, "safetensors_bytes": n1, "safetensors_copy_s": copy_s,
