@@ -447,6 +447,14 @@ def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
         loop.or_plane(u, 2, bytes(10), False, 0, bytes(9))        # a mask shorter than the elements
     assert loop.or_plane(u, 2, bytes(11), False, 0, None) == 1    # a plane longer than the elements
     assert loop.or_plane(u, 2, bytes(4), True, 0, None) == 1      # too few nibble pairs
+    out8 = bytearray(40)
+    assert loop.merge_nibbles(bytes(64), out8, 2, 20, 4, 16) is None   # 2 blocks of 20, 16 quant bytes
+    with pytest.raises(ValueError, match="merge_nibbles: bad arguments"):
+        loop.merge_nibbles(bytes(63), out8, 2, 20, 4, 16)           # a nibble short
+    with pytest.raises(ValueError, match="merge_nibbles: bad arguments"):
+        loop.merge_nibbles(bytes(64), bytearray(39), 2, 20, 4, 16)  # blocks past the output
+    with pytest.raises(ValueError, match="merge_nibbles: bad arguments"):
+        loop.merge_nibbles(bytes(64), out8, 2, 20, 5, 16)           # a field past its block
 
 
 @settings(max_examples=400, deadline=None)
@@ -497,24 +505,50 @@ def test_compiled_and_numpy_plane_merges_agree_on_values_and_errors(dtype, n, ni
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 6000), lanes=st.integers(1, 700), S=st.integers(1, 300),
        dtype=st.sampled_from([np.uint8, np.uint16, np.uint32, np.uint64]),
-       mode=st.sampled_from(["plain", "dyn", "interleaved"]), seed=st.integers(0, 2**32 - 1))
+       mode=st.sampled_from(["plain", "dyn", "interleaved", "interleaved ctx"]), seed=st.integers(0, 2**32 - 1))
 def test_compiled_and_numpy_decodes_agree_on_mapped_values_of_every_width(n, lanes, S, dtype, mode, seed):
     # 16-bit values take the compiled loop's transposing path (8 x 8 blocks); the others map
-    # symbols while scattering: both must give what the numpy loop gives
+    # symbols while scattering; with interleaved lanes 8- and 16-bit values are stored in place:
+    # all must give what the numpy loop gives
     rng = np.random.default_rng(seed)
     sym = np.minimum(rng.geometric(0.05, n) - 1, S - 1)
     R = 11
-    K = 2 if mode == "dyn" else 1
+    K = 1 if mode in ("plain", "interleaved") else 2
     freqs = np.stack([tans.quantize(np.bincount(sym, minlength=S) + 1, R) for _ in range(K)])
     tab = tans.Tables(freqs, R)
     kw: dict = {"dyn": (rng.integers(0, K, S), 0)} if mode == "dyn" else {}
-    il = mode == "interleaved"
+    if mode == "interleaved ctx":
+        kw["ctx"] = rng.integers(0, K, n).astype(np.uint8)
+    il = mode.startswith("interleaved")
     stream = tans.encode(sym, tab, lanes, interleaved=il, **kw)
     values = rng.integers(0, np.iinfo(dtype).max, size=S, dtype=np.uint64).astype(dtype)
     results = _through_both_loops(
         lambda: [a.tobytes() for a in tans.decode(stream, n, tab, lanes, interleaved=il, values=values, **kw)])
     assert results[0] == results[1]
     assert results[0][0] == values[sym].tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(list(LAYOUTS)), st.integers(0, 40), st.integers(0, 7), st.integers(0, 2**32 - 1))
+def test_compiled_and_numpy_nibble_merges_agree_and_touch_only_the_field(layout, nblk, tail, seed):
+    from lmzfs.codecs import ggufblocks
+    _, bsize, fields = LAYOUTS[layout]
+    foff, fsize = next((off, size) for off, size, kind in fields if kind == "q")
+    rng = np.random.default_rng(seed)
+    nib = rng.integers(0, 16, 2 * fsize * nblk).astype(np.uint8)
+    before = rng.integers(0, 256, nblk * bsize + tail).astype(np.uint8)
+
+    def merge():
+        out = before.copy()
+        ggufblocks._merge_nibbles(out, nib, nblk, bsize, foff, fsize)
+        return out.tobytes()
+    results = _through_both_loops(merge)
+    assert results[0] == results[1]
+    want = before.copy()
+    if nblk:
+        want[: nblk * bsize].reshape(nblk, bsize)[:, foff:foff + fsize] = \
+            (nib[0::2] | (nib[1::2] << 4)).reshape(nblk, fsize)
+    assert results[0] == want.tobytes()
 
 
 @settings(max_examples=200, deadline=None)

@@ -13,7 +13,8 @@
  *   stream: the tANS bit string; bits past its end read as zero
  *   states: writable int64[Wp]: in, each lane's first table index; out, its table index after
  *           its last symbol
- *   out:    writable buffer for n items; out[i] = values[symbol i] (the item size is len(out) / n)
+ *   out:    writable buffer for n items; out[i] = values[symbol i] (the item size is len(out) / n);
+ *           with interleaved lanes and 1- or 2-byte items the loop stores them here itself
  *   values: one item per symbol
  *   ctx:    None, int64[n] or uint8[n] (told apart by length), the table (context) of each
  *           symbol
@@ -62,6 +63,8 @@ struct job {
     uint16_t *sym;            /* step-major: sym[t * SW + j] = map[symbol] */
     const uint16_t *map;      /* per symbol: what the loop stores (the values themselves when they
                                * are 16-bit, else the symbol) */
+    uint8_t *sym8;            /* 8-bit values, interleaved lanes: the loop stores them in place */
+    const uint8_t *map8;
     int64_t SW;               /* the row stride of sym: Wp, padded for contiguous lanes (see ROW_PAD) */
     int64_t n, T, Wp, L;
     int interleaved;
@@ -72,10 +75,11 @@ struct job {
  * Entries were checked when the table was repacked (base + 2**nb <= L), and contexts are
  * checked by the caller, so every state stays inside the tables without a test per symbol. */
 static inline __attribute__((always_inline)) const char *
-run_steps_mode(struct job *jb, const int interleaved, const int mode)
+run_steps_mode(struct job *jb, const int interleaved, const int mode, const int out8)
 {
     const uint32_t *restrict tab = jb->tab;
     const uint16_t *restrict map = jb->map;
+    const uint8_t *restrict map8 = jb->map8;
     const uint8_t *restrict s = jb->s;
     uint32_t *restrict st = jb->st;
     const int64_t *restrict ctx = jb->ctx;
@@ -90,7 +94,8 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode)
     uint64_t pos = jb->pos;
     for (int64_t t = 0; t < T; t++) {
         const int64_t a = interleaved ? (n - t * Wp < Wp ? n - t * Wp : Wp) : (t < last ? Wp : Wp - 1);
-        uint16_t *restrict out = jb->sym + t * jb->SW;
+        uint16_t *restrict out = out8 ? NULL : jb->sym + t * jb->SW;
+        uint8_t *restrict o8 = out8 ? jb->sym8 + t * jb->SW : NULL;
         /* lanes below jn decode another symbol at step t + 1 and take its context */
         int64_t jn = 0;
         if ((mode == 1 || mode == 3) && t + 1 < T)
@@ -102,7 +107,10 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode)
         for (int64_t j = 0; j < a; j++) {
             const uint32_t e = tab[st[j]];
             const unsigned nb = (e >> 15) & 15;
-            out[j] = map[e >> SYM_SHIFT];
+            if (out8)
+                o8[j] = map8[e >> SYM_SHIFT];
+            else
+                out[j] = map[e >> SYM_SHIFT];
             uint64_t w;
             if (pos <= safe_bits)
                 memcpy(&w, s + (pos >> 3), 8);   /* little-endian hosts only; checked at import */
@@ -133,16 +141,22 @@ __attribute__((target_clones("bmi2", "default")))
 static const char *run_steps(struct job *jb)
 {
     const int mode = jb->ctx ? 1 : jb->nxo ? 2 : jb->ctx8 ? 3 : 0;
-    if (jb->interleaved) {
-        if (mode == 0) return run_steps_mode(jb, 1, 0);
-        if (mode == 1) return run_steps_mode(jb, 1, 1);
-        if (mode == 3) return run_steps_mode(jb, 1, 3);
-        return run_steps_mode(jb, 1, 2);
+    if (jb->interleaved && jb->sym8) {      /* only interleaved lanes store 8-bit values in place */
+        if (mode == 0) return run_steps_mode(jb, 1, 0, 1);
+        if (mode == 1) return run_steps_mode(jb, 1, 1, 1);
+        if (mode == 3) return run_steps_mode(jb, 1, 3, 1);
+        return run_steps_mode(jb, 1, 2, 1);
     }
-    if (mode == 0) return run_steps_mode(jb, 0, 0);
-    if (mode == 1) return run_steps_mode(jb, 0, 1);
-    if (mode == 3) return run_steps_mode(jb, 0, 3);
-    return run_steps_mode(jb, 0, 2);
+    if (jb->interleaved) {
+        if (mode == 0) return run_steps_mode(jb, 1, 0, 0);
+        if (mode == 1) return run_steps_mode(jb, 1, 1, 0);
+        if (mode == 3) return run_steps_mode(jb, 1, 3, 0);
+        return run_steps_mode(jb, 1, 2, 0);
+    }
+    if (mode == 0) return run_steps_mode(jb, 0, 0, 0);
+    if (mode == 1) return run_steps_mode(jb, 0, 1, 0);
+    if (mode == 3) return run_steps_mode(jb, 0, 3, 0);
+    return run_steps_mode(jb, 0, 2, 0);
 }
 
 /* out[i] = values[sym of i], i in symbol order. Contiguous lanes are transposed through a small
@@ -327,12 +341,14 @@ static PyObject *decode(PyObject *self, PyObject *args)
     tab = compact ? NULL : PyMem_RawMalloc(ntab * sizeof *tab);
     st = PyMem_RawMalloc(Wp * sizeof *st);
     const int64_t SW = interleaved ? Wp : Wp + ROW_PAD;
-    sym = PyMem_RawMalloc(T * SW * sizeof *sym);
-    /* 16-bit values are stored by the loop itself and transposed without a tile */
-    const int mapped = isz == 2, tiled = !mapped && T <= TILE_STEPS;
+    /* 16-bit values are stored by the loop itself and transposed without a tile; with interleaved
+     * lanes, step-major order is symbol order, so 8- and 16-bit values go straight into ``out`` */
+    const int mapped = isz == 2, direct = interleaved && (isz == 1 || isz == 2);
+    const int tiled = !mapped && !direct && T <= TILE_STEPS;
+    sym = direct ? NULL : PyMem_RawMalloc(T * SW * sizeof *sym);
     tile = tiled ? PyMem_RawMalloc(TILE * T * 8) : NULL;
-    ident = mapped ? NULL : PyMem_RawMalloc(nsym * sizeof *ident);
-    if ((!compact && !tab) || !st || !sym || (tiled && !tile) || (!mapped && !ident)) {
+    ident = mapped || direct ? NULL : PyMem_RawMalloc(nsym * sizeof *ident);
+    if ((!compact && !tab) || !st || (!direct && !sym) || (tiled && !tile) || (!mapped && !direct && !ident)) {
         PyErr_NoMemory();
         goto done;
     }
@@ -343,15 +359,18 @@ static PyObject *decode(PyObject *self, PyObject *args)
     struct job jb = {.tab = tab, .ntab = ntab, .nxo = nxo.obj ? nxo.buf : NULL,
                      .ctx = ctx.obj && ctx.len == 8 * n ? ctx.buf : NULL,
                      .ctx8 = ctx.obj && ctx.len == n ? ctx.buf : NULL,
-                     .s = stream.buf, .slen = stream.len, .st = st, .sym = sym, .SW = SW, .n = n, .T = T,
+                     .s = stream.buf, .slen = stream.len, .st = st, .SW = SW, .n = n, .T = T,
                      .Wp = Wp, .L = L, .interleaved = interleaved, .pos = (uint64_t)pos0,
-                     .map = mapped ? (const uint16_t *)values.buf : ident};
+                     .sym = direct && isz == 2 ? (uint16_t *)out.buf : sym,
+                     .sym8 = direct && isz == 1 ? (uint8_t *)out.buf : NULL,
+                     .map = mapped ? (const uint16_t *)values.buf : ident,
+                     .map8 = direct && isz == 1 ? (const uint8_t *)values.buf : NULL};
     const char *err;
     Py_BEGIN_ALLOW_THREADS      /* from here on only C buffers: other decodes run meanwhile */
     err = prepare(&jb, compact ? NULL : packed.buf, compact ? packed.buf : NULL, nsym, states.buf);
     if (!err)
         err = run_steps(&jb);
-    if (!err) {
+    if (!err && !direct) {
         switch (isz) {
         case 1: scatter_uint8_t(&jb, sym, values.buf, out.buf, tile); break;
         case 2: transpose16(&jb, sym, out.buf); break;
@@ -394,6 +413,7 @@ static PyMethodDef methods[] = {
     {"unpack_fields", tans_unpack_fields, METH_VARARGS, "tans.decode's first states; see the comment above it."},
     {"float_tables", tans_float_tables, METH_VARARGS, "floatsplit's decoder tables; see the comment above it in _tansfloat.c."},
     {"or_plane", tans_or_plane, METH_VARARGS, "floatsplit's plane merge; see the comment above it in _tansfloat.c."},
+    {"merge_nibbles", tans_merge_nibbles, METH_VARARGS, "ggufblocks' Q4_1 quant merge; see _tansgguf.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
     {NULL, NULL, 0, NULL},
 };

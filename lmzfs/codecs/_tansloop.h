@@ -1,6 +1,6 @@
-/* Shared by the three sources of the lmzfs.codecs._tansloop extension: the decode loop
- * (_tansloop.c, which defines the module), the table helpers (_tanstables.c) and floatsplit's
- * helpers (_tansfloat.c). */
+/* Shared by the sources of the lmzfs.codecs._tansloop extension: the decode loop (_tansloop.c,
+ * which defines the module), the table helpers (_tanstables.c), floatsplit's helpers
+ * (_tansfloat.c) and ggufblocks' (_tansgguf.c). */
 #ifndef LMZFS_TANSLOOP_H
 #define LMZFS_TANSLOOP_H
 #define PY_SSIZE_T_CLEAN
@@ -24,5 +24,6 @@ PyObject *tans_pack_fields(PyObject *self, PyObject *args);
 PyObject *tans_unpack_fields(PyObject *self, PyObject *args);
 PyObject *tans_or_plane(PyObject *self, PyObject *args);
 PyObject *tans_float_tables(PyObject *self, PyObject *args);
+PyObject *tans_merge_nibbles(PyObject *self, PyObject *args);
 
 #endif

@@ -225,7 +225,7 @@ def decode_stream(buf, n: int, S: int = 256, ctx: np.ndarray | None = None, K: i
     elif mode == ZSTD and S <= 256:
         out = np.frombuffer(_zstd.decompress(mv[1:], n, "stream"), dtype=np.uint8)
     elif mode == TANS:
-        out = decode_tans_section(mv[1:], n, S, ctx, K)
+        return decode_tans_section(mv[1:], n, S, ctx, K)     # its symbols are < S by construction
     else:
         raise CodecError(f"stream: unknown mode {mode}")
     if S < 256 and len(out) and out.max() >= S:

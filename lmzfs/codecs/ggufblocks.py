@@ -50,6 +50,19 @@ def _q4_1_context(blocks: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(z), 0, 15).astype(np.uint8)
 
 
+def _merge_nibbles(out: np.ndarray, nib: np.ndarray, nblk: int, bsize: int, foff: int, fsize: int) -> None:
+    """Byte i of each block's quant field = nibble 2i | nibble 2i+1 << 4 of that block's symbols."""
+    nib = np.ascontiguousarray(nib, dtype=np.uint8)
+    if tans._loop is not None:
+        tans._loop.merge_nibbles(nib, out, nblk, bsize, foff, fsize)
+        return
+    pairs = nib.view("<u2")             # (low | high << 8) per byte; >> 4 moves high into place
+    merged = pairs >> 4
+    merged |= pairs
+    np.copyto(out[: nblk * bsize].reshape(nblk, bsize)[:, foff:foff + fsize], merged.reshape(nblk, fsize),
+              casting="unsafe")        # keeps the low byte
+
+
 class GgufBlocksCodec(Codec):
     id = 5
     name = "ggufblocks"
@@ -112,8 +125,8 @@ class GgufBlocksCodec(Codec):
                 continue
             if t == Q4_1 and kind == "q":
                 ctx = np.repeat(_q4_1_context(blocks), 32) if nblk else None
-                nib = entropy.decode_stream(streams[si][0], nblk * 32, 16, ctx, 16).reshape(nblk, 16, 2)
-                blocks[:, foff:foff + fsize] = nib[:, :, 0] | (nib[:, :, 1] << 4)
+                nib = entropy.decode_stream(streams[si][0], nblk * 32, 16, ctx, 16)
+                _merge_nibbles(out, nib, nblk, bsize, foff, fsize)
             else:
                 vals = entropy.decode_stream(streams[si][0], nblk * fsize)
                 blocks[:, foff:foff + fsize] = vals.reshape(nblk, fsize)
