@@ -551,6 +551,28 @@ def test_compiled_and_numpy_nibble_merges_agree_and_touch_only_the_field(layout,
     assert results[0] == want.tobytes()
 
 
+SPECIAL_HALVES = [0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x3C00, 0xBC00, 0x7BFF, 0x7C00, 0xFC00,
+                  0x7E00, 0x7C01, 0xFE01, 0x3800, 0x4B80, 0x4B00, 0xCB80]   # zeros, subnormals, inf, nan, halves
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.integers(0, 0xFFFF), st.sampled_from(SPECIAL_HALVES)),
+                          st.one_of(st.integers(0, 0xFFFF), st.sampled_from(SPECIAL_HALVES))), max_size=300))
+def test_compiled_and_numpy_q4_1_zero_points_agree_for_every_half(pairs):
+    from lmzfs.codecs import ggufblocks
+    blocks = np.zeros((len(pairs), 20), dtype=np.uint8)
+    if pairs:
+        blocks[:, 0:4] = np.array(pairs, dtype="<u2").view(np.uint8).reshape(-1, 4)
+    results = _through_both_loops(lambda: ggufblocks._q4_1_contexts(blocks).tobytes())
+    assert results[0] == results[1]
+    want = []
+    with np.errstate(all="ignore"):
+        for d, m in np.array(pairs, dtype="<u2").reshape(-1, 2).view("<f2"):
+            z = -np.float32(m) / np.float32(d)          # float32 arithmetic, as the format says
+            want.append(int(min(15, max(0, np.rint(z)))) if np.isfinite(z) else 0)
+    assert results[0] == bytes(np.repeat(np.array(want, dtype=np.uint8), 32))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 15), st.lists(st.integers(0, 2**15 - 1), min_size=1, max_size=400))
 def test_compiled_fields_unpack_what_was_packed(R, values):

@@ -414,6 +414,7 @@ static PyMethodDef methods[] = {
     {"float_tables", tans_float_tables, METH_VARARGS, "floatsplit's decoder tables; see the comment above it in _tansfloat.c."},
     {"or_plane", tans_or_plane, METH_VARARGS, "floatsplit's plane merge; see the comment above it in _tansfloat.c."},
     {"merge_nibbles", tans_merge_nibbles, METH_VARARGS, "ggufblocks' Q4_1 quant merge; see _tansgguf.c."},
+    {"q4_1_contexts", tans_q4_1_contexts, METH_VARARGS, "ggufblocks' Q4_1 quant contexts; see _tansgguf.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
     {NULL, NULL, 0, NULL},
 };

@@ -25,5 +25,6 @@ PyObject *tans_unpack_fields(PyObject *self, PyObject *args);
 PyObject *tans_or_plane(PyObject *self, PyObject *args);
 PyObject *tans_float_tables(PyObject *self, PyObject *args);
 PyObject *tans_merge_nibbles(PyObject *self, PyObject *args);
+PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args);
 
 #endif

@@ -41,13 +41,19 @@ def block_bytes(dtype: str | None) -> int:
     return LAYOUTS[t][1] if t is not None else 0
 
 
-def _q4_1_context(blocks: np.ndarray) -> np.ndarray:
-    """Per block zero point clamp(rint(-m / d), 0, 15), 0 where that is not a finite number."""
-    dm = blocks[:, 0:4].copy().view("<f2").astype(np.float32)
+def _q4_1_contexts(blocks: np.ndarray) -> np.ndarray:
+    """The context of each of the 32 quants of a block: the block's zero point
+    clamp(rint(-m / d), 0, 15) in float32, 0 where that is not a finite number."""
+    nblk, bsize = blocks.shape
+    if tans._loop is not None:
+        out = np.empty(32 * nblk, dtype=np.uint8)
+        tans._loop.q4_1_contexts(np.ascontiguousarray(blocks), nblk, bsize, out)
+        return out
+    dm = blocks[:, 0:4].view("<f2").astype(np.float32)
     with np.errstate(all="ignore"):
         z = -dm[:, 1] / dm[:, 0]
     z = np.where(np.isfinite(z), z, 0.0)
-    return np.clip(np.rint(z), 0, 15).astype(np.uint8)
+    return np.repeat(np.clip(np.rint(z), 0, 15).astype(np.uint8), 32)
 
 
 def _merge_nibbles(out: np.ndarray, nib: np.ndarray, nblk: int, bsize: int, foff: int, fsize: int) -> None:
@@ -75,7 +81,7 @@ class GgufBlocksCodec(Codec):
         a = np.frombuffer(data, dtype=np.uint8)
         nblk = len(a) // bsize
         blocks = a[: nblk * bsize].reshape(nblk, bsize)
-        ctx = np.repeat(_q4_1_context(blocks), 32) if t == Q4_1 and nblk else None
+        ctx = _q4_1_contexts(blocks) if t == Q4_1 and nblk else None
         parts = []
         for off, size, kind in fields:
             if kind == "f16":
@@ -124,7 +130,7 @@ class GgufBlocksCodec(Codec):
                     si += 1
                 continue
             if t == Q4_1 and kind == "q":
-                ctx = np.repeat(_q4_1_context(blocks), 32) if nblk else None
+                ctx = _q4_1_contexts(blocks) if nblk else None
                 nib = entropy.decode_stream(streams[si][0], nblk * 32, 16, ctx, 16)
                 _merge_nibbles(out, nib, nblk, bsize, foff, fsize)
             else:
