@@ -386,6 +386,53 @@ def test_both_decode_paths_agree_on_symbols_end_states_and_errors(interleaved, m
     assert results[0] == results[1]
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 4000), S=st.sampled_from([2, 5, 16, 200, 256, 300]), K=st.sampled_from([1, 3, 130]),
+       lanes=st.integers(1, 400), seed=st.integers(0, 2**32 - 1))
+def test_compiled_and_numpy_sections_agree_on_tails_and_their_errors(n, S, K, lanes, seed):
+    # the tails (the last symbols of each lane, coded on the marginal, their low bits in the end
+    # states) are handled by _tanstails.c or by numpy: same symbols, same errors on damage
+    rng = np.random.default_rng(seed)
+    sym = np.minimum(rng.geometric(0.3, n) - 1, S - 1)
+    ctx = rng.integers(0, K, n).astype(np.uint8 if 2 * K <= 255 else np.int64) if K > 1 else None
+    sec = entropy.tans_section(sym, S, ctx, K, lanes=min(lanes, n))
+    damaged = [sec[:-1], sec + b"\x00", sec[:-1] + bytes([sec[-1] ^ 0x80]), sec[:-2] + bytes([sec[-2] ^ 0x11, sec[-1]])]
+
+    def decode_all():
+        out = []
+        for s in [sec] + damaged:
+            try:
+                out.append(entropy.decode_tans_section(s, n, S, ctx, K).tolist())
+            except CodecError as exc:
+                out.append(str(exc))
+        return out
+    results = _through_both_loops(decode_all, errors=())
+    assert results[0] == results[1]
+    assert results[0][0] == sym.tolist()
+
+
+def test_compiled_tails_merge_end_state_bits_and_refuse_what_no_symbol_owns():
+    from lmzfs.codecs import _tansloop as loop
+    # n = 9 in 2 interleaved lanes of 5 and 4 steps; k = 2 tails of g = 2 bits each: lane 0's
+    # tails are symbols 6 and 8, lane 1's symbols 5 and 7
+    sym = np.array([0, 0, 0, 0, 0, 1, 2, 3, 0], dtype=np.uint8)
+    ctx = np.zeros(9, dtype=np.uint8)
+    loop.tail_contexts(ctx, 9, 5, 2, 2, 3)
+    assert ctx.tolist() == [0, 0, 0, 0, 0, 3, 3, 3, 3]
+    fin = np.array([0b0110, 0b1001], dtype=np.int64)      # lane 0: bits 2 then 1; lane 1: 1 then 2
+    assert loop.tail_symbols(sym, fin, 9, 5, 2, 2, 2, 16) == 0
+    assert sym.tolist() == [0, 0, 0, 0, 0, 1 << 2 | 1, 2 << 2 | 2, 3 << 2 | 2, 0 << 2 | 1]
+    assert loop.tail_symbols(np.zeros(9, np.uint8), np.array([1 << 4, 0]), 9, 5, 2, 2, 2, 16) == 1
+    assert loop.tail_symbols(np.array([0] * 8 + [4], np.uint8), np.zeros(2, np.int64), 9, 5, 2, 2, 2, 16) == 2
+    assert loop.tail_symbols(np.array([0] * 8 + [3], np.uint8), np.array([12, 0]), 9, 5, 2, 2, 2, 15) == 2   # 15
+    # a lane shorter than k: bits of the tail it does not have must be zero
+    assert loop.tail_symbols(np.zeros(5, np.uint8), np.array([0, 0, 1]), 5, 2, 3, 2, 2, 16) == 1   # lane 2: 1 step
+    with pytest.raises(ValueError, match="tail_symbols: bad arguments"):
+        loop.tail_symbols(np.zeros(9, np.uint8), np.zeros(3, np.int64), 9, 5, 2, 2, 2, 16)
+    with pytest.raises(ValueError, match="tail_contexts: bad arguments"):
+        loop.tail_contexts(np.zeros(9, np.uint8), 9, 5, 2, 6, 3)     # more tails than steps
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_the_compiled_quantiser_matches_the_numpy_one_exactly(data):

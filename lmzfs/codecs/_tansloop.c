@@ -415,6 +415,8 @@ static PyMethodDef methods[] = {
     {"or_plane", tans_or_plane, METH_VARARGS, "floatsplit's plane merge; see the comment above it in _tansfloat.c."},
     {"merge_nibbles", tans_merge_nibbles, METH_VARARGS, "ggufblocks' Q4_1 quant merge; see _tansgguf.c."},
     {"q4_1_contexts", tans_q4_1_contexts, METH_VARARGS, "ggufblocks' Q4_1 quant contexts; see _tansgguf.c."},
+    {"tail_contexts", tans_tail_contexts, METH_VARARGS, "symbol sections' tail contexts; see _tanstails.c."},
+    {"tail_symbols", tans_tail_symbols, METH_VARARGS, "symbol sections' tail symbols; see _tanstails.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,6 +1,6 @@
 /* Shared by the sources of the lmzfs.codecs._tansloop extension: the decode loop (_tansloop.c,
  * which defines the module), the table helpers (_tanstables.c), floatsplit's helpers
- * (_tansfloat.c) and ggufblocks' (_tansgguf.c). */
+ * (_tansfloat.c), ggufblocks' (_tansgguf.c) and the symbol sections' tails (_tanstails.c). */
 #ifndef LMZFS_TANSLOOP_H
 #define LMZFS_TANSLOOP_H
 #define PY_SSIZE_T_CLEAN
@@ -26,5 +26,7 @@ PyObject *tans_or_plane(PyObject *self, PyObject *args);
 PyObject *tans_float_tables(PyObject *self, PyObject *args);
 PyObject *tans_merge_nibbles(PyObject *self, PyObject *args);
 PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args);
+PyObject *tans_tail_contexts(PyObject *self, PyObject *args);
+PyObject *tans_tail_symbols(PyObject *self, PyObject *args);
 
 #endif

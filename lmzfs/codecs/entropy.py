@@ -166,14 +166,26 @@ def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: i
     c = np.zeros(n, dtype=cdt) if ctx is None else np.asarray(ctx, dtype=cdt)
     if g:
         k = R // g
-        T = tans.layout(n, lanes, True)[0]
+        T, Wp, _ = tans.layout(n, lanes, True)
         if k > T:
             raise CodecError("tans section: lanes too short for their tails")
-        idx, ok, ti = _tail_positions(n, lanes, k)
-        c = c.copy()
-        c[ti] += cdt(K)
+        if ctx is not None:
+            c = c.copy()
+        loop = tans._loop
+        if loop is not None:            # the same as the numpy lines below; see _tanstails.c
+            loop.tail_contexts(c, n, T, Wp, k, K)
+        else:
+            idx, ok, ti = _tail_positions(n, lanes, k)
+            c[ti] += cdt(K)
         tab = tans.Tables(np.concatenate([freqs, _marginal(freqs, g)]), R)
         sym, fin = tans.decode(stream, n, tab, lanes, ctx=c, interleaved=True, values=_symbol_values(S))
+        if loop is not None:
+            code = loop.tail_symbols(sym, np.ascontiguousarray(fin, dtype=np.int64), n, T, Wp, k, g, S)
+            if code == 1:
+                raise CodecError("tans section: end state holds bits of no symbol")
+            if code:
+                raise CodecError("tans section: symbol out of range")
+            return sym if values is None else values[sym]
         lo = (fin[:, None] >> (g * np.arange(k))[None, :]) & ((1 << g) - 1)
         if (lo[~ok]).any() or (fin >> (k * g)).any():
             raise CodecError("tans section: end state holds bits of no symbol")
