@@ -197,15 +197,12 @@ static const char *run_steps(struct job *jb)
         for (int64_t t = 0; full * T + t < n; t++)                                             \
             out[full * T + t] = values[sym[t * SW + full]];                                    \
     }
-/* The 16-bit case (floatsplit's bfloat16 and float16): the loop already stored the values, so
- * this is a plain transpose, done in 8 x 8 blocks in SSE2 registers where the host has them. */
+/* The 16-bit case (floatsplit's bfloat16 and float16), contiguous lanes only (interleaved ones
+ * store into ``out`` directly): the loop already stored the values, so this is a plain
+ * transpose, done in 8 x 8 blocks in SSE2 registers where the host has them. */
 static void transpose16(const struct job *jb, const uint16_t *restrict sym, uint16_t *restrict out)
 {
     const int64_t n = jb->n, T = jb->T, Wp = jb->Wp, SW = jb->SW, full = Wp - 1;
-    if (jb->interleaved) {
-        memcpy(out, sym, (size_t)n * sizeof *out);
-        return;
-    }
     int64_t j = 0;
 #ifdef __SSE2__
     const int64_t T8 = T & ~(int64_t)7;
