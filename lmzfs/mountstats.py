@@ -110,7 +110,7 @@ def summary(mountpoint: Path, stats: dict, now: float | None = None) -> list[str
         f"  served      {human_bytes(reader.get('bytes_served', 0))} ({reader.get('bytes_served', 0)} bytes)"
         + (f" in {reader['reads']} reads" if "reads" in reader else ""),
         f"  decoded     {human_bytes(decoded)} in {reader.get('chunks_decoded', 0)} chunks, "
-        f"{seconds:.2f} s of decoding{rate}",
+        f"{seconds:.2f} s of decoding{rate}, in {stats.get('decoder', '?')} decoders",
         f"  cache       hit rate {'-' if hit_rate is None else f'{100 * hit_rate:.1f}%'} "
         f"(hits {cache.get('hits', 0)}, misses {cache.get('misses', 0)}, waits {cache.get('waits', 0)}); "
         f"holds {human_bytes(cache.get('bytes', 0))} of {human_bytes(cache.get('capacity_bytes', 0))}",

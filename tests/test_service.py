@@ -501,6 +501,7 @@ def test_lmz_stats_reports_bytes_served_equal_to_what_was_read(small_store, mnt,
         assert lmz(["stats"]) == 0                     # the only lmzfs mount
         out = capsys.readouterr().out
         assert f"lmzfs mount {mnt}" in out and f"({read} bytes)" in out and "cache       hit rate" in out
+        assert "s of decoding" in out and "in thread decoders" in out
         assert re.search(r"up \d+s\)", out)
 
 
