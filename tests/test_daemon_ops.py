@@ -356,3 +356,23 @@ def test_tree_skips_conflicting_and_invalid_paths(caplog):
     assert [n.name for n in tree.children(tree.lookup(ROOT_INODE, "m").inode)] == ["ok"]
     assert "a/b/c" in caplog.text and "x/../y" in caplog.text
     assert tree.refresh(archive) is None                  # same generation: no rebuild
+
+
+@pytest.mark.allow_log_warnings
+def test_a_quick_chunk_is_read_on_the_event_loop_and_its_damage_is_still_eio(caplog):
+    archive = FakeArchive()
+    archive.add("m", "small.bin", WEIGHTS[:100_000], quick=True)
+    archive.corrupt("m", "small.bin", 90_000)
+
+    async def main():
+        ops = LmzOperations(archive)
+        attrs = await resolve(ops, "m/small.bin")
+        info = await ops.open(attrs.st_ino, os.O_RDONLY)
+        assert await ops.read(info.fh, 4096, 8192) == WEIGHTS[4096:12288]
+        assert (ops._counters["reads_inline"], ops._counters["reads_threaded"]) == (1, 0)
+        with caplog.at_level(logging.ERROR):
+            await expect_errno(errno.EIO, ops.read(info.fh, 86016, 8192))
+        assert "small.bin" in caplog.text and "86016" in caplog.text
+        assert ops._counters["reads_threaded"] == 0
+        await ops.release(info.fh)
+    run(main)

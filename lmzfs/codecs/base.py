@@ -40,6 +40,10 @@ class Codec(ABC):
 
     id: int
     name: str
+    # Decodes at hundreds of MB/s or more on one core (zstd and plain copies, no entropy coder of
+    # our own): a small chunk of it decodes faster than a thread hop, so a reader may decode it
+    # on an event loop (lmzfs/reader/archive.py, QUICK_BYTES).
+    quick: bool = False
 
     @abstractmethod
     def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:

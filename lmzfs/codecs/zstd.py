@@ -81,6 +81,7 @@ def decompress(frame: Buffer, size: int, what: str = "zstd") -> bytes:
 class ZstdCodec(Codec):
     id = 1
     name = "zstd"
+    quick = True
 
     def __init__(self, level: int = DEFAULT_LEVEL):
         self.level = level

@@ -75,10 +75,11 @@ class _BytesReader:
         self.size = len(data)
         self._data = data
 
-    def pread_cached(self, offset: int, length: int) -> bytes:
+    def pread(self, offset: int, length: int) -> bytes:
         return self._data[offset:offset + length]
 
-    pread = pread_cached
+    def pread_cached(self, offset: int, length: int, *, decode_quick: bool = False) -> bytes:
+        return self.pread(offset, length)
 
     def close(self) -> None:
         pass
@@ -263,14 +264,14 @@ class LmzOperations(pyfuse3.Operations):
         handle = self._files.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        # Chunks already decoded (by an earlier read or by read-ahead) are served right here: a
-        # thread hop costs more than slicing a cached chunk.
-        data = handle.reader.pread_cached(off, size)
-        if data is not None:
-            self._counters["reads_inline"] += 1
-            return data
-        self._counters["reads_threaded"] += 1
+        # Chunks already decoded (by an earlier read or by read-ahead) are served right here, and so
+        # is one small chunk of a quick codec: a thread hop costs more than either.
         try:
+            data = handle.reader.pread_cached(off, size, decode_quick=True)
+            if data is not None:
+                self._counters["reads_inline"] += 1
+                return data
+            self._counters["reads_threaded"] += 1
             return await trio.to_thread.run_sync(handle.reader.pread, off, size, limiter=self._limiter)
         except CorruptChunk as exc:
             entry = handle.entry

@@ -11,9 +11,11 @@ layers above lives in lmzfs/testing/fake_archive.py. Both follow this contract:
   It may be called from several threads at once. Every decoded chunk is checked against its id
   before any byte of it is returned; a chunk that fails the check or cannot be read raises
   CorruptChunk, an OSError with errno EIO, never wrong bytes.
-- ``FileReader.pread_cached(offset, length)`` returns the same bytes as pread() when they can be
-  served without decoding (every chunk already cached), else None; it never blocks, so an event
-  loop may call it directly.
+- ``FileReader.pread_cached(offset, length, decode_quick=False)`` returns the same bytes as
+  pread() when they can be served without decoding (every chunk already cached), else None; it
+  never waits for another thread, so an event loop may call it directly. With decode_quick it
+  may also decode one small chunk of a fast codec itself (well under a millisecond), and then
+  raise CorruptChunk as pread() does.
 """
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ class _FakeFile:
     data: bytes
     # Offsets marked damaged; shared with open readers so damage shows up in them too.
     corrupt_offsets: set[int] = field(default_factory=set)
+    quick: bool = False            # pread_cached(decode_quick=True) serves it, as one quick chunk would
 
 
 class FakeFileReader:
@@ -56,9 +57,10 @@ class FakeFileReader:
                 raise CorruptChunk(f"{entry.model}/{entry.path}: damaged chunk at offset {bad}")
         return self._file.data[offset:end]
 
-    def pread_cached(self, offset: int, length: int) -> bytes | None:
-        """The fake keeps no decoded-chunk cache: every read takes the pread() path."""
-        return None
+    def pread_cached(self, offset: int, length: int, *, decode_quick: bool = False) -> bytes | None:
+        """The fake keeps no decoded-chunk cache: every read takes the pread() path, except that
+        with decode_quick a file added with quick=True is read (and its damage raised) here."""
+        return self.pread(offset, length) if decode_quick and self._file.quick else None
 
     def close(self) -> None:
         if not self.closed:
@@ -78,8 +80,8 @@ class FakeArchive:
     # -- building the fake store ------------------------------------------------------------
 
     def add(self, model: str, path: str, data: bytes, mtime: float = DEFAULT_MTIME,
-            codecs: str = "zstd") -> FileEntry:
-        """Add (or replace) one file of a model."""
+            codecs: str = "zstd", quick: bool = False) -> FileEntry:
+        """Add (or replace) one file of a model; quick: serve it as chunks of a quick codec."""
         data = bytes(data)
         entry = FileEntry(
             model=model, path=path, size=len(data), mtime=float(mtime),
@@ -87,7 +89,7 @@ class FakeArchive:
             file_id=self._next_file_id,
         )
         self._next_file_id += 1
-        self._files[(model, path)] = _FakeFile(entry, data)
+        self._files[(model, path)] = _FakeFile(entry, data, quick=quick)
         self._generation += 1
         return entry
 
@@ -154,7 +156,7 @@ class FakeArchive:
             manifest.append({
                 "model": f.entry.model, "path": f.entry.path, "mtime": f.entry.mtime,
                 "codecs": f.entry.codecs, "sha256": f.entry.sha256,
-                "corrupt_offsets": sorted(f.corrupt_offsets),
+                "corrupt_offsets": sorted(f.corrupt_offsets), "quick": f.quick,
             })
         # Written to a temporary name and renamed, so a reader never sees half a manifest.
         fd, tmp = tempfile.mkstemp(dir=root, prefix=".manifest.")
@@ -167,7 +169,7 @@ class FakeArchive:
         self._files = {}
         for item in manifest:
             entry = self.add(item["model"], item["path"], (root / "blobs" / item["sha256"]).read_bytes(),
-                             mtime=item["mtime"], codecs=item["codecs"])
+                             mtime=item["mtime"], codecs=item["codecs"], quick=item.get("quick", False))
             self._files[(entry.model, entry.path)].corrupt_offsets.update(item["corrupt_offsets"])
 
 

@@ -1,0 +1,122 @@
+"""pread_cached(decode_quick=True): one small chunk of a quick codec decoded by the caller (no mount)."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from lmzfs.errors import CorruptChunk
+from lmzfs.reader import Archive
+from lmzfs.reader.archive import QUICK_BYTES
+from lmzfs.store.add import add_model
+from lmzfs.store.layout import StorePaths
+from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
+
+SMALL = 64 << 10
+
+
+@pytest.fixture(scope="module")
+def quick_store(tmp_path_factory) -> tuple[StorePaths, dict[str, bytes]]:
+    """`add --fast --chunk-size 64K` of random bytes (raw chunks) and of text (zstd chunks)."""
+    root = tmp_path_factory.mktemp("quick")
+    src = root / "src"
+    src.mkdir()
+    rng = random.Random(7)
+    originals = {"noise.bin": rng.randbytes(5 * SMALL),
+                 "words.txt": " ".join(rng.choice(("alpha", "beta", "gamma", "delta")) for _ in range(80_000)).encode()}
+    for name, data in originals.items():
+        (src / name).write_bytes(data)
+    store = StorePaths(root / "store")
+    add_model(store, src, "q", fast=True, chunk_size=SMALL)
+    return store, originals
+
+
+def _codecs(archive: Archive, name: str) -> set[str]:
+    with archive.open(archive.entry("q", name)) as r:
+        return {e.codec for e in r._extents}
+
+
+def test_one_missing_quick_chunk_is_decoded_by_the_caller_and_then_cached(quick_store):
+    store, originals = quick_store
+    archive = Archive(store.root, workers=0)
+    try:
+        assert _codecs(archive, "noise.bin") == {"raw"} and "zstd" in _codecs(archive, "words.txt")
+        for name in originals:
+            with archive.open(archive.entry("q", name)) as r:
+                off = SMALL + 1000
+                assert r.pread_cached(off, 4096) is None
+                before = archive.stats.chunks_decoded
+                assert r.pread_cached(off, 4096, decode_quick=True) == originals[name][off:off + 4096]
+                assert archive.stats.chunks_decoded == before + 1
+                assert r.pread_cached(off + 8192, 4096) == originals[name][off + 8192:off + 12288]
+    finally:
+        archive.close()
+
+
+def test_a_read_over_two_missing_chunks_decodes_nothing_and_goes_to_a_thread(quick_store):
+    store, originals = quick_store
+    archive = Archive(store.root, workers=0)
+    try:
+        with archive.open(archive.entry("q", "noise.bin")) as r:
+            assert r.pread_cached(2 * SMALL - 100, 200, decode_quick=True) is None
+            assert archive.stats.chunks_decoded == 0
+            assert r.pread(2 * SMALL - 100, 100) == originals["noise.bin"][2 * SMALL - 100:2 * SMALL]
+            # one of the two is cached now: the other is decoded here
+            assert r.pread_cached(2 * SMALL - 100, 200, decode_quick=True) == \
+                originals["noise.bin"][2 * SMALL - 100:2 * SMALL + 100]
+            assert archive.stats.chunks_decoded == 2
+    finally:
+        archive.close()
+
+
+def test_a_chunk_another_thread_decodes_is_not_decoded_again_here(quick_store):
+    from lmzfs.reader.cache import _InFlight
+    store, _ = quick_store
+    archive = Archive(store.root, workers=0)
+    try:
+        with archive.open(archive.entry("q", "noise.bin")) as r:
+            e = r._extents[0]
+            archive.cache._inflight[e.chunk_id] = _InFlight()
+            assert r.pread_cached(0, 4096, decode_quick=True) is None
+            assert archive.stats.chunks_decoded == 0
+    finally:
+        archive.cache._inflight.clear()
+        archive.close()
+
+
+def test_entropy_coded_and_large_chunks_are_left_to_a_thread(tmp_path):
+    src = small_model(tmp_path / "m", seed=3)              # FP32 weights: floatsplit chunks
+    (src / "noise.bin").write_bytes(random.Random(3).randbytes(2 * QUICK_BYTES + 1))
+    for chunk_size, name, codec in ((None, "noise.bin", "raw"), (QUICK_BYTES, "model.safetensors", "floatsplit")):
+        store = StorePaths(tmp_path / f"store-{chunk_size}")
+        add_model(store, src, "m", chunk_size=chunk_size)
+        archive = Archive(store.root, workers=0)
+        try:
+            with archive.open(archive.entry("m", name)) as r:
+                tested = [e for e in r._extents if e.codec == codec and e.size >= QUICK_BYTES]
+                assert tested and all(e.size > QUICK_BYTES for e in tested) == (codec == "raw")
+                for e in tested:
+                    assert r.pread_cached(e.offset, 4096, decode_quick=True) is None
+            assert archive.stats.chunks_decoded == 0
+        finally:
+            archive.close()
+
+
+def test_a_damaged_quick_chunk_is_corrupt_chunk_naming_the_file_never_wrong_bytes(tmp_path, quick_store):
+    _, originals = quick_store
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "noise.bin").write_bytes(originals["noise.bin"])
+    store = StorePaths(tmp_path / "store")
+    add_model(store, src, "q", fast=True, chunk_size=SMALL)
+    bad = flip_byte_in_chunk_of(store, "q", "noise.bin")
+    archive = Archive(store.root, workers=0)
+    try:
+        with archive.open(archive.entry("q", "noise.bin")) as r:
+            with pytest.raises(CorruptChunk, match="q/noise.bin at offset"):
+                r.pread_cached(bad, 16, decode_quick=True)
+            good = (bad // SMALL + 2) % 5 * SMALL
+            assert r.pread_cached(good, 16, decode_quick=True) == originals["noise.bin"][good:good + 16]
+    finally:
+        archive.close()
