@@ -117,7 +117,7 @@ def summary(mountpoint: Path, stats: dict, now: float | None = None) -> list[str
         f"  read-ahead  {ra_state}: {reader.get('readahead_chunks', 0)} chunks decoded ahead, "
         f"{reader.get('readahead_hits', 0)} reads served from them, "
         f"{readahead.get('active_streams', 0)} active streams",
-        f"  reads       {daemon.get('reads_inline', 0)} from decoded chunks on the event loop, "
+        f"  reads       {daemon.get('reads_inline', 0)} on the event loop (decoded chunks, or one quick decode), "
         f"{daemon.get('reads_threaded', 0)} in worker threads",
         f"  open files  {stats.get('open_files', 0)}",
     ]
