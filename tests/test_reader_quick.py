@@ -120,3 +120,19 @@ def test_a_damaged_quick_chunk_is_corrupt_chunk_naming_the_file_never_wrong_byte
             assert r.pread_cached(good, 16, decode_quick=True) == originals["noise.bin"][good:good + 16]
     finally:
         archive.close()
+
+
+def test_with_the_process_decoder_a_quick_chunk_is_still_decoded_here_not_queued(quick_store, monkeypatch):
+    store, originals = quick_store
+    archive = Archive(store.root, workers=1, decoder="process")
+    try:
+        def queued(fd, extent):
+            raise AssertionError("a quick decode went to the worker processes")
+        monkeypatch.setattr(archive.decoder, "decode", queued)
+        with archive.open(archive.entry("q", "words.txt")) as r:
+            assert r.pread_cached(100, 50, decode_quick=True) == originals["words.txt"][100:150]
+            with pytest.raises(AssertionError):          # pread still uses the workers
+                r.pread(3 * SMALL, 50)
+    finally:
+        monkeypatch.undo()
+        archive.close()
