@@ -32,48 +32,46 @@ def quick_store(tmp_path_factory) -> tuple[StorePaths, dict[str, bytes]]:
     return store, originals
 
 
+@pytest.fixture
+def archive(quick_store):
+    """The quick store opened with no read-ahead, closed after the test."""
+    a = Archive(quick_store[0].root, workers=0)
+    yield a
+    a.close()
+
+
 def _codecs(archive: Archive, name: str) -> set[str]:
     with archive.open(archive.entry("q", name)) as r:
         return {e.codec for e in r._extents}
 
 
-def test_one_missing_quick_chunk_is_decoded_by_the_caller_and_then_cached(quick_store):
-    store, originals = quick_store
-    archive = Archive(store.root, workers=0)
-    try:
-        assert _codecs(archive, "noise.bin") == {"raw"} and "zstd" in _codecs(archive, "words.txt")
-        for name in originals:
-            with archive.open(archive.entry("q", name)) as r:
-                off = SMALL + 1000
-                assert r.pread_cached(off, 4096) is None
-                before = archive.stats.chunks_decoded
-                assert r.pread_cached(off, 4096, decode_quick=True) == originals[name][off:off + 4096]
-                assert archive.stats.chunks_decoded == before + 1
-                assert r.pread_cached(off + 8192, 4096) == originals[name][off + 8192:off + 12288]
-    finally:
-        archive.close()
+def test_one_missing_quick_chunk_is_decoded_by_the_caller_and_then_cached(quick_store, archive):
+    _, originals = quick_store
+    assert _codecs(archive, "noise.bin") == {"raw"} and "zstd" in _codecs(archive, "words.txt")
+    for name in originals:
+        with archive.open(archive.entry("q", name)) as r:
+            off = SMALL + 1000
+            assert r.pread_cached(off, 4096) is None
+            before = archive.stats.chunks_decoded
+            assert r.pread_cached(off, 4096, decode_quick=True) == originals[name][off:off + 4096]
+            assert archive.stats.chunks_decoded == before + 1
+            assert r.pread_cached(off + 8192, 4096) == originals[name][off + 8192:off + 12288]
 
 
-def test_a_read_over_two_missing_chunks_decodes_nothing_and_goes_to_a_thread(quick_store):
-    store, originals = quick_store
-    archive = Archive(store.root, workers=0)
-    try:
-        with archive.open(archive.entry("q", "noise.bin")) as r:
-            assert r.pread_cached(2 * SMALL - 100, 200, decode_quick=True) is None
-            assert archive.stats.chunks_decoded == 0
-            assert r.pread(2 * SMALL - 100, 100) == originals["noise.bin"][2 * SMALL - 100:2 * SMALL]
-            # one of the two is cached now: the other is decoded here
-            assert r.pread_cached(2 * SMALL - 100, 200, decode_quick=True) == \
-                originals["noise.bin"][2 * SMALL - 100:2 * SMALL + 100]
-            assert archive.stats.chunks_decoded == 2
-    finally:
-        archive.close()
+def test_a_read_over_two_missing_chunks_decodes_nothing_and_goes_to_a_thread(quick_store, archive):
+    _, originals = quick_store
+    with archive.open(archive.entry("q", "noise.bin")) as r:
+        assert r.pread_cached(2 * SMALL - 100, 200, decode_quick=True) is None
+        assert archive.stats.chunks_decoded == 0
+        assert r.pread(2 * SMALL - 100, 100) == originals["noise.bin"][2 * SMALL - 100:2 * SMALL]
+        # one of the two is cached now: the other is decoded here
+        assert r.pread_cached(2 * SMALL - 100, 200, decode_quick=True) == \
+            originals["noise.bin"][2 * SMALL - 100:2 * SMALL + 100]
+        assert archive.stats.chunks_decoded == 2
 
 
-def test_a_chunk_another_thread_decodes_is_not_decoded_again_here(quick_store):
+def test_a_chunk_another_thread_decodes_is_not_decoded_again_here(archive):
     from lmzfs.reader.cache import _InFlight
-    store, _ = quick_store
-    archive = Archive(store.root, workers=0)
     try:
         with archive.open(archive.entry("q", "noise.bin")) as r:
             e = r._extents[0]
@@ -82,7 +80,6 @@ def test_a_chunk_another_thread_decodes_is_not_decoded_again_here(quick_store):
             assert archive.stats.chunks_decoded == 0
     finally:
         archive.cache._inflight.clear()
-        archive.close()
 
 
 def test_entropy_coded_and_large_chunks_are_left_to_a_thread(tmp_path):

@@ -145,7 +145,11 @@ class FileReader:
         return data
 
     def _chunk(self, e: Extent, here: bool = False) -> bytes:
-        return self._archive.cache.get(e.chunk_id, lambda: self._decode(e, here))
+        """The chunk through the shared cache; damage is reported with this file and the chunk's offset."""
+        try:
+            return self._archive.cache.get(e.chunk_id, lambda: self._decode(e, here))
+        except CorruptChunk as exc:
+            raise CorruptChunk(f"{self.label} at offset {e.offset}: {exc.strerror}") from None
 
     def _prefetch(self, e: Extent) -> None:
         with self._cond:
@@ -193,12 +197,7 @@ class FileReader:
         end, first, offset = self._span(offset, length)
         if offset >= end:
             return b""
-        chunks = []
-        for e in self._covering(first, end):
-            try:
-                chunks.append(self._chunk(e))
-            except CorruptChunk as exc:
-                raise CorruptChunk(f"{self.label} at offset {e.offset}: {exc.strerror}") from None
+        chunks = [self._chunk(e) for e in self._covering(first, end)]
         return self._finish(offset, end, first, chunks)
 
     def pread_cached(self, offset: int, length: int, *, decode_quick: bool = False) -> bytes | None:
@@ -212,21 +211,19 @@ class FileReader:
             return b""
         cache = self._archive.cache
         chunks: list[bytes | None] = []
-        missing: Extent | None = None
-        for e in self._covering(first, end):
+        missing: int | None = None          # the index in chunks of the one chunk to decode here
+        covering = self._covering(first, end)
+        for i, e in enumerate(covering):
             data = cache.peek(e.chunk_id)
             if data is None:
                 # a second miss, a slow codec, or a chunk another thread decodes: a thread waits
                 if missing is not None or not decode_quick or not _quick(e) or e.chunk_id in cache:
                     return None
-                missing = e
+                missing = i
             chunks.append(data)
         if missing is not None:
-            try:
-                # never through the worker processes: waiting for a free one could take long
-                chunks[chunks.index(None)] = self._chunk(missing, here=True)
-            except CorruptChunk as exc:
-                raise CorruptChunk(f"{self.label} at offset {missing.offset}: {exc.strerror}") from None
+            # never through the worker processes: waiting for a free one could take long
+            chunks[missing] = self._chunk(covering[missing], here=True)
         return self._finish(offset, end, first, chunks)
 
     def _finish(self, offset: int, end: int, first: int, chunks: list[bytes]) -> bytes:
