@@ -34,7 +34,7 @@ test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Compression and mount tables in one run (20-60 min, mostly zstd -19): docs/results.md, and every
-# number in bench/out/results.json. BENCH_ARGS passes options, e.g. BENCH_ARGS="--runs 5".
+# number in docs/results.json (committed with it, for bench/merge.py). BENCH_ARGS passes options, e.g. BENCH_ARGS="--runs 5".
 bench: install
 	bash bench/setup.sh
 	bench/.venv/bin/python bench/run.py --out docs/results.md $(BENCH_ARGS)

