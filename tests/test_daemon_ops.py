@@ -376,3 +376,33 @@ def test_a_quick_chunk_is_read_on_the_event_loop_and_its_damage_is_still_eio(cap
         assert ops._counters["reads_threaded"] == 0
         await ops.release(info.fh)
     run(main)
+
+
+def test_opens_wait_until_the_read_ahead_window_is_widened_then_all_go_through():
+    ops = LmzOperations(make_archive())
+    widened = trio.Event()
+    ops.hold_opens_until(widened)
+    opened = []
+
+    async def main():
+        attrs = await resolve(ops, "minilm/model.safetensors")
+
+        async def opener():
+            opened.append(await ops.open(attrs.st_ino, os.O_RDONLY))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(opener)
+            nursery.start_soon(opener)
+            await trio.testing.wait_all_tasks_blocked()
+            assert opened == []             # held: the kernel would give them the narrow window
+            widened.set()
+        assert len(opened) == 2
+        data = b"".join([await ops.read(opened[0].fh, off, 65536) for off in range(0, len(WEIGHTS), 65536)])
+        assert data == WEIGHTS
+        for info in opened:
+            await ops.release(info.fh)
+        # once set, opens are answered at once
+        info = await ops.open(attrs.st_ino, os.O_RDONLY)
+        await ops.release(info.fh)
+
+    run(main)

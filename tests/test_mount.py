@@ -250,21 +250,32 @@ def test_the_stats_file_counts_what_was_served_and_is_hidden_from_listings(serve
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root may widen a mount's read-ahead window")
-def test_the_kernel_sends_reads_of_up_to_1_mib_once_the_mount_is_up(served, model_dir):
+def test_a_reader_that_opens_as_soon_as_the_mountpoint_appears_gets_reads_of_up_to_1_mib(real_store, tmp_path, model_dir):
+    # The mountpoint appears before the daemon widens the window, and the kernel gives a file the
+    # window it finds when its open is answered: the daemon holds opens until it has widened it.
     import json
-    root = served.parent
-    device = os.stat(root).st_dev
-    knob = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
-    deadline = time.monotonic() + 5
-    while knob.read_text().strip() != "1024" and time.monotonic() < deadline:
-        time.sleep(0.05)      # widened once the kernel's INIT request has been answered
-    assert knob.read_text().strip() == "1024"
-    before = json.loads((root / ".lmzfs" / "stats.json").read_bytes())["daemon"]
-    data = (served / "model.gguf").read_bytes()
-    after = json.loads((root / ".lmzfs" / "stats.json").read_bytes())["daemon"]
-    assert data == (model_dir / "model.gguf").read_bytes()
-    requests = sum(after[k] - before[k] for k in ("reads_inline", "reads_threaded"))
-    assert requests <= len(data) // (512 << 10)     # 128 KiB requests would be 4x as many
+    from lmzfs.testing.mount import daemon_command
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with open(os.devnull, "rb") as devnull:
+        proc = subprocess.Popen(daemon_command(mnt, real_store), stdin=devnull)
+    try:
+        deadline = time.monotonic() + 30
+        while not is_mount_point(mnt):
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not mount"
+            time.sleep(0.001)
+        with open(mnt / "real" / "model.gguf", "rb") as f:      # at once, as an impatient reader would
+            data = f.read()
+        assert data == (model_dir / "model.gguf").read_bytes()
+        stats = json.loads((mnt / ".lmzfs" / "stats.json").read_bytes())["daemon"]
+        requests = stats["reads_inline"] + stats["reads_threaded"]
+        assert requests <= len(data) // (512 << 10)     # 128 KiB requests would be 8x as many
+        device = os.stat(mnt).st_dev
+        knob = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
+        assert knob.read_text().strip() == "1024"
+    finally:
+        unmount_and_stop(mnt, proc)
+    assert not is_mount_point(mnt)
 
 
 def test_sigterm_during_heavy_reads_unmounts_cleanly_and_no_reader_gets_wrong_bytes(real_store, tmp_path, model_dir):

@@ -237,33 +237,40 @@ async def _main_loop(ops, archive=None, notifier=None, store_dir=None, mountpoin
                 pyfuse3.terminate()
                 return
 
+    widened = trio.Event()
+    ops.hold_opens_until(widened)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(terminate_on_signal)
         nursery.start_soon(ops.refresh_periodically, 1.0)
-        nursery.start_soon(_when_initialised, ops, mountpoint, announce_ready)
+        nursery.start_soon(_when_initialised, ops, mountpoint, announce_ready, widened)
         if notifier is not None and notifier.enabled:
             nursery.start_soon(_report_changes, archive, notifier, store_dir, mountpoint)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()     # main returned: unmounted or terminated
 
 
-async def _when_initialised(ops, mountpoint, announce_ready) -> None:
+async def _when_initialised(ops, mountpoint, announce_ready, widened=None) -> None:
     """Once the kernel's INIT request has been answered: widen the mount's read-ahead window, then
-    tell the launcher and the service manager that the mount is ready.
+    let opens through (*widened*) and tell the launcher and the service manager that the mount is
+    ready.
 
     The kernel sets the window from the INIT reply (128 KiB), undoing any value written before,
-    and a file takes the window it finds when it is opened; so readiness waits for the widening,
-    or a reader that starts at once would read in 128 KiB requests for as long as it has the file
-    open."""
+    and a file takes the window it finds when its open is answered; so opens and readiness wait
+    for the widening, or a reader that starts as soon as the mountpoint appears (before `lmz
+    mount` returns) would read in 128 KiB requests for as long as it has the file open."""
     import trio
 
-    for _ in range(500):                  # INIT comes with the first turn of the loop; wait <= 5 s
-        if ops.mounted:
-            break
-        await trio.sleep(0.01)
-    await trio.sleep(0.05)                # the reply goes out right after init() returns
-    if mountpoint is not None:
-        raise_kernel_readahead(mountpoint)
+    try:
+        for _ in range(500):              # INIT comes with the first turn of the loop; wait <= 5 s
+            if ops.mounted:
+                break
+            await trio.sleep(0.01)
+        await trio.sleep(0.05)            # the reply goes out right after init() returns
+        if mountpoint is not None:
+            raise_kernel_readahead(mountpoint)
+    finally:
+        if widened is not None:           # whatever happened, opens must not wait for ever
+            widened.set()
     if announce_ready is not None:
         announce_ready()
 

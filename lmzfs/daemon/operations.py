@@ -108,6 +108,7 @@ class LmzOperations(pyfuse3.Operations):
         self._totals = None                 # (generation, StoreTotals)
         self._mounted = False               # kernel notifications only make sense when mounted
         self._counters = {"reads_inline": 0, "reads_threaded": 0}
+        self._opens_held: trio.Event | None = None
         self._refresh()
 
     @property
@@ -121,6 +122,15 @@ class LmzOperations(pyfuse3.Operations):
     def mounted(self) -> bool:
         """True once the kernel's INIT request has been answered (pyfuse3 calls init() then)."""
         return self._mounted
+
+    def hold_opens_until(self, event: trio.Event) -> None:
+        """Answer no open() before *event* is set.
+
+        The kernel gives a file the mount's read-ahead window as it is when the open is answered,
+        and keeps it while the file stays open; the mountpoint appears before the daemon has
+        widened that window (mount.py's _when_initialised), so a reader that opens at once would
+        otherwise read in 128 KiB requests, and mmap faults fetch as little, until it reopens."""
+        self._opens_held = event
 
     # -- keeping the tree current ---------------------------------------------------------------
 
@@ -241,6 +251,8 @@ class LmzOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def open(self, inode, flags, ctx=None):
+        if self._opens_held is not None and not self._opens_held.is_set():
+            await self._opens_held.wait()
         if flags & WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self._node(inode)
