@@ -116,6 +116,7 @@ def summary(mountpoint: Path, stats: dict, now: float | None = None) -> list[str
         f"holds {human_bytes(cache.get('bytes', 0))} of {human_bytes(cache.get('capacity_bytes', 0))}",
         f"  read-ahead  {ra_state}: {reader.get('readahead_chunks', 0)} chunks decoded ahead, "
         f"{reader.get('readahead_hits', 0)} reads served from them, "
+        f"{reader.get('chunks_released', 0)} chunks released once read, "
         f"{readahead.get('active_streams', 0)} active streams",
         f"  reads       {daemon.get('reads_inline', 0)} on the event loop (decoded chunks, or one quick decode), "
         f"{daemon.get('reads_threaded', 0)} in worker threads",

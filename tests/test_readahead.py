@@ -51,6 +51,46 @@ def test_a_sequential_reader_is_served_by_read_ahead(eight_files):
         archive.close()
 
 
+def test_a_sequential_reader_leaves_none_of_the_chunks_it_read_in_the_cache(eight_files):
+    # the kernel's page cache holds what was served; a second copy here only costs memory. With
+    # 128 KiB reads each chunk is read eight times: releasing one before its last read would
+    # decode it again.
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=32 << 20, workers=2)
+    try:
+        entry = archive.entry("big", "f2.bin")
+        for rnd in (1, 2):
+            with archive.open(entry) as reader:
+                got = bytearray()
+                for off in range(0, entry.size, 128 << 10):
+                    data = reader.pread_cached(off, 128 << 10)
+                    got += data if data is not None else reader.pread(off, 128 << 10)
+                assert bytes(got) == originals["f2.bin"]
+            stats = archive.stats.snapshot()
+            assert stats["chunks_released"] == 6 * rnd
+            assert stats["chunks_decoded"] == 6 * rnd      # read again, released chunks are decoded again
+            assert archive.cache.size_bytes == 0
+    finally:
+        archive.close()
+
+
+def test_random_reads_keep_the_chunks_they_decoded(eight_files):
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=32 << 20, workers=2)
+    rng = random.Random(5)
+    try:
+        entry = archive.entry("big", "f3.bin")
+        with archive.open(entry) as reader:
+            for _ in range(100):
+                off = rng.randrange(0, entry.size // 4096) * 4096
+                assert reader.pread(off, 4096) == originals["f3.bin"][off:off + 4096]
+        stats = archive.stats.snapshot()
+        assert stats["chunks_released"] == 0
+        assert archive.cache.size_bytes == stats["chunks_decoded"] * CHUNK
+    finally:
+        archive.close()
+
+
 def test_read_ahead_starts_only_after_two_sequential_reads_in_a_row():
     from lmzfs.reader.readahead import MIN_WINDOW, Prefetcher
     p = Prefetcher(1, 256 << 20)

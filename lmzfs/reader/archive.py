@@ -157,7 +157,9 @@ class FileReader:
                 return
             self._prefetching += 1
         try:
-            if e.chunk_id not in self._archive.cache:
+            # a chunk the reader has already read past was decoded by it, and may be released
+            passed = self._stream is not None and e.offset + e.size <= self._stream.expected
+            if not passed and e.chunk_id not in self._archive.cache:
                 self._chunk(e)
                 self._archive.stats.add(readahead_chunks=1)
                 with self._cond:
@@ -236,17 +238,19 @@ class FileReader:
                     if e.chunk_id in self._prefetched:
                         self._prefetched.discard(e.chunk_id)
                         hit = True
-        stats.add(reads=1, bytes_served=len(out), readahead_hits=int(hit))
-        self._read_ahead(offset, end)
+        released = self._read_ahead(offset, end, self._extents[first:first + len(chunks)])
+        stats.add(reads=1, bytes_served=len(out), readahead_hits=int(hit), chunks_released=released)
         return out
 
-    def _read_ahead(self, offset: int, end: int) -> None:
+    def _read_ahead(self, offset: int, end: int, served: list[Extent]) -> int:
+        """Feed the stream state; schedule read-ahead; return how many served chunks were released."""
         prefetcher = self._archive.prefetcher
         if prefetcher is None or self._fds is None:
-            return
+            return 0
         span = prefetcher.note_read(self._stream, offset, end)
+        released = self._release(served, end) if self._stream.streaming else 0
         if span is None:
-            return
+            return released
         start, stop = span
         i = max(0, bisect.bisect_right(self._starts, start) - 1)
         cache = self._archive.cache
@@ -255,6 +259,14 @@ class FileReader:
             if e.chunk_id not in cache:
                 prefetcher.submit(lambda e=e: self._prefetch(e))
             i += 1
+        return released
+
+    def _release(self, served: list[Extent], end: int) -> int:
+        """Use once: a chunk a sequential reader has now read to its end is in the kernel's page
+        cache (the mount keeps it), so a second copy here would only cost memory, and on a fresh
+        mount a page fault for every 4 KiB of it that a recycled buffer does not pay."""
+        cache = self._archive.cache
+        return sum(cache.discard(e.chunk_id) for e in served if e.offset + e.size <= end)
 
     def close(self) -> None:
         with self._cond:

@@ -99,6 +99,15 @@ class ChunkCache:
                 _, evicted = self._items.popitem(last=False)
                 self._bytes -= len(evicted)
 
+    def discard(self, key: bytes) -> bool:
+        """Drop a cached value (not one being decoded); True if it was there."""
+        with self._lock:
+            value = self._items.pop(key, None)
+            if value is None:
+                return False
+            self._bytes -= len(value)
+            return True
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()

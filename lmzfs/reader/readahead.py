@@ -33,6 +33,11 @@ class StreamState:
     last_access: float = 0.0
     sequential_reads: int = 0
 
+    @property
+    def streaming(self) -> bool:
+        """The last read continued a sequential stream (START_AFTER reads in a row or more)."""
+        return self.sequential_reads >= START_AFTER
+
 
 class Prefetcher:
     """One pool of decode threads shared by every open file of an archive."""
@@ -65,7 +70,8 @@ class Prefetcher:
         return max(0, min(MAX_WINDOW, share))
 
     def note_read(self, state: StreamState, offset: int, end: int) -> tuple[int, int] | None:
-        """Record a read of [offset, end); return the plain byte range to prefetch, if any."""
+        """Record a read of [offset, end); return the plain byte range to prefetch, if any.
+        Afterwards ``state.streaming`` tells whether this read continued a recognised stream."""
         now = time.monotonic()
         sequential = state.expected >= 0 and state.expected - SLACK <= offset <= state.expected + SLACK
         state.last_access = now
