@@ -82,16 +82,30 @@ def fail_on_logged_warnings(request):
         pytest.fail(f"unexpected log warnings: {msgs}")
 
 
-@pytest.fixture(scope="module", params=["compiled", "numpy"])
+def _tans_paths() -> list[str]:
+    """The compiled loop (with its vector steps where the CPU has them), its scalar steps alone
+    where those differ, and numpy."""
+    from lmzfs.codecs import tans
+    vector = tans._loop is not None and tans._loop.vector_isa() != "off"
+    return ["compiled", "compiled-scalar", "numpy"] if vector else ["compiled", "numpy"]
+
+
+@pytest.fixture(scope="module", params=_tans_paths())
 def tans_loop(request):
-    """Run a module's tests through both tANS decode paths: the compiled loop and the numpy one
-    that reads every store without it. They must agree byte for byte, errors included."""
+    """Run a module's tests through every tANS decode path: the compiled loop (vector and scalar
+    steps) and the numpy one that reads every store without it. They must agree byte for byte,
+    errors included."""
     from lmzfs.codecs import tans
     saved = tans._loop
-    if request.param == "numpy":
-        tans._loop = None
-    elif saved is None:
+    if saved is None and request.param != "numpy":
         pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; "
                     "`pip install -e .` builds it")
+    isa = saved.vector_isa() if saved is not None else None
+    if request.param == "numpy":
+        tans._loop = None
+    elif request.param == "compiled-scalar":
+        saved.vector_isa("off")
     yield request.param
     tans._loop = saved
+    if saved is not None:
+        saved.vector_isa(isa)

@@ -19,20 +19,34 @@ def _compiled_loop_built():
         pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; `pip install -e .` builds it")
 
 
+def _vector_loops() -> list[str]:
+    """The compiled step loops this CPU runs: the vector one where it has AVX-512, the scalar one."""
+    return ["off"] if tans._loop.vector_isa() == "off" else [tans._loop.vector_isa(), "off"]
+
+
+def _outcome(compute, errors):
+    try:
+        return compute()
+    except errors as exc:
+        return str(exc)
+
+
 def _through_both_loops(compute, errors=(CodecError,)) -> list:
     """compute() run through the compiled tANS loop, then through the numpy one: each result, or
-    the message of an error in ``errors`` (so that the two paths can be compared as values)."""
-    saved, results = tans._loop, []
+    the message of an error in ``errors`` (so that the two paths can be compared as values). The
+    compiled run is made with each of its step loops (vector and scalar), which must agree."""
+    saved, isa = tans._loop, tans._loop.vector_isa()
     try:
-        for loop in (saved, None):
-            tans._loop = loop
-            try:
-                results.append(compute())
-            except errors as exc:
-                results.append(str(exc))
+        compiled = []
+        for isa in _vector_loops():
+            saved.vector_isa(isa)
+            compiled.append(_outcome(compute, errors))
+        assert all(c == compiled[0] for c in compiled[1:]), "the vector and scalar step loops disagree"
+        tans._loop = None
+        return [compiled[0], _outcome(compute, errors)]
     finally:
         tans._loop = saved
-    return results
+        saved.vector_isa(isa)
 
 
 @pytest.mark.parametrize("S,R,K", [(2, 4, 1), (7, 5, 3), (300, 11, 4), (4096, 12, 2), (20000, 15, 1)])

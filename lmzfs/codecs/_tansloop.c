@@ -46,30 +46,10 @@ static __attribute__((noinline)) uint64_t read64(const uint8_t *s, Py_ssize_t sl
 
 /* The entries repacked to 32 bits (base | nb << 15 | sym << 19) so that 16 tables of 4096 fit in
  * L2; the next-context offset moves to a per-symbol array. */
-#define SYM_SHIFT 19
 static const uint32_t LOW_BITS[16] = {0, 1, 3, 7, 15, 31, 63, 127, 255, 511, 1023, 2047, 4095, 8191,
                                       16383, 32767};
 #define MAX_SYM32 (1u << (32 - SYM_SHIFT))
 
-struct job {
-    uint32_t *tab;
-    int64_t ntab;
-    const int64_t *nxo;       /* per symbol: next context offset (dyn), or NULL */
-    const int64_t *ctx;       /* per symbol index: its context (ctx mode, int64), or NULL */
-    const uint8_t *ctx8;      /* the same as uint8, or NULL */
-    const uint8_t *s;
-    Py_ssize_t slen;
-    uint32_t *st;
-    uint16_t *sym;            /* step-major: sym[t * SW + j] = map[symbol] */
-    const uint16_t *map;      /* per symbol: what the loop stores (the values themselves when they
-                               * are 16-bit, else the symbol) */
-    uint8_t *sym8;            /* 8-bit values, interleaved lanes: the loop stores them in place */
-    const uint8_t *map8;
-    int64_t SW;               /* the row stride of sym: Wp, padded for contiguous lanes (see ROW_PAD) */
-    int64_t n, T, Wp, L;
-    int interleaved;
-    uint64_t pos;
-};
 
 /* One specialisation per (layout, context mode) so the inner loop carries no mode tests.
  * Entries were checked when the table was repacked (base + 2**nb <= L), and contexts are
@@ -92,7 +72,7 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode, const int 
     /* the fast reader needs 8 readable bytes at pos / 8 */
     const uint64_t safe_bits = slen >= 8 ? (uint64_t)(slen - 8) * 8 : 0;
     uint64_t pos = jb->pos;
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = jb->t0; t < T; t++) {
         const int64_t a = interleaved ? (n - t * Wp < Wp ? n - t * Wp : Wp) : (t < last ? Wp : Wp - 1);
         uint16_t *restrict out = out8 ? NULL : jb->sym + t * jb->SW;
         uint8_t *restrict o8 = out8 ? jb->sym8 + t * jb->SW : NULL;
@@ -104,7 +84,7 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode, const int 
         const int64_t cs = interleaved ? 1 : T;
         const int64_t *restrict cn = mode == 1 ? (interleaved ? ctx + (t + 1) * Wp : ctx + t + 1) : NULL;
         const uint8_t *restrict cn8 = mode == 3 ? (interleaved ? ctx8 + (t + 1) * Wp : ctx8 + t + 1) : NULL;
-        for (int64_t j = 0; j < a; j++) {
+        for (int64_t j = t == jb->t0 ? jb->j0 : 0; j < a; j++) {
             const uint32_t e = tab[st[j]];
             const unsigned nb = (e >> 15) & 15;
             if (out8)
@@ -357,7 +337,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
                      .ctx = ctx.obj && ctx.len == 8 * n ? ctx.buf : NULL,
                      .ctx8 = ctx.obj && ctx.len == n ? ctx.buf : NULL,
                      .s = stream.buf, .slen = stream.len, .st = st, .SW = SW, .n = n, .T = T,
-                     .Wp = Wp, .L = L, .interleaved = interleaved, .pos = (uint64_t)pos0,
+                     .Wp = Wp, .L = L, .nsym = nsym, .interleaved = interleaved, .pos = (uint64_t)pos0,
                      .sym = direct && isz == 2 ? (uint16_t *)out.buf : sym,
                      .sym8 = direct && isz == 1 ? (uint8_t *)out.buf : NULL,
                      .map = mapped ? (const uint16_t *)values.buf : ident,
@@ -366,6 +346,8 @@ static PyObject *decode(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS      /* from here on only C buffers: other decodes run meanwhile */
     err = prepare(&jb, compact ? NULL : packed.buf, compact ? packed.buf : NULL, nsym, states.buf);
     if (!err)
+        err = tans_steps_vector(&jb);
+    if (!err && jb.t0 < T)
         err = run_steps(&jb);
     if (!err && !direct) {
         switch (isz) {
@@ -414,6 +396,7 @@ static PyMethodDef methods[] = {
     {"q4_1_contexts", tans_q4_1_contexts, METH_VARARGS, "ggufblocks' Q4_1 quant contexts; see _tansgguf.c."},
     {"tail_contexts", tans_tail_contexts, METH_VARARGS, "symbol sections' tail contexts; see _tanstails.c."},
     {"tail_symbols", tans_tail_symbols, METH_VARARGS, "symbol sections' tail symbols; see _tanstails.c."},
+    {"vector_isa", tans_vector_isa, METH_VARARGS, "vector_isa([name]) -> the vector loop in use; see _tansvec.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
     {NULL, NULL, 0, NULL},
 };

@@ -8,6 +8,37 @@
 
 #include <stdint.h>
 
+/* One tANS decode (see _tansloop.c): the tables, the stream, the lane states and where the
+ * symbols go. The step loops resume at step t0, lane j0 (both 0 at first): the vector loop
+ * (_tansvec.c) leaves the last few lanes before the stream's end to the scalar one. */
+struct job {
+    uint32_t *tab;
+    int64_t ntab;
+    const int64_t *nxo;       /* per symbol: next context offset (dyn), or NULL */
+    const int64_t *ctx;       /* per symbol index: its context (ctx mode, int64), or NULL */
+    const uint8_t *ctx8;      /* the same as uint8, or NULL */
+    const uint8_t *s;
+    Py_ssize_t slen;
+    uint32_t *st;
+    uint16_t *sym;            /* step-major: sym[t * SW + j] = map[symbol] */
+    const uint16_t *map;      /* per symbol: what the loop stores (the values themselves when they
+                               * are 16-bit, else the symbol) */
+    uint8_t *sym8;            /* 8-bit values, interleaved lanes: the loop stores them in place */
+    const uint8_t *map8;
+    int64_t SW;               /* the row stride of sym: Wp, padded for contiguous lanes (see ROW_PAD) */
+    int64_t n, T, Wp, L, nsym;
+    int interleaved;
+    uint64_t pos;
+    int64_t t0, j0;
+};
+#define SYM_SHIFT 19          /* the loop's 32-bit entries: base | nb << 15 | sym << SYM_SHIFT */
+
+/* The same steps as the scalar loop, several lanes at a time where the CPU has AVX-512 or AVX2:
+ * returns an error or NULL, having decoded up to (jb->t0, jb->j0). Does nothing where it cannot
+ * help (no such CPU, turned off, contiguous lanes with per-symbol contexts). */
+const char *tans_steps_vector(struct job *jb);
+PyObject *tans_vector_isa(PyObject *self, PyObject *args);
+
 /* compiled helpers shared between the sources (no Python objects; safe without the GIL) */
 struct remainder {
     int64_t rem, sym;
