@@ -14,6 +14,7 @@ machine moves them far less than wall time; the figure is the best run. Reported
   it serves (XXH3-128 of the plain bytes, codec CRC skipped, as chunkread.read_chunk does), and
   decode + SHA-256 (the check of chunks stored before lmzfs kept read checksums, and of `lmz
   verify`), all in MB of plain bytes;
+- the same decode with the compiled loop's scalar steps, where it runs vector (AVX-512) ones;
 - the same decode through the numpy tANS loop (the path used when the C loop is not built), on a
   sparser sample because it is slow;
 - the saved % of the sample (close to, not equal to, the whole file's).
@@ -71,6 +72,14 @@ def measure_file(path: Path, every: int, runs: int) -> dict:
         if decode_chunk(payloads[i], len(plain[i])) != plain[i]:
             raise SystemExit(f"{path.name}: chunk {i} does not decode to its plain bytes")
     dec = best_decode(every_index, None)
+    steps = tans._loop.vector_isa() if tans._loop is not None else None
+    dec_scalar = None
+    if steps not in (None, "off"):      # the same decode with the compiled loop's scalar steps
+        try:
+            tans._loop.vector_isa("off")
+            dec_scalar = best_decode(every_index, None)
+        finally:
+            tans._loop.vector_isa(steps)
     dec_read = best_decode(every_index, "xxh3")
     dec_verify = best_decode(every_index, "sha256")
     sparse = every_index[::4]
@@ -90,7 +99,9 @@ def measure_file(path: Path, every: int, runs: int) -> dict:
         "decode_read_mbps": total / dec_read / mb if dec_read else None,
         "decode_verify_mbps": total / dec_verify / mb if dec_verify else None,    # + SHA-256
         "numpy_decode_mbps": sparse_bytes / dec_numpy / mb if dec_numpy else None,
+        "scalar_steps_decode_mbps": total / dec_scalar / mb if dec_scalar else None,
         "compiled_loop": saved_loop is not None,
+        "step_loop": steps,
     }
 
 

@@ -326,6 +326,8 @@ def codec_speed_md(cs: dict) -> list[str]:
             f"{cs['runs']} decode runs; MB of plain bytes. \"decode + read check\" is what the mount spends per "
             "chunk it serves (the XXH3-128 of the plain bytes; n/a in runs from before it had one); \"decode + "
             "SHA-256\" is the check of chunks stored before lmzfs kept read checksums and of `lmz verify`; "
+            "\"scalar steps\" is the same decode with the compiled loop's scalar steps where the CPU runs its "
+            "AVX-512 ones (n/a elsewhere, and in runs from before there were any); "
             "\"numpy loop\" is the same decode without the compiled tANS loop (every "
             f"{4 * cs['every']}th chunk). lmz's own `compress`/`decompress` rates are in the table above (whole processes, wall "
             "time).", ""]
@@ -337,9 +339,12 @@ def codec_speed_md(cs: dict) -> list[str]:
         rows.append([name, f"{r['sample_bytes'] / 1e6:.1f} MB ({r['sample_chunks']} chunks)", fmt(r["saved_pct"], 2),
                      fmt(r["encode_mbps"], 1), fmt(r["decode_mbps"], 0),
                      fmt(r["decode_read_mbps"], 0) if r.get("decode_read_mbps") else "n/a",
-                     fmt(r["decode_verify_mbps"], 0), fmt(r["numpy_decode_mbps"], 0), mix])
+                     fmt(r["decode_verify_mbps"], 0),
+                     fmt(r["scalar_steps_decode_mbps"], 0) if r.get("scalar_steps_decode_mbps") else "n/a",
+                     fmt(r["numpy_decode_mbps"], 0), mix])
     out += table(["file", "sample", "saved %", "encode MB/s/core", "decode MB/s/core", "decode + read check",
-                  "decode + SHA-256", "numpy loop decode", "codecs (by plain bytes)"], rows, "llrrrrrrl")
+                  "decode + SHA-256", "scalar steps decode", "numpy loop decode", "codecs (by plain bytes)"],
+                 rows, "llrrrrrrrl")
     return out
 
 
