@@ -116,6 +116,8 @@ def check_versions(problems: list[str]) -> dict:
     # Not a problem when missing (the numpy loop reads every store), but 3-5x slower to decode.
     from lmzfs.codecs import tans
     out["tans_decoder"] = "compiled" if tans._loop is not None else "numpy (slower; a C compiler at install builds the loop)"
+    if tans._loop is not None:      # the compiled loop's steps: AVX-512 where the CPU has it
+        out["tans_steps"] = "AVX-512" if tans._loop.vector_isa() == "avx512" else "scalar"
     return out
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from lmzfs.cli import main as lmz
+from lmzfs.codecs import tans
 from lmzfs.config import DEFAULT_CACHE_SIZE, load_config, resolve
 from lmzfs.daemon.mount import is_mount_point
 from lmzfs.daemon.notify import Notifier
@@ -409,6 +410,7 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     assert doc["store"]["packs"] == {"referenced": 1, "missing": [], "damaged": []}
     assert doc["fuse"]["dev_fuse"]["openable"] and doc["versions"]["libfuse"]
     assert doc["versions"]["tans_decoder"] == "compiled"
+    assert doc["versions"]["tans_steps"] == ("AVX-512" if tans._loop.vector_isa() == "avx512" else "scalar")
     assert doc["settings"]["store"] == {"value": str(fresh_store.root), "source": "flag"}
 
 
