@@ -127,6 +127,7 @@ class FileReader:
         self._cond = threading.Condition()
         self._prefetching = 0
         self._prefetched: set[bytes] = set()
+        self._served: dict[int, int] = {}     # extent index -> bytes of it served to this stream
         prefetcher = archive.prefetcher
         self._stream = prefetcher.register(id(self)) if prefetcher is not None else None
 
@@ -238,17 +239,17 @@ class FileReader:
                     if e.chunk_id in self._prefetched:
                         self._prefetched.discard(e.chunk_id)
                         hit = True
-        released = self._read_ahead(offset, end, self._extents[first:first + len(chunks)])
+        released = self._read_ahead(offset, end, first, len(chunks))
         stats.add(reads=1, bytes_served=len(out), readahead_hits=int(hit), chunks_released=released)
         return out
 
-    def _read_ahead(self, offset: int, end: int, served: list[Extent]) -> int:
+    def _read_ahead(self, offset: int, end: int, first: int, count: int) -> int:
         """Feed the stream state; schedule read-ahead; return how many served chunks were released."""
         prefetcher = self._archive.prefetcher
         if prefetcher is None or self._fds is None:
             return 0
         span = prefetcher.note_read(self._stream, offset, end)
-        released = self._release(served, end) if self._stream.streaming else 0
+        released = self._release(offset, end, first, count)
         if span is None:
             return released
         start, stop = span
@@ -261,12 +262,26 @@ class FileReader:
             i += 1
         return released
 
-    def _release(self, served: list[Extent], end: int) -> int:
-        """Use once: a chunk a sequential reader has now read to its end is in the kernel's page
-        cache (the mount keeps it), so a second copy here would only cost memory, and on a fresh
-        mount a page fault for every 4 KiB of it that a recycled buffer does not pay."""
-        cache = self._archive.cache
-        return sum(cache.discard(e.chunk_id) for e in served if e.offset + e.size <= end)
+    def _release(self, offset: int, end: int, first: int, count: int) -> int:
+        """Use once: a chunk that a sequential reader has been served in full is in the kernel's
+        page cache (the mount keeps it), so a second copy here would only cost memory, and on a
+        fresh mount a page fault for every 4 KiB of it that a recycled buffer does not pay. The
+        kernel asks for each page once and its requests can be answered out of order (one waits
+        for a decode while the next is served from read-ahead), so "in full" is counted in bytes
+        served, not taken from the position of the latest read."""
+        cache, done = self._archive.cache, []
+        with self._cond:
+            if self._stream.sequential_reads == 0:      # a new stream: what the last one left is moot
+                self._served.clear()
+            for i in range(first, first + count):
+                e = self._extents[i]
+                got = self._served.get(i, 0) + min(end, e.offset + e.size) - max(offset, e.offset)
+                if got >= e.size and self._stream.streaming:
+                    self._served.pop(i, None)
+                    done.append(e)
+                else:
+                    self._served[i] = got
+        return sum(cache.discard(e.chunk_id) for e in done)
 
     def close(self) -> None:
         with self._cond:
