@@ -44,12 +44,12 @@ static __attribute__((noinline)) uint64_t read64(const uint8_t *s, Py_ssize_t sl
     return w;
 }
 
-/* The entries repacked to 32 bits (base | nb << 15 | sym << 19) so that 16 tables of 4096 fit in
- * L2; the next-context offset moves to a per-symbol array. */
+/* The entries repacked to 32 bits (base | nb << 15 | sym << SYM_SHIFT, struct job in
+ * _tansloop.h) so that 16 tables of 4096 fit in L2; the next-context offset moves to a
+ * per-symbol array. */
 static const uint32_t LOW_BITS[16] = {0, 1, 3, 7, 15, 31, 63, 127, 255, 511, 1023, 2047, 4095, 8191,
                                       16383, 32767};
 #define MAX_SYM32 (1u << (32 - SYM_SHIFT))
-
 
 /* One specialisation per (layout, context mode) so the inner loop carries no mode tests.
  * Entries were checked when the table was repacked (base + 2**nb <= L), and contexts are

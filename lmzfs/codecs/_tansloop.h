@@ -33,9 +33,9 @@ struct job {
 };
 #define SYM_SHIFT 19          /* the loop's 32-bit entries: base | nb << 15 | sym << SYM_SHIFT */
 
-/* The same steps as the scalar loop, several lanes at a time where the CPU has AVX-512 or AVX2:
- * returns an error or NULL, having decoded up to (jb->t0, jb->j0). Does nothing where it cannot
- * help (no such CPU, turned off, contiguous lanes with per-symbol contexts). */
+/* The same steps as the scalar loop, 16 lanes at a time where the CPU has AVX-512: returns an
+ * error or NULL, having decoded up to (jb->t0, jb->j0). Does nothing where it cannot help (no
+ * such CPU, turned off, contiguous lanes with per-symbol contexts, streams under 128 bytes). */
 const char *tans_steps_vector(struct job *jb);
 PyObject *tans_vector_isa(PyObject *self, PyObject *args);
 

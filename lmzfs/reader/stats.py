@@ -16,7 +16,7 @@ class ReaderStats:
     decode_seconds: float = 0.0
     readahead_chunks: int = 0        # chunks decoded ahead of a sequential reader
     readahead_hits: int = 0          # reads served entirely from chunks that read-ahead decoded
-    chunks_released: int = 0         # chunks dropped from the cache once a sequential reader passed them
+    chunks_released: int = 0         # chunks dropped from the cache once a sequential reader had all of them
     corrupt_chunks: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
