@@ -65,22 +65,18 @@ run_steps_mode(struct job *jb, const int interleaved, const int mode, const int 
     const int64_t *restrict ctx = jb->ctx;
     const uint8_t *restrict ctx8 = jb->ctx8;
     const int64_t *restrict nxo = jb->nxo;
-    const int64_t n = jb->n, T = jb->T, Wp = jb->Wp, L = jb->L;
-    const int64_t last = n - (Wp - 1) * T;   /* contiguous: the last lane's length */
+    const int64_t T = jb->T, Wp = jb->Wp, L = jb->L;
     const Py_ssize_t slen = jb->slen;
     const uint64_t nbits = (uint64_t)slen * 8;
     /* the fast reader needs 8 readable bytes at pos / 8 */
     const uint64_t safe_bits = slen >= 8 ? (uint64_t)(slen - 8) * 8 : 0;
     uint64_t pos = jb->pos;
     for (int64_t t = jb->t0; t < T; t++) {
-        const int64_t a = interleaved ? (n - t * Wp < Wp ? n - t * Wp : Wp) : (t < last ? Wp : Wp - 1);
+        const int64_t a = tans_active_lanes(jb, interleaved, t);
         uint16_t *restrict out = out8 ? NULL : jb->sym + t * jb->SW;
         uint8_t *restrict o8 = out8 ? jb->sym8 + t * jb->SW : NULL;
         /* lanes below jn decode another symbol at step t + 1 and take its context */
-        int64_t jn = 0;
-        if ((mode == 1 || mode == 3) && t + 1 < T)
-            jn = interleaved ? (n - (t + 1) * Wp < a ? n - (t + 1) * Wp : a)
-                             : ((n - t - 1 + T - 1) / T < a ? (n - t - 1 + T - 1) / T : a);
+        const int64_t jn = mode == 1 || mode == 3 ? tans_continuing_lanes(jb, interleaved, t, a) : 0;
         const int64_t cs = interleaved ? 1 : T;
         const int64_t *restrict cn = mode == 1 ? (interleaved ? ctx + (t + 1) * Wp : ctx + t + 1) : NULL;
         const uint8_t *restrict cn8 = mode == 3 ? (interleaved ? ctx8 + (t + 1) * Wp : ctx8 + t + 1) : NULL;

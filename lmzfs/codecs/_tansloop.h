@@ -33,6 +33,25 @@ struct job {
 };
 #define SYM_SHIFT 19          /* the loop's 32-bit entries: base | nb << 15 | sym << SYM_SHIFT */
 
+/* The lanes still holding a symbol at step t (always a prefix), shared by the scalar and the
+ * vector steps; ``interleaved`` is passed so that each specialised loop folds it. */
+static inline int64_t tans_active_lanes(const struct job *jb, const int interleaved, int64_t t)
+{
+    if (interleaved)
+        return jb->n - t * jb->Wp < jb->Wp ? jb->n - t * jb->Wp : jb->Wp;
+    return t < jb->n - (jb->Wp - 1) * jb->T ? jb->Wp : jb->Wp - 1;
+}
+
+/* Of the a active lanes at step t, those that decode another symbol at step t + 1 (and so take
+ * its per-symbol context): a prefix too. */
+static inline int64_t tans_continuing_lanes(const struct job *jb, const int interleaved, int64_t t, int64_t a)
+{
+    if (t + 1 >= jb->T)
+        return 0;
+    const int64_t left = interleaved ? jb->n - (t + 1) * jb->Wp : (jb->n - t - 1 + jb->T - 1) / jb->T;
+    return left < a ? left : a;
+}
+
 /* The same steps as the scalar loop, 16 lanes at a time where the CPU has AVX-512: returns an
  * error or NULL, having decoded up to (jb->t0, jb->j0). Does nothing where it cannot help (no
  * such CPU, turned off, contiguous lanes with per-symbol contexts, streams under 128 bytes). */

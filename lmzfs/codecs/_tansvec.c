@@ -42,22 +42,6 @@ struct vec {
     int64_t vsafe;            /* while pos <= vsafe, the 64-byte window stays in the stream */
 };
 
-/* The step's active lanes, and (per-symbol contexts) the lanes that go on to another symbol. */
-static inline int64_t active_lanes(const struct job *jb, int64_t t)
-{
-    if (jb->interleaved)
-        return jb->n - t * jb->Wp < jb->Wp ? jb->n - t * jb->Wp : jb->Wp;
-    return t < jb->n - (jb->Wp - 1) * jb->T ? jb->Wp : jb->Wp - 1;
-}
-
-static inline int64_t continuing_lanes(const struct job *jb, int64_t t, int64_t a)
-{
-    if (t + 1 >= jb->T)
-        return 0;
-    const int64_t left = jb->n - (t + 1) * jb->Wp;      /* interleaved lanes only */
-    return left < a ? left : a;
-}
-
 #ifdef HAVE_X86_VECTOR
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 static const char *steps_avx512(struct job *jb, const struct vec *vc)
@@ -73,8 +57,9 @@ static const char *steps_avx512(struct job *jb, const struct vec *vc)
     const __m128i lsh = _mm_cvtsi32_si128((int)vc->lshift);
     uint64_t pos = jb->pos;
     for (int64_t t = jb->t0; t < jb->T; t++) {
-        const int64_t a = active_lanes(jb, t);
-        const int64_t jn = mode == 1 || mode == 3 ? continuing_lanes(jb, t, a) : 0;
+        const int64_t a = tans_active_lanes(jb, jb->interleaved, t);
+        /* per-symbol contexts only reach here with interleaved lanes */
+        const int64_t jn = mode == 1 || mode == 3 ? tans_continuing_lanes(jb, 1, t, a) : 0;
         uint16_t *o16 = vc->out8 ? NULL : jb->sym + t * jb->SW;
         uint8_t *o8 = vc->out8 ? jb->sym8 + t * jb->SW : NULL;
         for (int64_t j = 0; j < a; j += 16) {
@@ -145,10 +130,15 @@ static int supported(int isa)
     return isa == ISA_OFF;
 }
 
+static int best(void)
+{
+    return supported(ISA_AVX512) ? ISA_AVX512 : ISA_OFF;
+}
+
 static int choose(void)
 {
     const char *want = getenv("LMZFS_TANS_VECTOR");
-    return want && !strcmp(want, "off") ? ISA_OFF : supported(ISA_AVX512) ? ISA_AVX512 : ISA_OFF;
+    return want && !strcmp(want, "off") ? ISA_OFF : best();
 }
 
 const char *tans_steps_vector(struct job *jb)
@@ -200,7 +190,7 @@ PyObject *tans_vector_isa(PyObject *self, PyObject *args)
     if (isa_chosen < 0)
         isa_chosen = choose();
     if (want) {
-        int isa = !strcmp(want, "auto") ? (supported(ISA_AVX512) ? ISA_AVX512 : ISA_OFF) : -1;
+        int isa = !strcmp(want, "auto") ? best() : -1;
         for (int k = ISA_OFF; k <= ISA_AVX512; k++)
             if (!strcmp(want, ISA_NAMES[k]))
                 isa = k;
