@@ -109,7 +109,8 @@ def summary(mountpoint: Path, stats: dict, now: float | None = None) -> list[str
         f"lmzfs mount {mountpoint} (pid {stats.get('pid', '?')}{uptime})",
         f"  served      {human_bytes(reader.get('bytes_served', 0))} ({reader.get('bytes_served', 0)} bytes)"
         + (f" in {reader['reads']} reads" if "reads" in reader else ""),
-        f"  decoded     {human_bytes(decoded)} in {reader.get('chunks_decoded', 0)} chunks, "
+        f"  decoded     {human_bytes(decoded)} in {reader.get('chunks_decoded', 0)} chunks"
+        f" and {reader.get('segments_decoded', 0)} segments (for reads needing less than a chunk), "
         f"{seconds:.2f} s of decoding{rate}, in {stats.get('decoder', '?')} decoders",
         f"  cache       hit rate {'-' if hit_rate is None else f'{100 * hit_rate:.1f}%'} "
         f"(hits {cache.get('hits', 0)}, misses {cache.get('misses', 0)}, waits {cache.get('waits', 0)}); "

@@ -322,7 +322,7 @@ def test_lmz_add_fast_and_default_models_share_a_store_and_read_back_exactly(tmp
         small = set(archive.entry("small", "model.safetensors").codecs.split(","))
     finally:
         archive.close()
-    assert quick <= {"raw", "zstd", "bytegroup"} and "floatsplit" in small
+    assert quick <= {"raw", "zstd", "bytegroup"} and "floatseg" in small
     files = read_all(store_dir)
     assert files["quick/model.safetensors"] == files["quick-again/model.safetensors"] == \
         (a / "model.safetensors").read_bytes()
@@ -411,6 +411,6 @@ def test_a_default_add_uses_the_entropy_coded_codecs_and_fast_keeps_to_the_quick
             archive.close()
 
     assert codecs(store_dir) <= {"raw", "zstd", "bytegroup"}
-    assert "floatsplit" in codecs(tmp_path / "max")
+    assert "floatseg" in codecs(tmp_path / "max")
     assert read_all(store_dir)["fast/model.safetensors"] == (src / "model.safetensors").read_bytes()
     assert read_all(tmp_path / "max")["max/model.safetensors"] == (src / "model.safetensors").read_bytes()

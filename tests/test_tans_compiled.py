@@ -164,8 +164,8 @@ def test_the_compiled_loop_rejects_arguments_that_would_leave_its_buffers():
     def call(states=None, out=None, ctx=None, n=100, T=10, Wp=10, L=64, values=vals, packed=tab.packed):
         states = np.zeros(Wp, dtype=np.int64) if states is None else states
         out = np.empty(n, dtype=np.uint8) if out is None else out
-        return loop.decode(packed, packed.dtype == np.uint32, stream, states, out, values, ctx, None, True, n, T,
-                           Wp, L, Wp * 6)
+        return loop.decode(packed, packed.dtype == np.uint32, False, stream, states, out, values, ctx, None, True,
+                           n, T, Wp, L, Wp * 6)
 
     with pytest.raises(ValueError, match="table index"):
         call(states=np.full(10, 64, dtype=np.int64))

@@ -17,6 +17,7 @@ import numpy as np
 from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
 from .bytegroup import ELEMENT_SIZES, BytegroupCodec
 from .entropy import EntropyCodec
+from .floatseg import SEGMENT_LOG, FloatSegCodec
 from .floatsplit import FORMAT_OF, FloatSplitCodec
 from .ggufblocks import TYPE_OF, GgufBlocksCodec
 from .raw import RawCodec
@@ -24,24 +25,28 @@ from .zstd import DEFAULT_LEVEL, ZstdCodec
 
 __all__ = [
     "MAGIC", "FORMAT_VERSION", "REGISTRY", "Codec", "CodecError", "ChunkHint", "EncodedChunk",
-    "PayloadHeader", "by_name", "encode_chunk", "decode_chunk", "parse_payload", "encode_with",
+    "PayloadHeader", "by_name", "encode_chunk", "decode_chunk", "decode_chunk_segments", "parse_payload",
+    "encode_with", "SEGMENT_BYTES",
 ]
 
 MAGIC = b"LC"
 FORMAT_VERSION = 1
 
 REGISTRY: dict[int, Codec] = {c.id: c for c in (RawCodec(), ZstdCodec(), BytegroupCodec(), FloatSplitCodec(),
-                                                 EntropyCodec(), GgufBlocksCodec())}
+                                                 EntropyCodec(), GgufBlocksCodec(), FloatSegCodec())}
 _BY_NAME: dict[str, Codec] = {c.name: c for c in REGISTRY.values()}
 assert len(_BY_NAME) == len(REGISTRY) and all(0 <= i <= 255 for i in REGISTRY)
 
 # Ties between equally small payloads go to the codec that decodes fastest.
 _DECODE_COST = {RawCodec.id: 0, ZstdCodec.id: 1, BytegroupCodec.id: 2, FloatSplitCodec.id: 3,
-                GgufBlocksCodec.id: 3, EntropyCodec.id: 4}
+                FloatSegCodec.id: 3, GgufBlocksCodec.id: 3, EntropyCodec.id: 4}
 # zstd at this level is also tried when level-DEFAULT already halves a chunk (text, metadata).
 TEXT_LEVEL = 19
 # tANS coders are only tried on chunks at least this long (below it their tables cost more).
 MIN_ENTROPY_SIZE = 256
+# Float chunks longer than this are coded in segments of it (floatseg), which a reader can decode
+# one at a time; shorter ones with floatsplit.
+SEGMENT_BYTES = 1 << SEGMENT_LOG
 
 
 def by_name(name: str) -> Codec:
@@ -98,7 +103,7 @@ def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: boo
         out.append(REGISTRY[BytegroupCodec.id])
     if size >= MIN_ENTROPY_SIZE and not fast:
         if dtype in FORMAT_OF:
-            out.append(REGISTRY[FloatSplitCodec.id])
+            out.append(REGISTRY[FloatSegCodec.id if size > SEGMENT_BYTES else FloatSplitCodec.id])
         elif dtype in TYPE_OF:
             out.append(REGISTRY[GgufBlocksCodec.id])
         else:
@@ -118,8 +123,8 @@ def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DE
     """Encode one chunk with whichever codec gives the smallest payload.
 
     Candidates (see ``candidates``): zstd always; bytegroup for element sizes 2, 4 and 8;
-    floatsplit for float dtypes, ggufblocks for GGUF block-quantised dtypes and entropy for
-    everything else, on chunks of at least MIN_ENTROPY_SIZE bytes; zstd at TEXT_LEVEL when the
+    floatsplit for float dtypes (floatseg above SEGMENT_BYTES), ggufblocks for GGUF
+    block-quantised dtypes and entropy for everything else, on chunks of at least MIN_ENTROPY_SIZE bytes; zstd at TEXT_LEVEL when the
     default level already halves the chunk; raw whenever nothing beats it. ``level`` is the zstd
     level (an encoder setting, not recorded).
     """
@@ -178,3 +183,15 @@ def decode_chunk(payload: Buffer, size: int, *, hash_checked: bool = False) -> b
     if len(out) != size:  # codecs check this themselves; this is the last line of defence
         raise CodecError(f"{codec.name} decoded {len(out)} bytes, expected {size}")
     return out
+
+
+def decode_chunk_segments(payload: Buffer, size: int, lo: int, hi: int) -> list[tuple[int, bytes]] | None:
+    """For a chunk whose codec decodes in segments (floatseg): (start, plain bytes) of each
+    segment that plain bytes [lo, hi) touch, each checked against its CRC-32; None for others."""
+    h = parse_payload(payload)
+    if h.size != size:
+        raise CodecError(f"payload records plain size {h.size}, expected {size}")
+    codec = REGISTRY[h.codec_id]
+    if not isinstance(codec, FloatSegCodec):
+        return None
+    return codec.decode_segments(h.params, h.body, size, lo, hi)

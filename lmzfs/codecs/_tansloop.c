@@ -230,10 +230,12 @@ SCATTER(uint64_t)
 /* The entries repacked to 32 bits (or, compact ones, checked) and every index the loop will use
  * checked: the first states, the contexts and the next-context offsets. */
 static const char *prepare(struct job *jb, const int64_t *pk, const uint32_t *pk32, int64_t nsym,
-                           const int64_t *st_in)
+                           const int64_t *st_in, int checked)
 {
     const int64_t ntab = jb->ntab, L = jb->L, n = jb->n;
-    if (pk32) {
+    if (pk32 && checked) {
+        jb->tab = (uint32_t *)pk32;     /* an earlier decode checked these entries, for this nsym */
+    } else if (pk32) {
         uint32_t top = 0, bad = 0;
         for (int64_t k = 0; k < ntab; k++) {
             const uint32_t e = pk32[k], base = e & 0x7FFF, nb = (e >> 15) & 15;
@@ -291,8 +293,8 @@ static PyObject *decode(PyObject *self, PyObject *args)
     uint16_t *sym = NULL, *ident = NULL;
     void *tile = NULL;
 
-    int compact;
-    if (!PyArg_ParseTuple(args, "y*py*w*w*y*OOpnnnnn", &packed, &compact, &stream, &states, &out, &values,
+    int compact, checked;
+    if (!PyArg_ParseTuple(args, "y*ppy*w*w*y*OOpnnnnn", &packed, &compact, &checked, &stream, &states, &out, &values,
                           &ctx_obj, &nxo_obj, &interleaved, &n, &T, &Wp, &L, &pos0))
         return NULL;
     if (ctx_obj != Py_None && PyObject_GetBuffer(ctx_obj, &ctx, PyBUF_SIMPLE) < 0)
@@ -340,7 +342,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
                      .map8 = direct && isz == 1 ? (const uint8_t *)values.buf : NULL};
     const char *err;
     Py_BEGIN_ALLOW_THREADS      /* from here on only C buffers: other decodes run meanwhile */
-    err = prepare(&jb, compact ? NULL : packed.buf, compact ? packed.buf : NULL, nsym, states.buf);
+    err = prepare(&jb, compact ? NULL : packed.buf, compact ? packed.buf : NULL, nsym, states.buf, checked);
     if (!err)
         err = tans_steps_vector(&jb);
     if (!err && jb.t0 < T)

@@ -17,6 +17,7 @@ chunk guards everything, stored bits included. Layout: docs/format.md, codec 3.
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,105 +70,19 @@ class FloatSplitCodec(Codec):
     name = "floatsplit"
 
     def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
-        fmt = FORMAT_OF.get((hint.dtype or "").upper())
-        if fmt is None:
-            raise ValueError(f"floatsplit: no float format for dtype {hint.dtype!r}")
-        _, bits, eb, mb, k = FORMATS[fmt]
-        width = bits // 8
-        a = np.frombuffer(data, dtype=np.uint8)
-        n = len(a) // width
-        tail = a[n * width:].tobytes()
-        crc = zlib.crc32(data)
+        fmt, u, n, tail, crc = split_elements(data, hint)
         if n == 0:
-            return bytes((fmt, k, 1, 1, 0)) + put_varint(0) + put_varint(0) + put_varint(0) + \
+            return bytes((fmt, k_of(fmt), 1, 1, 0)) + put_varint(0) + put_varint(0) + put_varint(0) + \
                 crc.to_bytes(4, "little") + put_varint(0), tail
-        u = a[: n * width].view(_UINT[bits]).astype(np.uint64)
-        raw_bits = mb - k
-        exp = ((u >> np.uint64(mb)) & np.uint64((1 << eb) - 1)).astype(np.int64)
-        top = ((u >> np.uint64(bits - 1)).astype(np.int64) << k) | \
-            ((u >> np.uint64(raw_bits)).astype(np.int64) & ((1 << k) - 1))
-        emin, emax = int(exp.min()), int(exp.max())
-        E, T2 = emax - emin + 1, 1 << (k + 1)
-        sym = (exp - emin) * T2 + top
-        lanes = tans.lanes_for(n, 32 if raw_bits else 256)
-        steps, wp, _ = tans._layout(n, lanes)
-        prev = np.empty(n, dtype=np.int64)
-        prev[1:] = emax - exp[:-1]
-        starts = np.arange(wp) * steps
-        cM = np.bincount((exp - emin) * (T2 // 2) + (top & (T2 // 2 - 1)), minlength=E * T2 // 2)
-        M = _row_scale(cM.reshape(E, T2 // 2), M_LOG)
-        S = _row_scale(np.bincount(top >> k, minlength=2)[None, :], M_LOG)[0]
-        B = _sign_mantissa(S, M)
-        best = None
-        for nb in (1, 4, 8, 12, 16):
-            nb = min(nb, max(1, E))
-            if nb > 1 and nb * (E * T2 + (1 << 10)) > _table_budget(n):
-                break
-            ctx = np.minimum(prev, nb - 1)
-            c0 = int(np.bincount(ctx[1:], minlength=nb).argmax()) if n > 1 else 0
-            ctx[starts] = c0
-            cA = np.bincount(ctx * E + exp - emin, minlength=nb * E).reshape(nb, E)
-            cost = _cost(cA) + 1.3 * np.count_nonzero(cA)
-            if best is None or cost < best[0]:
-                best = (cost, nb, c0, cA)
-            if E == 1 or nb >= E:
-                break
-        rowmode = b""
-        ctx = None
-        C = hint.shape[-1] if hint.shape and len(hint.shape) >= 2 and hint.shape[-1] > 0 else 0
-        if C and n >= 4 * C:
-            shift = (hint.offset // width) % C
-            found = _row_classes(exp - emin, n, C, shift, E)
-            if found and found[0] < best[0]:
-                _, nb, cls, cA = found
-                c0 = ROW_CLASSES
-                cmapq = entropy.encode_stream(cls, nb)
-                rowmode = put_varint(C) + put_varint(shift) + put_varint(len(cmapq)) + cmapq
-                ctx = cls[(np.arange(n) + shift) // C]
-        if ctx is None:
-            _, nb, c0, cA = best
-        wp = tans.layout(n, lanes, ctx is not None)[1]
-        A = _row_scale(cA, A_LOG)
-        R = _table_log(n, nb, E * T2)
-        tab = tans.Tables(_joint_tables(A, B, R), R)
-        cmap = np.minimum(E - 1 - (np.arange(E * T2) // T2), nb - 1)
-        planes = _raw_planes(u, raw_bits)
-        zb, zflags, z = _zero_blocks(planes, n)
-        parts = [entropy.encode_stream(_pack_group(planes[j], mask, j == raw_bits // 8))
-                 for j, mask in _groups(len(planes), z, n)]
-        raw = np.frombuffer(b"".join(parts), dtype=np.uint8)
-        m = min(len(raw), wp * R // 8)
-        bb = _bits_back_values(raw[:m], wp, R)
-        if ctx is None:
-            stream = tans.encode(sym, tab, lanes, dyn=(cmap, c0), bits_back=bb)
-        else:
-            stream = tans.encode(sym, tab, lanes, ctx=ctx, bits_back=bb, interleaved=True)
-        blob = uintlist.pack_uints(np.concatenate([A.ravel(), S, M.ravel()]))
-        params = bytes((fmt, k, R, nb, c0)) + rowmode + put_varint(lanes) + put_varint(emin) + put_varint(E) + \
-            crc.to_bytes(4, "little") + put_varint(len(stream)) + bytes((zb,)) + \
-            (put_varint(len(zflags)) + zflags if zb else b"") + b"".join(put_varint(len(q)) for q in parts) + blob
-        return params, stream + raw[m:].tobytes() + tail
+        fit, sym = fit_model(u, n, fmt, hint)
+        part = encode_part(fit, u, sym, fit.ctx)
+        params = fit.head + put_varint(part.lanes) + put_varint(fit.emin) + put_varint(fit.E) + \
+            crc.to_bytes(4, "little") + part.params + fit.blob
+        return params, part.body + tail
 
     def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
         p = memoryview(params)
-        if len(p) < 5:
-            raise CodecError("floatsplit: params too short")
-        fmt, k, R, nb, c0 = p[0], p[1], p[2], p[3], p[4]
-        if fmt not in FORMATS:
-            raise CodecError(f"floatsplit: unknown float format {fmt}")
-        _, bits, eb, mb, kk = FORMATS[fmt]
-        if k != kk or not 1 <= R <= tans.MAX_R or not 1 <= nb <= MAX_CONTEXTS or (c0 >= nb and c0 != ROW_CLASSES):
-            raise CodecError("floatsplit: bad model parameters")
-        pos = 5
-        rows = None
-        if c0 == ROW_CLASSES:
-            C, pos = get_varint(p, pos, "floatsplit row length")
-            shift, pos = get_varint(p, pos, "floatsplit row shift")
-            mlen, pos = get_varint(p, pos, "floatsplit row classes length")
-            if not 1 <= C <= size or shift >= C or pos + mlen > len(p):
-                raise CodecError("floatsplit: bad row classes")
-            rows = (C, shift, p[pos:pos + mlen])
-            pos += mlen
+        fmt, R, nb, c0, rows, pos = parse_head(p, size, "floatsplit")
         lanes, pos = get_varint(p, pos, "floatsplit lanes")
         emin, pos = get_varint(p, pos, "floatsplit emin")
         E, pos = get_varint(p, pos, "floatsplit exponent range")
@@ -177,7 +92,7 @@ class FloatSplitCodec(Codec):
         slen, pos = get_varint(p, pos + 4, "floatsplit stream length")
         if pos >= len(p) and size >= (FORMATS[fmt][1] // 8):
             raise CodecError("floatsplit: params truncated")
-        width = bits // 8
+        width = FORMATS[fmt][1] // 8
         n, t = divmod(size, width)
         if n > tans.MAX_N:
             raise CodecError("floatsplit: chunk too large")
@@ -187,70 +102,274 @@ class FloatSplitCodec(Codec):
                 raise CodecError("floatsplit: malformed empty chunk")
             out = bytes(body)
         else:
-            out = self._decode_elements(p[pos:], body, n, t, fmt, R, nb, c0, lanes, emin, E, slen, rows)
+            groups, q = parse_groups(p, pos, n, fmt, "floatsplit")
+            model = decode_model(p[q:], fmt, R, nb, c0, emin, E, n, rows, "floatsplit")
+            if not 1 <= lanes <= n:
+                raise CodecError("floatsplit: bad lanes or exponent range")
+            if part_length(model, n, lanes, slen, groups) + t != len(body):
+                raise CodecError("floatsplit: body length does not match params")
+            u = np.empty(n, dtype=_UINT[FORMATS[fmt][1]])
+            decode_part(model, body[:len(body) - t], 0, lanes, slen, groups, u)
+            out = u.tobytes()
+            if t:
+                out += bytes(body[len(body) - t:])
         if check and zlib.crc32(out) != crc:
             raise CodecError("floatsplit: checksum mismatch")
         return out
 
-    def _decode_elements(self, blob, body, n, t, fmt, R, nb, c0, lanes, emin, E, slen, rows) -> bytes:
-        _, bits, eb, mb, k = FORMATS[fmt]
-        T2 = 1 << (k + 1)
-        raw_bits = mb - k
-        nplanes = raw_bits // 8 + (1 if raw_bits % 8 else 0)
-        zb = blob[0]
-        z = None
-        if zb:
-            if not 1 <= zb <= 16 or not nplanes:
-                raise CodecError("floatsplit: bad zero-block size")
-            flen, q = get_varint(blob, 1, "floatsplit zero-block flags length")
-            if q + flen > len(blob):
-                raise CodecError("floatsplit: zero-block flags run past the params")
-            nblk = -(-n // (1 << zb))
-            z = np.repeat(entropy.decode_stream(blob[q:q + flen], nblk, nplanes + 1), 1 << zb)[:n]
-        else:
-            q, flen = 1, 0
-        groups = _groups(nplanes, z, n)
-        lens, q = [], q + flen
-        for _ in groups:
-            ln, q = get_varint(blob, q, "floatsplit plane stream length")
-            lens.append(ln)
-        blob = blob[q:]
-        if not 1 <= lanes <= n or E < 1 or emin + E > 1 << eb or E * T2 > tans.MAX_SYMBOLS:
-            raise CodecError("floatsplit: bad lanes or exponent range")
-        if nb * (E * T2 + (1 << R)) > _table_budget(n):
-            raise CodecError("floatsplit: tables too large for the chunk")
-        vals = uintlist.unpack_uints(blob, nb * E + 2 + E * T2 // 2, "floatsplit")
-        raw_len = sum(lens)
-        wp = tans.layout(n, lanes, rows is not None)[1]
-        if slen + raw_len + t != len(body) + min(raw_len, wp * R // 8):
-            raise CodecError("floatsplit: body length does not match params")
-        tab = _model_tables(vals, nb, E, T2, R)
-        cmap = np.minimum(E - 1 - (np.arange(E * T2) // T2), nb - 1)
-        J = np.arange(E * T2, dtype=np.uint64)
-        e, top = J // np.uint64(T2) + np.uint64(emin), J % np.uint64(T2)
-        val = (((top >> np.uint64(k)) << np.uint64(bits - 1)) | (e << np.uint64(mb)) |
-               ((top & np.uint64((1 << k) - 1)) << np.uint64(raw_bits))).astype(_UINT[bits])
-        if rows is None:
-            u, fin = tans.decode(body[:slen], n, tab, lanes, dyn=(cmap, c0), values=val)
-        else:
-            C, shift, cmapq = rows
-            r = (np.arange(n) + shift) // C
-            cls = entropy.decode_stream(cmapq, int(r[-1]) + 1, nb).astype(np.uint8)
-            u, fin = tans.decode(body[:slen], n, tab, lanes, ctx=cls[r], values=val, interleaved=True)
-        wp = len(fin)
-        m = min(raw_len, wp * R // 8)
-        raw = np.empty(raw_len, dtype=np.uint8)
-        raw[:m] = _bits_back_bytes(fin, R, m)
-        raw[m:] = np.frombuffer(body, dtype=np.uint8, count=raw_len - m, offset=slen)
-        off = 0
-        for (j, mask), ln in zip(groups, lens):
-            c = n if mask is None else int(mask.sum())
-            nib = j == raw_bits // 8
-            v = entropy.decode_stream(raw[off:off + ln], (c + 1) // 2 if nib else c)
-            off += ln
-            _or_plane(u, v, c, nib, 8 * j, mask)
-        out = u.astype(_UINT[bits], copy=False).tobytes()
-        return out + bytes(body[len(body) - t:]) if t else out
+
+# --- the parts shared with floatseg (a chunk cut into parts that decode on their own) --------
+
+def k_of(fmt: int) -> int:
+    return FORMATS[fmt][4]
+
+
+def split_elements(data: memoryview, hint: ChunkHint) -> tuple[int, np.ndarray, int, bytes, int]:
+    """(format id, elements as uint64, element count, trailing bytes, CRC-32 of data)."""
+    fmt = FORMAT_OF.get((hint.dtype or "").upper())
+    if fmt is None:
+        raise ValueError(f"floatsplit: no float format for dtype {hint.dtype!r}")
+    bits = FORMATS[fmt][1]
+    width = bits // 8
+    a = np.frombuffer(data, dtype=np.uint8)
+    n = len(a) // width
+    u = a[: n * width].view(_UINT[bits]).astype(np.uint64)
+    return fmt, u, n, a[n * width:].tobytes(), zlib.crc32(data)
+
+
+@dataclass
+class Fit:
+    """The model the encoder chose for a whole chunk; every part of it is coded with it."""
+    fmt: int
+    R: int
+    nb: int
+    c0: int
+    emin: int
+    E: int
+    head: bytes             # format, k, R, nb, c0 and the row classes, as params start
+    ctx: np.ndarray | None  # row-class context of each element, or None: previous-exponent ones
+    tab: tans.Tables
+    cmap: np.ndarray
+    blob: bytes             # the packed model tables A, Sg, M
+
+
+def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np.ndarray]:
+    """The chunk's model and each element's tANS symbol."""
+    _, bits, eb, mb, k = FORMATS[fmt]
+    width = bits // 8
+    raw_bits = mb - k
+    exp = ((u >> np.uint64(mb)) & np.uint64((1 << eb) - 1)).astype(np.int64)
+    top = ((u >> np.uint64(bits - 1)).astype(np.int64) << k) | \
+        ((u >> np.uint64(raw_bits)).astype(np.int64) & ((1 << k) - 1))
+    emin, emax = int(exp.min()), int(exp.max())
+    E, T2 = emax - emin + 1, 1 << (k + 1)
+    sym = (exp - emin) * T2 + top
+    lanes = tans.lanes_for(n, 32 if raw_bits else 256)
+    steps, wp, _ = tans._layout(n, lanes)
+    prev = np.empty(n, dtype=np.int64)
+    prev[1:] = emax - exp[:-1]
+    starts = np.arange(wp) * steps
+    cM = np.bincount((exp - emin) * (T2 // 2) + (top & (T2 // 2 - 1)), minlength=E * T2 // 2)
+    M = _row_scale(cM.reshape(E, T2 // 2), M_LOG)
+    S = _row_scale(np.bincount(top >> k, minlength=2)[None, :], M_LOG)[0]
+    B = _sign_mantissa(S, M)
+    best = None
+    for nb in (1, 4, 8, 12, 16):
+        nb = min(nb, max(1, E))
+        if nb > 1 and nb * (E * T2 + (1 << 10)) > _table_budget(n):
+            break
+        ctx = np.minimum(prev, nb - 1)
+        c0 = int(np.bincount(ctx[1:], minlength=nb).argmax()) if n > 1 else 0
+        ctx[starts] = c0
+        cA = np.bincount(ctx * E + exp - emin, minlength=nb * E).reshape(nb, E)
+        cost = _cost(cA) + 1.3 * np.count_nonzero(cA)
+        if best is None or cost < best[0]:
+            best = (cost, nb, c0, cA)
+        if E == 1 or nb >= E:
+            break
+    rowmode = b""
+    ctx = None
+    C = hint.shape[-1] if hint.shape and len(hint.shape) >= 2 and hint.shape[-1] > 0 else 0
+    if C and n >= 4 * C:
+        shift = (hint.offset // width) % C
+        found = _row_classes(exp - emin, n, C, shift, E)
+        if found and found[0] < best[0]:
+            _, nb, cls, cA = found
+            c0 = ROW_CLASSES
+            cmapq = entropy.encode_stream(cls, nb)
+            rowmode = put_varint(C) + put_varint(shift) + put_varint(len(cmapq)) + cmapq
+            ctx = cls[(np.arange(n) + shift) // C]
+    if ctx is None:
+        _, nb, c0, cA = best
+    A = _row_scale(cA, A_LOG)
+    R = _table_log(n, nb, E * T2)
+    tab = tans.Tables(_joint_tables(A, B, R), R)
+    cmap = np.minimum(E - 1 - (np.arange(E * T2) // T2), nb - 1)
+    blob = uintlist.pack_uints(np.concatenate([A.ravel(), S, M.ravel()]))
+    head = bytes((fmt, k, R, nb, c0)) + rowmode
+    return Fit(fmt, R, nb, c0, emin, E, head, ctx, tab, cmap, blob), sym
+
+
+@dataclass
+class Part:
+    """A run of elements coded with a Fit: its own lanes, tANS stream and stored bits."""
+    lanes: int
+    params: bytes   # stream length, zero-block flags, group lengths
+    body: bytes     # the stream, then the stored groups less the bytes the lanes carry
+
+
+def encode_part(fit: Fit, u: np.ndarray, sym: np.ndarray, ctx: np.ndarray | None) -> Part:
+    _, bits, eb, mb, k = FORMATS[fit.fmt]
+    raw_bits = mb - k
+    n = len(sym)
+    lanes = tans.lanes_for(n, 32 if raw_bits else 256)
+    wp = tans.layout(n, lanes, ctx is not None)[1]
+    planes = _raw_planes(u, raw_bits)
+    zb, zflags, z = _zero_blocks(planes, n)
+    parts = [entropy.encode_stream(_pack_group(planes[j], mask, j == raw_bits // 8))
+             for j, mask in _groups(len(planes), z, n)]
+    raw = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    m = min(len(raw), wp * fit.R // 8)
+    bb = _bits_back_values(raw[:m], wp, fit.R)
+    if ctx is None:
+        stream = tans.encode(sym, fit.tab, lanes, dyn=(fit.cmap, fit.c0), bits_back=bb)
+    else:
+        stream = tans.encode(sym, fit.tab, lanes, ctx=ctx, bits_back=bb, interleaved=True)
+    params = put_varint(len(stream)) + bytes((zb,)) + (put_varint(len(zflags)) + zflags if zb else b"") + \
+        b"".join(put_varint(len(q)) for q in parts)
+    return Part(lanes, params, stream + raw[m:].tobytes())
+
+
+def parse_head(p: memoryview, size: int, name: str) -> tuple[int, int, int, int, tuple | None, int]:
+    """(format, R, nb, c0, row classes (C, shift, class map) or None, position after them)."""
+    if len(p) < 5:
+        raise CodecError(f"{name}: params too short")
+    fmt, k, R, nb, c0 = p[0], p[1], p[2], p[3], p[4]
+    if fmt not in FORMATS:
+        raise CodecError(f"{name}: unknown float format {fmt}")
+    if k != k_of(fmt) or not 1 <= R <= tans.MAX_R or not 1 <= nb <= MAX_CONTEXTS or \
+            (c0 >= nb and c0 != ROW_CLASSES):
+        raise CodecError(f"{name}: bad model parameters")
+    pos = 5
+    rows = None
+    if c0 == ROW_CLASSES:
+        C, pos = get_varint(p, pos, f"{name} row length")
+        shift, pos = get_varint(p, pos, f"{name} row shift")
+        mlen, pos = get_varint(p, pos, f"{name} row classes length")
+        if not 1 <= C <= size or shift >= C or pos + mlen > len(p):
+            raise CodecError(f"{name}: bad row classes")
+        rows = (C, shift, p[pos:pos + mlen])
+        pos += mlen
+    return fmt, R, nb, c0, rows, pos
+
+
+@dataclass
+class Groups:
+    """How a part's stored bits are grouped: (plane, element mask or None) and coded lengths."""
+    groups: list[tuple[int, np.ndarray | None]]
+    lens: list[int]
+
+
+def _planes_of(fmt: int) -> tuple[int, int]:
+    _, bits, eb, mb, k = FORMATS[fmt]
+    raw_bits = mb - k
+    return raw_bits, raw_bits // 8 + (1 if raw_bits % 8 else 0)
+
+
+def parse_groups(blob: memoryview, q: int, n: int, fmt: int, name: str) -> tuple[Groups, int]:
+    """The zero-block flags and stored-group lengths of a part of n elements at blob[q:]."""
+    nplanes = _planes_of(fmt)[1]
+    if q >= len(blob):
+        raise CodecError(f"{name}: params truncated")
+    zb = blob[q]
+    z = None
+    if zb:
+        if not 1 <= zb <= 16 or not nplanes:
+            raise CodecError(f"{name}: bad zero-block size")
+        flen, q = get_varint(blob, q + 1, f"{name} zero-block flags length")
+        if q + flen > len(blob):
+            raise CodecError(f"{name}: zero-block flags run past the params")
+        nblk = -(-n // (1 << zb))
+        z = np.repeat(entropy.decode_stream(blob[q:q + flen], nblk, nplanes + 1), 1 << zb)[:n]
+        q += flen
+    else:
+        q += 1
+    groups = _groups(nplanes, z, n)
+    lens = []
+    for _ in groups:
+        ln, q = get_varint(blob, q, f"{name} plane stream length")
+        lens.append(ln)
+    return Groups(groups, lens), q
+
+
+@dataclass
+class Model:
+    """What the decoder rebuilds once per chunk from the params: tables and symbol values."""
+    fmt: int
+    R: int
+    rows: tuple | None      # (row length, shift, class of each row) for row-class contexts
+    tab: tans.Tables
+    cmap: np.ndarray
+    c0: int
+    val: np.ndarray         # the element bits each symbol stands for
+
+
+def decode_model(blob: memoryview, fmt: int, R: int, nb: int, c0: int, emin: int, E: int, n: int,
+                 rows: tuple | None, name: str) -> Model:
+    """The model of a chunk of n elements from its table blob (the rest of blob must be exactly it)."""
+    _, bits, eb, mb, k = FORMATS[fmt]
+    T2 = 1 << (k + 1)
+    raw_bits = mb - k
+    if E < 1 or emin + E > 1 << eb or E * T2 > tans.MAX_SYMBOLS:
+        raise CodecError(f"{name}: bad lanes or exponent range")
+    if nb * (E * T2 + (1 << R)) > _table_budget(n):
+        raise CodecError(f"{name}: tables too large for the chunk")
+    vals = uintlist.unpack_uints(blob, nb * E + 2 + E * T2 // 2, name)
+    tab = _model_tables(vals, nb, E, T2, R)
+    cmap = np.minimum(E - 1 - (np.arange(E * T2) // T2), nb - 1)
+    J = np.arange(E * T2, dtype=np.uint64)
+    e, top = J // np.uint64(T2) + np.uint64(emin), J % np.uint64(T2)
+    val = (((top >> np.uint64(k)) << np.uint64(bits - 1)) | (e << np.uint64(mb)) |
+           ((top & np.uint64((1 << k) - 1)) << np.uint64(raw_bits))).astype(_UINT[bits])
+    if rows is not None:
+        C, shift, cmapq = rows
+        rows = (C, shift, entropy.decode_stream(cmapq, (n - 1 + shift) // C + 1, nb).astype(np.uint8))
+    return Model(fmt, R, rows, tab, cmap, c0, val)
+
+
+def part_length(model: Model, n: int, lanes: int, slen: int, groups: Groups) -> int:
+    """The body bytes of a part: its stream and stored groups, less what its lanes carry."""
+    raw_len = sum(groups.lens)
+    wp = tans.layout(n, lanes, model.rows is not None)[1]
+    return slen + raw_len - min(raw_len, wp * model.R // 8)
+
+
+def decode_part(model: Model, body: memoryview, first: int, lanes: int, slen: int, groups: Groups,
+                out: np.ndarray) -> None:
+    """Decode the part whose elements start at element `first` of the chunk into out (their
+    count long); body is exactly its bytes (part_length)."""
+    n = len(out)
+    raw_bits = _planes_of(model.fmt)[0]
+    if model.rows is None:
+        _, fin = tans.decode(body[:slen], n, model.tab, lanes, dyn=(model.cmap, model.c0), values=model.val,
+                             out=out)
+    else:
+        C, shift, cls = model.rows
+        r = (np.arange(first, first + n) + shift) // C
+        _, fin = tans.decode(body[:slen], n, model.tab, lanes, ctx=cls[r], values=model.val,
+                             interleaved=True, out=out)
+    raw_len = sum(groups.lens)
+    m = min(raw_len, len(fin) * model.R // 8)
+    raw = np.empty(raw_len, dtype=np.uint8)
+    raw[:m] = _bits_back_bytes(fin, model.R, m)
+    raw[m:] = np.frombuffer(body, dtype=np.uint8, count=raw_len - m, offset=slen)
+    off = 0
+    for (j, mask), ln in zip(groups.groups, groups.lens):
+        c = n if mask is None else int(mask.sum())
+        nib = j == raw_bits // 8
+        v = entropy.decode_stream(raw[off:off + ln], (c + 1) // 2 if nib else c)
+        off += ln
+        _or_plane(out, v, c, nib, 8 * j, mask)
 
 
 def _model_tables(vals: np.ndarray, nb: int, E: int, T2: int, R: int) -> tans.Tables:

@@ -134,6 +134,7 @@ class Tables:
         self.K, self.S, self.R, self.L, self.freqs = K, S, R, L, freqs
         self.packed = np.empty(K * L, dtype=np.int64)
         self.packed32 = None
+        self.checked_symbols = -1   # the compiled loop checked packed32 against this many symbols
         self._order = None
         self._enc = None
         if _loop is not None and S <= 32767:
@@ -149,6 +150,7 @@ class Tables:
         tab = cls.__new__(cls)
         tab.K, tab.S, tab.R, tab.L, tab.freqs = K, S, R, 1 << R, None
         tab.packed, tab.packed32, tab._order, tab._enc = None, packed32, None, None
+        tab.checked_symbols = -1
         return tab
 
     def _spread_tables(self):
@@ -269,11 +271,15 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
 
 def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = None,
            dyn: tuple[np.ndarray, int] | None = None, values: np.ndarray | None = None,
-           interleaved: bool = False) -> tuple[np.ndarray, np.ndarray]:
+           interleaved: bool = False, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Decode n symbols; return (symbols, the Wp end states). CodecError if malformed.
 
     With ``values`` (an array indexed by symbol) the symbols come back mapped through it, in its dtype.
+    With ``out`` (n contiguous elements of that dtype) they are written there, and out is returned.
     """
+    if out is not None and (len(out) != n or not out.flags.c_contiguous or
+                            out.dtype != (np.dtype(np.int64) if values is None else np.asarray(values).dtype)):
+        raise ValueError("tans: out must be n contiguous elements of the values' dtype")
     if n == 0:
         if len(stream):
             raise CodecError("tans: non-empty stream for zero symbols")
@@ -322,7 +328,7 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
             nxt = (dyn[0] * L)[packed >> 20]        # context offset of the symbol after each entry
             packed = packed | (nxt << 36)
     if compiled:
-        return _decode_compiled(raw, n, tab, first, ctx, dyn, values, interleaved, T, Wp, pos)
+        return _decode_compiled(raw, n, tab, first, ctx, dyn, values, interleaved, T, Wp, pos, out)
     slack = (Wp * R) // 8 + 8      # one step can overrun the end by at most Wp * R bits
     buf = np.zeros(len(raw) + slack, dtype=np.uint8)
     buf[:len(raw)] = raw
@@ -358,25 +364,34 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
             hist[t + 1:, a:prev] = 0
             prev = a
     sy = (tab.packed >> 20) if values is None else np.asarray(values)[tab.packed >> 20]
-    out = sy[hist[:T]]
-    out = (out if interleaved else out.T).reshape(-1)[:n]
+    sym = sy[hist[:T]]
+    sym = (sym if interleaved else sym.T).reshape(-1)[:n]
+    if out is None:
+        return sym, fin
+    out[:] = sym
     return out, fin
 
 
-def _decode_compiled(raw, n, tab, states, ctx, dyn, values, interleaved, T, Wp, pos):
+def _decode_compiled(raw, n, tab, states, ctx, dyn, values, interleaved, T, Wp, pos, out=None):
     """tans.decode's result through the compiled loop (see _tansloop.c)."""
     L = tab.L
     vals = np.arange(tab.S, dtype=np.int64) if values is None else np.ascontiguousarray(values)
     if vals.dtype.itemsize not in (1, 2, 4, 8) or len(vals) < tab.S:
         raise CodecError("tans: bad symbol values")
     vals = vals[:tab.S]
-    out = np.empty(n, dtype=vals.dtype)
+    if out is None:
+        out = np.empty(n, dtype=vals.dtype)
     states = np.ascontiguousarray(states, dtype=np.int64)
     nxo = None if dyn is None else np.ascontiguousarray(np.asarray(dyn[0], dtype=np.int64)[:tab.S] * L)
     try:
         compact = tab.packed32 is not None
-        pos = _loop.decode(tab.packed32 if compact else tab.packed, compact, raw, states, out, vals, ctx, nxo,
-                           interleaved, n, T, Wp, L, pos)
+        # the loop checks a compact table's entries against the symbol count once per Tables:
+        # floatseg decodes several streams with one table
+        checked = compact and tab.checked_symbols == len(vals)
+        pos = _loop.decode(tab.packed32 if compact else tab.packed, compact, checked, raw, states, out, vals, ctx,
+                           nxo, interleaved, n, T, Wp, L, pos)
+        if compact:
+            tab.checked_symbols = len(vals)
     except ValueError as exc:
         raise CodecError(str(exc)) from None
     if (pos + 7) >> 3 != len(raw) or (pos & 7 and raw[-1] >> (pos & 7)):

@@ -7,14 +7,14 @@ import threading
 import time
 from pathlib import Path
 
-from lmzfs.codecs import by_name
+from lmzfs.codecs import SEGMENT_BYTES, by_name
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreTotals
 from lmzfs.reader.cache import ChunkCache
 from lmzfs.reader.decodepool import ProcessDecoder
 from lmzfs.reader.readahead import Prefetcher
 from lmzfs.reader.stats import ReaderStats
 from lmzfs.store.catalog import Catalog, Extent
-from lmzfs.store.chunkread import read_chunk
+from lmzfs.store.chunkread import read_chunk, read_chunk_segments
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.packfds import PackDescriptors
 
@@ -22,6 +22,7 @@ DEFAULT_CACHE_BYTES = 256 << 20
 # pread_cached(decode_quick=True) decodes one missing chunk of a quick codec up to this size in
 # the calling thread: a median 0.55 ms (at most 1.2 ms) for BF16 on the 2-core benchmark host,
 # about what handing the read to a thread and back costs there, so such a miss takes half as long.
+# One floatseg segment (SEGMENT_BYTES, for a lone read) takes as long: a median 0.7-0.9 ms.
 QUICK_BYTES = 256 << 10
 
 
@@ -105,6 +106,18 @@ class Archive:
         self._catalog.close()
 
 
+class _NotSegmented(Exception):
+    """The chunk's segments are not where the reader expected them: decode all of it instead."""
+
+
+def _segmented(e: Extent) -> bool:
+    return e.codec == "floatseg" and e.size > SEGMENT_BYTES
+
+
+def _segment_key(e: Extent, start: int) -> bytes:
+    return e.chunk_id + start.to_bytes(4, "little")     # 36 bytes: never a chunk id (32)
+
+
 def _quick(e: Extent) -> bool:
     try:
         return e.size <= QUICK_BYTES and by_name(e.codec).quick
@@ -128,6 +141,7 @@ class FileReader:
         self._prefetching = 0
         self._prefetched: set[bytes] = set()
         self._served: dict[int, int] = {}     # extent index -> bytes of it served to this stream
+        self._last_end = -1                   # where the latest read ended
         prefetcher = archive.prefetcher
         self._stream = prefetcher.register(id(self)) if prefetcher is not None else None
 
@@ -144,6 +158,69 @@ class FileReader:
             raise
         self._archive.stats.add(chunks_decoded=1, bytes_decoded=e.size, decode_seconds=time.perf_counter() - t0)
         return data
+
+    def _decode_segments(self, e: Extent, starts: range) -> bytes:
+        """Decode the chunk's segments at these plain starts (of the chunk) together, checked; cache
+        all but the first, which is returned (the cache stores it under the caller's key)."""
+        t0 = time.perf_counter()
+        try:
+            got = read_chunk_segments(self._fds[e.location.pack], e, starts[0], starts[-1] + 1)
+        except CorruptChunk:
+            self._archive.stats.add(corrupt_chunks=1)
+            raise
+        if got is None or [(a, len(d)) for a, d in got] != [(a, min(SEGMENT_BYTES, e.size - a)) for a in starts]:
+            raise _NotSegmented
+        self._archive.stats.add(segments_decoded=len(got), bytes_decoded=sum(len(d) for _, d in got),
+                                decode_seconds=time.perf_counter() - t0)
+        for a, data in got[1:]:
+            self._archive.cache.put(_segment_key(e, a), data)
+        return got[0][1]
+
+    def _segment_starts(self, e: Extent, offset: int, end: int) -> range | None:
+        """Plain starts (of the chunk) of the segments [offset, end) touches, None if that is all
+        of them or the chunk has none."""
+        if not _segmented(e):
+            return None
+        lo, hi = max(offset, e.offset) - e.offset, min(end, e.offset + e.size) - e.offset
+        starts = range(lo - lo % SEGMENT_BYTES, hi, SEGMENT_BYTES)
+        return starts if len(starts) < -(-e.size // SEGMENT_BYTES) else None
+
+    def _pieces(self, e: Extent, offset: int, end: int, part: bool) -> list[tuple[int, bytes]]:
+        """(file offset, bytes) pieces covering what [offset, end) needs of the chunk: the chunk,
+        or with `part`, of a chunk that decodes in segments, only the segments it touches."""
+        starts = self._segment_starts(e, offset, end) if part else None
+        cache = self._archive.cache
+        if starts is not None and e.chunk_id not in cache:
+            try:
+                return [(e.offset + a, cache.get(_segment_key(e, a), lambda a=a: self._decode_segments(
+                    e, range(a, starts.stop, SEGMENT_BYTES)))) for a in starts]
+            except _NotSegmented:
+                pass
+            except CorruptChunk as exc:
+                raise CorruptChunk(f"{self.label} at offset {e.offset}: {exc.strerror}") from None
+        return [(e.offset, self._chunk(e))]
+
+    def _lone(self, offset: int) -> bool:
+        """A read at offset does not continue the previous one (give or take a segment)."""
+        last = self._last_end
+        return last < 0 or not last - SEGMENT_BYTES <= offset <= last + SEGMENT_BYTES
+
+    def _lone_segment(self, e: Extent, offset: int, end: int) -> bool:
+        """A lone read needs one segment of the chunk, which no thread is decoding."""
+        starts = self._segment_starts(e, offset, end)
+        return starts is not None and len(starts) == 1 and self._lone(offset) and \
+            _segment_key(e, starts[0]) not in self._archive.cache
+
+    def _cached_pieces(self, e: Extent, offset: int, end: int) -> list[tuple[int, bytes]] | None:
+        cache = self._archive.cache
+        data = cache.peek(e.chunk_id)
+        if data is not None:
+            return [(e.offset, data)]
+        starts = self._segment_starts(e, offset, end)
+        if starts is None:
+            return None
+        pieces = [(e.offset + a, cache.peek(_segment_key(e, a))) for a in starts]
+        return None if any(d is None for _, d in pieces) else pieces
 
     def _chunk(self, e: Extent, here: bool = False) -> bytes:
         """The chunk through the shared cache; damage is reported with this file and the chunk's offset."""
@@ -178,13 +255,14 @@ class FileReader:
         first = bisect.bisect_right(self._starts, offset) - 1 if offset < end else 0
         return end, first, offset
 
-    def _assemble(self, offset: int, end: int, first: int, chunks: list[bytes]) -> bytes:
+    def _assemble(self, offset: int, end: int, pieces: list[tuple[int, bytes]]) -> bytes:
+        """[offset, end) from pieces (file offset, bytes) that cover it in order."""
         parts = []
         pos = offset
-        for e, data in zip(self._extents[first:], chunks):
-            lo, hi = pos - e.offset, min(e.size, end - e.offset)
-            parts.append(data if (lo, hi) == (0, e.size) else data[lo:hi])
-            pos = e.offset + hi
+        for at, data in pieces:
+            lo, hi = pos - at, min(len(data), end - at)
+            parts.append(data if (lo, hi) == (0, len(data)) else data[lo:hi])
+            pos = at + hi
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _covering(self, first: int, end: int) -> list[Extent]:
@@ -200,46 +278,56 @@ class FileReader:
         end, first, offset = self._span(offset, length)
         if offset >= end:
             return b""
-        chunks = [self._chunk(e) for e in self._covering(first, end)]
-        return self._finish(offset, end, first, chunks)
+        # A read that does not continue the previous one needs only the segments it touches of a
+        # chunk that decodes in segments (a quarter of the work, for a random 4 KiB read); a
+        # stream decodes whole chunks, as it will read all of them.
+        part = self._lone(offset)
+        covering = self._covering(first, end)
+        pieces = [p for e in covering for p in self._pieces(e, offset, end, part)]
+        return self._finish(offset, end, first, len(covering), pieces)
 
     def pread_cached(self, offset: int, length: int, *, decode_quick: bool = False) -> bytes | None:
         """The same bytes as pread() when every chunk they need is already decoded, else None.
 
         Cheap enough to call on an event loop: it never waits for another thread, and decodes
         nothing, or with decode_quick at most one missing chunk of a quick codec (raw, zstd,
-        bytegroup) of at most QUICK_BYTES, here. May then raise CorruptChunk as pread() does."""
+        bytegroup) of at most QUICK_BYTES, or the one segment a lone read needs of a floatseg
+        chunk (as long to decode), here. May then raise CorruptChunk as pread() does."""
         end, first, offset = self._span(offset, length)
         if offset >= end:
             return b""
         cache = self._archive.cache
-        chunks: list[bytes | None] = []
-        missing: int | None = None          # the index in chunks of the one chunk to decode here
+        found: list[list[tuple[int, bytes]] | None] = []
+        missing: int | None = None          # the index in found of the one chunk to decode here
         covering = self._covering(first, end)
         for i, e in enumerate(covering):
-            data = cache.peek(e.chunk_id)
-            if data is None:
+            pieces = self._cached_pieces(e, offset, end)
+            if pieces is None:
                 # a second miss, a slow codec, or a chunk another thread decodes: a thread waits
-                if missing is not None or not decode_quick or not _quick(e) or e.chunk_id in cache:
+                if missing is not None or not decode_quick or e.chunk_id in cache or \
+                        not (_quick(e) or self._lone_segment(e, offset, end)):
                     return None
                 missing = i
-            chunks.append(data)
+            found.append(pieces)
         if missing is not None:
             # never through the worker processes: waiting for a free one could take long
-            chunks[missing] = self._chunk(covering[missing], here=True)
-        return self._finish(offset, end, first, chunks)
+            e = covering[missing]
+            found[missing] = [(e.offset, self._chunk(e, here=True))] if _quick(e) else \
+                self._pieces(e, offset, end, True)
+        return self._finish(offset, end, first, len(covering), [p for f in found for p in f])
 
-    def _finish(self, offset: int, end: int, first: int, chunks: list[bytes]) -> bytes:
-        out = self._assemble(offset, end, first, chunks)
+    def _finish(self, offset: int, end: int, first: int, count: int, pieces: list[tuple[int, bytes]]) -> bytes:
+        out = self._assemble(offset, end, pieces)
+        self._last_end = end
         stats = self._archive.stats
         hit = False
         if self._prefetched:
             with self._cond:
-                for e in self._extents[first:first + len(chunks)]:
+                for e in self._extents[first:first + count]:
                     if e.chunk_id in self._prefetched:
                         self._prefetched.discard(e.chunk_id)
                         hit = True
-        released = self._read_ahead(offset, end, first, len(chunks))
+        released = self._read_ahead(offset, end, first, count)
         stats.add(reads=1, bytes_served=len(out), readahead_hits=int(hit), chunks_released=released)
         return out
 

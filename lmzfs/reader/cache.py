@@ -99,6 +99,10 @@ class ChunkCache:
                 _, evicted = self._items.popitem(last=False)
                 self._bytes -= len(evicted)
 
+    def put(self, key: bytes, value: bytes) -> None:
+        """Cache a value decoded along with another (not awaited by anyone)."""
+        self._insert(key, value)
+
     def discard(self, key: bytes) -> bool:
         """Drop a cached value (not one being decoded); True if it was there."""
         with self._lock:

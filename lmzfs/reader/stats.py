@@ -12,6 +12,7 @@ class ReaderStats:
     reads: int = 0
     bytes_served: int = 0
     chunks_decoded: int = 0
+    segments_decoded: int = 0        # parts of chunks decoded alone for reads that needed no more
     bytes_decoded: int = 0
     decode_seconds: float = 0.0
     readahead_chunks: int = 0        # chunks decoded ahead of a sequential reader

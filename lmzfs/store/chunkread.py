@@ -2,33 +2,52 @@
 checksum the catalog keeps for them (XXH3-128, or the SHA-256 id itself for chunks stored without).
 
 The one place where stored bytes become plain bytes; the reader, `lmz verify` and `lmz cat` all
-go through it, so nothing can hand out bytes that were not checked.
+go through it, so nothing can hand out bytes that were not checked. A part of a chunk (one
+segment of a floatseg chunk) is checked against its own CRC-32, as the chunk's checksum needs all
+of it.
 """
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
+from typing import Iterator
 
 import xxhash
 
-from lmzfs.codecs import CodecError, decode_chunk
+from lmzfs.codecs import CodecError, decode_chunk, decode_chunk_segments
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
 from lmzfs.store.packs import PackDamaged, read_payload
 
 
-def read_chunk(fd: int, extent: Extent, *, check_id: bool = False) -> bytes:
-    """The chunk's plain bytes, checked against its XXH3-128 (or, for a chunk stored without one,
-    or with check_id, its SHA-256 id: 25x the cost, a third of a 1 MiB chunk's decode time)."""
+@contextmanager
+def _reported(extent: Extent) -> Iterator[None]:
+    """Damage and read errors as CorruptChunk (errno EIO), naming the chunk."""
     try:
-        payload = read_payload(fd, extent.chunk_id, extent.location)
-        plain = decode_chunk(payload, extent.size, hash_checked=True)   # the check below
+        yield
     except (PackDamaged, CodecError) as exc:
         raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: {exc}") from exc
     except OSError as exc:
         raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: cannot read pack {extent.location.pack}: "
                            f"{exc.strerror or exc}") from exc
+
+
+def read_chunk(fd: int, extent: Extent, *, check_id: bool = False) -> bytes:
+    """The chunk's plain bytes, checked against its XXH3-128 (or, for a chunk stored without one,
+    or with check_id, its SHA-256 id: 25x the cost, a third of a 1 MiB chunk's decode time)."""
+    with _reported(extent):
+        payload = read_payload(fd, extent.chunk_id, extent.location)
+        plain = decode_chunk(payload, extent.size, hash_checked=True)   # the check below
     if len(plain) != extent.size or \
             (extent.xxh3 is not None and xxhash.xxh3_128_digest(plain) != extent.xxh3) or \
             ((extent.xxh3 is None or check_id) and hashlib.sha256(plain).digest() != extent.chunk_id):
         raise CorruptChunk(f"chunk {extent.chunk_id.hex()[:16]}: decoded bytes do not match the chunk's hash")
     return plain
+
+
+def read_chunk_segments(fd: int, extent: Extent, lo: int, hi: int) -> list[tuple[int, bytes]] | None:
+    """(start, plain bytes) of each segment that plain bytes [lo, hi) of a chunk whose codec
+    decodes in segments (floatseg) touch, each checked against its CRC-32; None for other codecs."""
+    with _reported(extent):
+        payload = read_payload(fd, extent.chunk_id, extent.location)
+        return decode_chunk_segments(payload, extent.size, lo, hi)

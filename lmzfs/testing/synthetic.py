@@ -27,7 +27,9 @@ def small_model(d: Path, seed: int = 0, mib: int = 3) -> Path:
 
 
 def flip_byte_in_chunk_of(store: StorePaths, model: str, path: str, at: float = 0.5) -> int:
-    """Flip one byte in the middle of the payload of a chunk of MODEL/PATH; returns the plain offset."""
+    """Flip one byte in the middle of the payload of a chunk of MODEL/PATH; returns a plain offset
+    whose read must fail: the chunk's, or for a chunk that decodes in segments (whose other
+    segments still read correctly), that of the segment holding the byte."""
     archive = Archive(store.root)
     try:
         entry = archive.entry(model, path)
@@ -42,8 +44,25 @@ def flip_byte_in_chunk_of(store: StorePaths, model: str, path: str, at: float = 
     e = max((x for x in extents if x.location.length >= big // 2), key=lambda x: x.offset)
     pos = e.location.offset + int(e.location.length * at)
     with open(store.pack(e.location.pack), "r+b") as f:
+        f.seek(e.location.offset)
+        payload = f.read(e.location.length)
         f.seek(pos)
-        b = f.read(1)
-        f.seek(pos)
-        f.write(bytes([b[0] ^ 0x10]))
-    return e.offset
+        f.write(bytes([payload[pos - e.location.offset] ^ 0x10]))
+    return e.offset + _segment_start(payload, pos - e.location.offset, e.size)
+
+
+def _segment_start(payload: bytes, at: int, size: int) -> int:
+    """Plain offset, within its chunk, of the floatseg segment whose body holds payload byte `at`
+    (0 for other codecs and for bytes outside the segments' bodies)."""
+    from lmzfs.codecs import REGISTRY, parse_payload
+    from lmzfs.codecs.floatseg import FloatSegCodec
+    h = parse_payload(payload)
+    codec = REGISTRY[h.codec_id]
+    if not isinstance(codec, FloatSegCodec):
+        return 0
+    body_at = at - (len(payload) - len(h.body))
+    lay = codec.layout(h.params, len(h.body), size)
+    for s in lay.segments:
+        if s.body <= body_at < s.body + s.length:
+            return s.first * lay.model.val.itemsize
+    return 0
