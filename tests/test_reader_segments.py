@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import random
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -39,67 +41,59 @@ def bf16_store(tmp_path_factory) -> tuple[StorePaths, bytes]:
     return store, (src / "model.safetensors").read_bytes()
 
 
-def segmented_extents(archive: Archive) -> list:
-    with archive.open(archive.entry("m", "model.safetensors")) as r:
-        return [e for e in r._extents if e.codec == "floatseg"]
+@contextmanager
+def reading(root: Path, **options) -> Iterator[tuple[Archive, object, list]]:
+    """(archive, reader of the model file, its floatseg extents); closes both."""
+    archive = Archive(root, **options)
+    try:
+        with archive.open(archive.entry("m", "model.safetensors")) as r:
+            yield archive, r, [e for e in r._extents if e.codec == "floatseg"]
+    finally:
+        archive.close()
 
 
 def test_a_random_4k_read_decodes_one_segment_not_its_chunk(bf16_store):
     store, plain = bf16_store
-    archive = Archive(store.root, workers=0)
-    try:
-        chunks = segmented_extents(archive)
+    with reading(store.root, workers=0) as (archive, r, chunks):
         assert len(chunks) >= 3 and all(e.size == 1 << 20 for e in chunks[:3])
         e = chunks[1]
         at = e.offset + 2 * SEGMENT_BYTES + 1234
-        with archive.open(archive.entry("m", "model.safetensors")) as r:
-            assert r.pread(at, 4096) == plain[at:at + 4096]
-            assert archive.stats.segments_decoded == 1 and archive.stats.chunks_decoded == 0
-            # the same segment again, on the event loop's path: from the cache
-            assert r.pread_cached(at + 8192, 4096) == plain[at + 8192:at + 12288]
-            # a read across two segments decodes both (with one table build)
-            edge = e.offset + SEGMENT_BYTES - 100
-            assert r.pread(edge, 4096) == plain[edge:edge + 4096]
-            assert archive.stats.segments_decoded == 3 and archive.stats.chunks_decoded == 0
-            # and they are cached one by one
-            assert r.pread_cached(e.offset + 5, 10) == plain[e.offset + 5:e.offset + 15]
-            assert r.pread_cached(e.offset + SEGMENT_BYTES + 5, 10) == \
-                plain[e.offset + SEGMENT_BYTES + 5:e.offset + SEGMENT_BYTES + 15]
-            # a read of every segment decodes the chunk
-            far = chunks[2].offset
-            assert r.pread(far, chunks[2].size) == plain[far:far + chunks[2].size]
-            assert archive.stats.segments_decoded == 3 and archive.stats.chunks_decoded == 1
-    finally:
-        archive.close()
+        assert r.pread(at, 4096) == plain[at:at + 4096]
+        assert archive.stats.segments_decoded == 1 and archive.stats.chunks_decoded == 0
+        # the same segment again, on the event loop's path: from the cache
+        assert r.pread_cached(at + 8192, 4096) == plain[at + 8192:at + 12288]
+        # a read across two segments decodes both (with one table build)
+        edge = e.offset + SEGMENT_BYTES - 100
+        assert r.pread(edge, 4096) == plain[edge:edge + 4096]
+        assert archive.stats.segments_decoded == 3 and archive.stats.chunks_decoded == 0
+        # and they are cached one by one
+        assert r.pread_cached(e.offset + 5, 10) == plain[e.offset + 5:e.offset + 15]
+        assert r.pread_cached(e.offset + SEGMENT_BYTES + 5, 10) == \
+            plain[e.offset + SEGMENT_BYTES + 5:e.offset + SEGMENT_BYTES + 15]
+        # a read of every segment decodes the chunk
+        far = chunks[2].offset
+        assert r.pread(far, chunks[2].size) == plain[far:far + chunks[2].size]
+        assert archive.stats.segments_decoded == 3 and archive.stats.chunks_decoded == 1
 
 
 def test_a_sequential_reader_decodes_whole_chunks(bf16_store):
     store, plain = bf16_store
-    archive = Archive(store.root, workers=0)
-    try:
-        with archive.open(archive.entry("m", "model.safetensors")) as r:
-            got = b"".join(r.pread(off, 128 << 10) for off in range(0, r.size, 128 << 10))
-        assert got == plain
+    with reading(store.root, workers=0) as (archive, r, chunks):
+        assert b"".join(r.pread(off, 128 << 10) for off in range(0, r.size, 128 << 10)) == plain
         # only the first read, at the start of the file, could have been a lone one
         assert archive.stats.segments_decoded <= 1
-        assert archive.stats.chunks_decoded == len(segmented_extents(archive)) + 2
-    finally:
-        archive.close()
+        assert archive.stats.chunks_decoded == len(chunks) + 2
 
 
 def test_random_reads_of_every_segment_return_exact_bytes(bf16_store):
     store, plain = bf16_store
-    archive = Archive(store.root, cache_bytes=3 << 20, workers=2)
     rng = random.Random(9)
-    try:
-        with archive.open(archive.entry("m", "model.safetensors")) as r:
-            for _ in range(300):
-                at = rng.randrange(0, len(plain) - 1)
-                n = rng.choice((1, 4096, 70000))
-                assert r.pread(at, n) == plain[at:at + n]
+    with reading(store.root, cache_bytes=3 << 20, workers=2) as (archive, r, _):
+        for _ in range(300):
+            at = rng.randrange(0, len(plain) - 1)
+            n = rng.choice((1, 4096, 70000))
+            assert r.pread(at, n) == plain[at:at + n]
         assert archive.stats.segments_decoded > 10
-    finally:
-        archive.close()
 
 
 def test_a_damaged_segment_is_eio_and_the_others_of_its_chunk_still_read_exactly(tmp_path):
@@ -108,19 +102,15 @@ def test_a_damaged_segment_is_eio_and_the_others_of_its_chunk_still_read_exactly
     store = StorePaths(tmp_path / "store")
     add_model(store, src, "m")
     bad = flip_byte_in_chunk_of(store, "m", "model.safetensors")
-    archive = Archive(store.root, workers=0)
-    try:
-        e = next(x for x in segmented_extents(archive) if x.offset <= bad < x.offset + x.size)
+    with reading(store.root, workers=0) as (archive, r, chunks):
+        e = next(x for x in chunks if x.offset <= bad < x.offset + x.size)
         assert bad > e.offset           # the byte is not in the chunk's first segment
-        with archive.open(archive.entry("m", "model.safetensors")) as r:
-            with pytest.raises(CorruptChunk):
-                r.pread(bad + 10, 100)
-            assert r.pread(e.offset + 10, 100) == plain[e.offset + 10:e.offset + 110]
-            with pytest.raises(CorruptChunk):
-                r.pread(e.offset, e.size)       # all of the chunk: its checksum fails
+        with pytest.raises(CorruptChunk):
+            r.pread(bad + 10, 100)
+        assert r.pread(e.offset + 10, 100) == plain[e.offset + 10:e.offset + 110]
+        with pytest.raises(CorruptChunk):
+            r.pread(e.offset, e.size)       # all of the chunk: its checksum fails
         assert archive.stats.corrupt_chunks == 2
-    finally:
-        archive.close()
 
 
 def test_a_store_with_other_segment_sizes_is_read_through_whole_chunks(tmp_path, monkeypatch):
@@ -130,32 +120,23 @@ def test_a_store_with_other_segment_sizes_is_read_through_whole_chunks(tmp_path,
     monkeypatch.setattr(floatseg, "SEGMENT_LOG", 16)      # what another version might write
     add_model(store, src, "m")
     monkeypatch.undo()
-    archive = Archive(store.root, workers=0)
-    try:
-        e = segmented_extents(archive)[0]
-        at = e.offset + SEGMENT_BYTES + 77
-        with archive.open(archive.entry("m", "model.safetensors")) as r:
-            assert r.pread(at, 4096) == plain[at:at + 4096]
+    with reading(store.root, workers=0) as (archive, r, chunks):
+        at = chunks[0].offset + SEGMENT_BYTES + 77
+        assert r.pread(at, 4096) == plain[at:at + 4096]
         assert archive.stats.segments_decoded == 0 and archive.stats.chunks_decoded == 1
-    finally:
-        archive.close()
 
 
 def test_the_event_loop_decodes_the_one_segment_a_lone_read_needs_and_nothing_more(bf16_store):
     store, plain = bf16_store
-    archive = Archive(store.root, workers=0)
-    try:
-        e = segmented_extents(archive)[2]
-        with archive.open(archive.entry("m", "model.safetensors")) as r:
-            at = e.offset + SEGMENT_BYTES + 999
-            assert r.pread_cached(at, 4096, decode_quick=True) == plain[at:at + 4096]
-            assert archive.stats.segments_decoded == 1
-            # a read right after it continues a stream: whole chunks, in a thread
-            assert r.pread_cached(at + SEGMENT_BYTES, 4096, decode_quick=True) is None
-            # a lone read without decode_quick, or one needing two segments: not here either
-            r._last_end = -1
-            assert r.pread_cached(e.offset + 10, 4096, decode_quick=False) is None
-            assert r.pread_cached(e.offset + 3 * SEGMENT_BYTES - 50, 4096, decode_quick=True) is None
-            assert archive.stats.segments_decoded == 1 and archive.stats.chunks_decoded == 0
-    finally:
-        archive.close()
+    with reading(store.root, workers=0) as (archive, r, chunks):
+        e = chunks[2]
+        at = e.offset + SEGMENT_BYTES + 999
+        assert r.pread_cached(at, 4096, decode_quick=True) == plain[at:at + 4096]
+        assert archive.stats.segments_decoded == 1
+        # a read right after it continues a stream: whole chunks, in a thread
+        assert r.pread_cached(at + SEGMENT_BYTES, 4096, decode_quick=True) is None
+        # a lone read without decode_quick, or one needing two segments: not here either
+        r._last_end = -1
+        assert r.pread_cached(e.offset + 10, 4096, decode_quick=False) is None
+        assert r.pread_cached(e.offset + 3 * SEGMENT_BYTES - 50, 4096, decode_quick=True) is None
+        assert archive.stats.segments_decoded == 1 and archive.stats.chunks_decoded == 0
