@@ -110,22 +110,27 @@ class FloatSegCodec(Codec):
             raise CodecError("floatseg: body length does not match params")
         return Layout(model, seglog, n, t, segments)
 
-    def _segment(self, lay: Layout, body: memoryview, s: Segment) -> bytes:
-        u = np.empty(s.count, dtype=fs._UINT[fs.FORMATS[lay.model.fmt][1]])
+    @staticmethod
+    def _decode_into(lay: Layout, body: memoryview, s: Segment, u: np.ndarray) -> None:
+        """Segment s's elements into u (s.count of them)."""
         fs.decode_part(lay.model, body[s.body:s.body + s.length], s.first, s.lanes, s.slen, s.groups, u)
-        out = u.tobytes()
-        return out + bytes(body[len(body) - lay.tail:]) if lay.tail and s.index == len(lay.segments) - 1 else out
+
+    @staticmethod
+    def _tail(lay: Layout, body: memoryview) -> bytes:
+        return bytes(body[len(body) - lay.tail:]) if lay.tail else b""
+
+    def _segment(self, lay: Layout, body: memoryview, s: Segment) -> bytes:
+        u = np.empty(s.count, dtype=lay.model.val.dtype)
+        self._decode_into(lay, body, s, u)
+        return u.tobytes() + self._tail(lay, body) if s.index == len(lay.segments) - 1 else u.tobytes()
 
     def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
         body = memoryview(body)
         lay = self.layout(params, len(body), size)
-        u = np.empty(lay.n, dtype=fs._UINT[fs.FORMATS[lay.model.fmt][1]])
+        u = np.empty(lay.n, dtype=lay.model.val.dtype)
         for s in lay.segments:
-            fs.decode_part(lay.model, body[s.body:s.body + s.length], s.first, s.lanes, s.slen, s.groups,
-                           u[s.first:s.first + s.count])
-        out = u.tobytes()
-        if lay.tail:
-            out += bytes(body[len(body) - lay.tail:])
+            self._decode_into(lay, body, s, u[s.first:s.first + s.count])
+        out = u.tobytes() + self._tail(lay, body)
         if check:
             width = u.itemsize
             for s in lay.segments:
