@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmzfs.codecs import (SEGMENT_BYTES, ChunkHint, CodecError, decode_chunk, decode_chunk_segments, encode_chunk,
-                          encode_with, floatseg, parse_payload)
+from lmzfs.codecs import (SEGMENT_BYTES, ChunkHint, CodecError, decode_chunk, decode_chunk_segments,
+                          decode_segments_from, encode_chunk, encode_with, floatseg, parse_payload)
 from lmzfs.codecs.base import get_varint, put_varint
 from lmzfs.testing import hostile
 
@@ -114,6 +114,59 @@ def test_a_range_decodes_every_segment_it_touches_and_no_other(small_segments):
     assert [a for a, _ in got] == [0, 4096, 8192, 12288]
     assert b"".join(d for _, d in got) == plain[:4 * 4096]
     assert [a for a, _ in decode_chunk_segments(payload, len(plain), 4096, 8192)] == [4096]
+
+
+class RecordingReads:
+    """read(start, n) over a payload, remembering what was asked; `short` cuts reads from there."""
+
+    def __init__(self, payload: bytes, short: int | None = None):
+        self.payload, self.short, self.asked = payload, short, []
+
+    def __call__(self, start: int, n: int) -> bytes:
+        self.asked.append((start, n))
+        stop = start + n if self.short is None else min(start + n, self.short)
+        return self.payload[start:stop]
+
+
+def test_a_segment_read_fetches_the_params_then_only_that_segments_body(small_segments):
+    plain = weights(20000, 14) + b"\x7f"           # ten segments and a trailing byte
+    payload = encode_with("floatseg", plain, ChunkHint("BF16", 2))
+    body_at = len(payload) - len(parse_payload(payload).body)
+    segs = segments_of(payload)
+    reads = RecordingReads(payload)
+    got = decode_segments_from(reads, len(payload), len(plain), 3 * 4096 + 7, 3 * 4096 + 8)
+    assert got == [(3 * 4096, plain[3 * 4096:4 * 4096])]
+    assert reads.asked == [(0, 4096), (body_at + segs[3].body, segs[3].length)]
+    # a range: the bodies of the segments it touches, in one read; the last one's trailing byte too
+    reads = RecordingReads(payload)
+    got = decode_segments_from(reads, len(payload), len(plain), 8 * 4096, len(plain))
+    assert b"".join(d for _, d in got) == plain[8 * 4096:] and [a for a, _ in got] == [8 * 4096, 9 * 4096]
+    assert reads.asked[1] == (body_at + segs[8].body, len(payload) - body_at - segs[8].body)
+    assert sum(n for _, n in reads.asked) < len(payload) // 3
+
+
+def test_params_longer_than_the_first_read_are_read_whole(small_segments):
+    plain = weights(9000, 15)
+    payload = encode_with("floatseg", plain, ChunkHint("BF16", 2))
+    reads = RecordingReads(payload)
+    got = decode_segments_from(reads, len(payload), len(plain), 4096, 4097, head=24)
+    params_end = len(payload) - len(parse_payload(payload).body)
+    assert got == [(4096, plain[4096:8192])] and reads.asked[:2] == [(0, 24), (0, params_end)]
+
+
+def test_a_payload_cut_short_under_a_segment_read_is_a_codec_error(small_segments):
+    plain = weights(9000, 16)
+    payload = encode_with("floatseg", plain, ChunkHint("BF16", 2))
+    body_at = len(payload) - len(parse_payload(payload).body)
+    for short in (3, 6, body_at - 1, len(payload) - 1):
+        with pytest.raises(CodecError, match="truncated|cut short"):
+            decode_segments_from(RecordingReads(payload, short), len(payload), len(plain), len(plain) - 1,
+                                 len(plain), head=24)
+    with pytest.raises(CodecError, match="runs past"):
+        decode_segments_from(RecordingReads(payload), body_at - 2, len(plain), 0, 1)
+    other = encode_with("floatsplit", plain, ChunkHint("BF16", 2))
+    reads = RecordingReads(other)
+    assert decode_segments_from(reads, len(other), len(plain), 0, 1) is None and len(reads.asked) == 1
 
 
 def test_a_flipped_byte_fails_its_segment_and_the_chunk_but_not_the_other_segments(small_segments):

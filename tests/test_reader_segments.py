@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -15,6 +17,7 @@ from lmzfs.errors import CorruptChunk
 from lmzfs.reader import Archive
 from lmzfs.store.add import add_model
 from lmzfs.store.layout import StorePaths
+from lmzfs.store.packs import RECORD_HEADER, ChunkLocation, PackDamaged, read_payload, read_payload_part
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of
 
 
@@ -140,3 +143,40 @@ def test_the_event_loop_decodes_the_one_segment_a_lone_read_needs_and_nothing_mo
         assert r.pread_cached(e.offset + 10, 4096, decode_quick=False) is None
         assert r.pread_cached(e.offset + 3 * SEGMENT_BYTES - 50, 4096, decode_quick=True) is None
         assert archive.stats.segments_decoded == 1 and archive.stats.chunks_decoded == 0
+
+
+def test_a_part_of_a_payload_is_read_with_its_record_checked_and_never_past_it(bf16_store):
+    store, _ = bf16_store
+    with reading(store.root, workers=0) as (_, r, chunks):
+        e = chunks[0]
+        loc = e.location
+    fd = os.open(store.pack(loc.pack), os.O_RDONLY)
+    try:
+        whole = bytes(read_payload(fd, e.chunk_id, loc))
+        assert bytes(read_payload_part(fd, e.chunk_id, loc, 0, 100)) == whole[:100]
+        assert bytes(read_payload_part(fd, e.chunk_id, loc, 5000, loc.length - 5000)) == whole[5000:]
+        with pytest.raises(PackDamaged, match="does not hold chunk"):
+            read_payload_part(fd, bytes(32), loc, 0, 100)
+        with pytest.raises(PackDamaged, match="outside the payload"):
+            read_payload_part(fd, e.chunk_id, loc, loc.length - 10, 11)
+        past = ChunkLocation(loc.pack, os.fstat(fd).st_size - 50, 100)     # as a truncated pack
+        with pytest.raises(PackDamaged, match="truncated"):
+            read_payload_part(fd, e.chunk_id, past, 10, 90)
+    finally:
+        os.close(fd)
+
+
+def test_a_lone_read_of_a_chunk_whose_record_names_another_chunk_is_eio(bf16_store, tmp_path):
+    store, plain = bf16_store
+    copy = StorePaths(tmp_path / "copy")
+    shutil.copytree(store.root, copy.root)
+    with reading(copy.root, workers=0) as (_, r, chunks):
+        e = chunks[1]
+    with open(copy.pack(e.location.pack), "r+b") as f:          # the record header's chunk id
+        f.seek(e.location.offset - RECORD_HEADER.size + 4)
+        f.write(bytes(32))
+    with reading(copy.root, workers=0) as (archive, r, _):
+        with pytest.raises(CorruptChunk, match="does not hold chunk"):
+            r.pread(e.offset + SEGMENT_BYTES + 100, 4096)
+        assert archive.stats.corrupt_chunks == 1
+        assert r.pread(chunks[0].offset, 4096) == plain[chunks[0].offset:chunks[0].offset + 4096]

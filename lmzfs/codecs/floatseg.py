@@ -111,25 +111,21 @@ class FloatSegCodec(Codec):
         return Layout(model, seglog, n, t, segments)
 
     @staticmethod
-    def _decode_into(lay: Layout, body: memoryview, s: Segment, u: np.ndarray) -> None:
-        """Segment s's elements into u (s.count of them)."""
-        fs.decode_part(lay.model, body[s.body:s.body + s.length], s.first, s.lanes, s.slen, s.groups, u)
+    def _decode_into(lay: Layout, piece: memoryview, s: Segment, u: np.ndarray) -> None:
+        """Segment s's elements into u (s.count of them) from its body bytes (s.length of them)."""
+        fs.decode_part(lay.model, piece, s.first, s.lanes, s.slen, s.groups, u)
 
     @staticmethod
     def _tail(lay: Layout, body: memoryview) -> bytes:
+        """The trailing bytes, from a body (or a span of it) that runs to the body's end."""
         return bytes(body[len(body) - lay.tail:]) if lay.tail else b""
-
-    def _segment(self, lay: Layout, body: memoryview, s: Segment) -> bytes:
-        u = np.empty(s.count, dtype=lay.model.val.dtype)
-        self._decode_into(lay, body, s, u)
-        return u.tobytes() + self._tail(lay, body) if s.index == len(lay.segments) - 1 else u.tobytes()
 
     def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
         body = memoryview(body)
         lay = self.layout(params, len(body), size)
         u = np.empty(lay.n, dtype=lay.model.val.dtype)
         for s in lay.segments:
-            self._decode_into(lay, body, s, u[s.first:s.first + s.count])
+            self._decode_into(lay, body[s.body:s.body + s.length], s, u[s.first:s.first + s.count])
         out = u.tobytes() + self._tail(lay, body)
         if check:
             width = u.itemsize
@@ -144,13 +140,37 @@ class FloatSegCodec(Codec):
         its CRC-32; the tables are built once for all of them."""
         body = memoryview(body)
         lay = self.layout(params, len(body), size)
+        segs = self.touched(lay, size, lo, hi)
+        return self.decode_span(lay, body, 0, segs, len(body))
+
+    @staticmethod
+    def touched(lay: Layout, size: int, lo: int, hi: int) -> list[Segment]:
+        """The segments that plain bytes [lo, hi) of the chunk touch."""
         if not 0 <= lo < hi <= size:
             raise ValueError(f"floatseg: range {lo}..{hi} outside the chunk's {size} bytes")
-        width = fs.FORMATS[lay.model.fmt][1] // 8
+        last = len(lay.segments) - 1
+        return lay.segments[min(lo >> lay.seglog, last):min((hi - 1) >> lay.seglog, last) + 1]
+
+    @staticmethod
+    def span(lay: Layout, segs: list[Segment], body_len: int) -> tuple[int, int]:
+        """The body bytes [start, stop) that consecutive segments segs need (the last segment's
+        include the trailing bytes): a reader may fetch only these from the store."""
+        last = segs[-1]
+        return segs[0].body, body_len if last.index == len(lay.segments) - 1 else last.body + last.length
+
+    def decode_span(self, lay: Layout, piece: memoryview, at: int, segs: list[Segment],
+                    body_len: int) -> list[tuple[int, bytes]]:
+        """decode_segments's result from piece, the body bytes from `at` on that span() names."""
+        start, stop = self.span(lay, segs, body_len)
+        if start != at or len(piece) != stop - start:
+            raise CodecError("floatseg: the body span does not match its segments")
+        width = lay.model.val.itemsize
         last = len(lay.segments) - 1
         out = []
-        for s in lay.segments[min(lo >> lay.seglog, last):min((hi - 1) >> lay.seglog, last) + 1]:
-            data = self._segment(lay, body, s)
+        for s in segs:
+            u = np.empty(s.count, dtype=lay.model.val.dtype)
+            self._decode_into(lay, piece[s.body - at:s.body - at + s.length], s, u)
+            data = u.tobytes() + self._tail(lay, piece) if s.index == last else u.tobytes()
             if zlib.crc32(data) != s.crc:
                 raise CodecError(f"floatseg: checksum mismatch in segment {s.index}")
             out.append((s.first * width, data))

@@ -14,10 +14,10 @@ from typing import Iterator
 
 import xxhash
 
-from lmzfs.codecs import CodecError, decode_chunk, decode_chunk_segments
+from lmzfs.codecs import CodecError, decode_chunk, decode_segments_from
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
-from lmzfs.store.packs import PackDamaged, read_payload
+from lmzfs.store.packs import PackDamaged, read_payload, read_payload_part
 
 
 @contextmanager
@@ -47,7 +47,9 @@ def read_chunk(fd: int, extent: Extent, *, check_id: bool = False) -> bytes:
 
 def read_chunk_segments(fd: int, extent: Extent, lo: int, hi: int) -> list[tuple[int, bytes]] | None:
     """(start, plain bytes) of each segment that plain bytes [lo, hi) of a chunk whose codec
-    decodes in segments (floatseg) touch, each checked against its CRC-32; None for other codecs."""
+    decodes in segments (floatseg) touch, each checked against its CRC-32; None for other codecs.
+    Reads the payload's header and params, then only those segments' bytes."""
+    loc = extent.location
     with _reported(extent):
-        payload = read_payload(fd, extent.chunk_id, extent.location)
-        return decode_chunk_segments(payload, extent.size, lo, hi)
+        return decode_segments_from(lambda a, n: read_payload_part(fd, extent.chunk_id, loc, a, n),
+                                    loc.length, extent.size, lo, hi)

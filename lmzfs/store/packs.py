@@ -60,6 +60,28 @@ def read_payload(fd: int, chunk_id: bytes, loc: ChunkLocation) -> memoryview:
     return memoryview(raw)[RECORD_HEADER.size:]
 
 
+
+def read_payload_part(fd: int, chunk_id: bytes, loc: ChunkLocation, start: int, length: int) -> memoryview:
+    """Payload bytes [start, start + length), for a reader that needs only part of a payload
+    (one segment of a floatseg chunk: a quarter of the bytes). A part from the payload's start
+    comes with its record header, checked as read_payload checks it; PackDamaged if the part
+    runs past the payload or the pack."""
+    if start < 0 or length < 0 or start + length > loc.length:
+        raise PackDamaged(f"pack {loc.pack}: bytes {start}..{start + length} lie outside the payload at {loc.offset}")
+    if start:
+        raw = os.pread(fd, length, loc.offset + start)
+        if len(raw) != length:
+            raise PackDamaged(f"pack {loc.pack}: record at {loc.offset - RECORD_HEADER.size} is truncated")
+        return memoryview(raw)
+    at = loc.offset - RECORD_HEADER.size
+    raw = os.pread(fd, RECORD_HEADER.size + length, at)
+    if len(raw) < RECORD_HEADER.size + length:
+        raise PackDamaged(f"pack {loc.pack}: record at {at} is truncated")
+    magic, rid, plen = RECORD_HEADER.unpack_from(raw)
+    if magic != RECORD_MAGIC or rid != chunk_id or plen != loc.length:
+        raise PackDamaged(f"pack {loc.pack}: record at {at} does not hold chunk {chunk_id.hex()[:16]}")
+    return memoryview(raw)[RECORD_HEADER.size:]
+
 class PackWriter:
     """Appends records for one add or gc; `sync()` makes everything appended so far durable."""
 
