@@ -37,7 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.debug)
     tune_malloc()
-    if os.environ.get('LMZ_SWITCH'): sys.setswitchinterval(float(os.environ['LMZ_SWITCH']))
     mountpoint = args.mountpoint.absolute()
     store_dir = resolve_store_dir(args.store).absolute()
     if not args.foreground:
