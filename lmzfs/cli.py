@@ -36,7 +36,8 @@ def cmd_add(args) -> int:
     src = Path(args.path)
     progress = ProgressLine(f"adding {args.name or src.name}")
     try:
-        r = add_model(store, src, args.name, progress=progress, fast=args.fast, chunk_size=args.chunk_size)
+        r = add_model(store, src, args.name, progress=progress, fast=args.fast, chunk_size=args.chunk_size,
+                      segments=args.segments)
     finally:
         progress.finish()
     saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
@@ -240,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="plain bytes per chunk, 64K to 16M (default 1M); smaller chunks make random "
                          "4 KiB reads through the mount faster on a cache miss and sequential reads "
                          "somewhat slower (docs/results.md)")
+    sp.add_argument("--segments", action="store_true",
+                    help="code float chunks over 256 KiB in 256 KiB segments that a lone small read "
+                         "decodes alone: random 4 KiB reads miss faster, sequential reads and model "
+                         "loads are slower (docs/operations.md); no effect with --fast")
     sp = cmd("ls", cmd_ls, "list models (or one model's files) with logical and stored sizes")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--json", action="store_true")

@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmzfs.codecs import (
-    SEGMENT_BYTES,
     FORMAT_VERSION, MAGIC, REGISTRY, ChunkHint, CodecError, decode_chunk, encode_chunk, encode_with,
     parse_payload,
 )
@@ -189,7 +188,7 @@ def test_encode_chunk_picks_floatsplit_for_weights_and_beats_bytegroup(dtype):
     data = as_dtype(weights(100_000, 5), dtype)
     hint = ChunkHint(dtype, {"BF16": 2, "F32": 4}[dtype])
     enc = encode_chunk(data, hint)
-    assert enc.codec == ("floatseg" if len(data) > SEGMENT_BYTES else "floatsplit")
+    assert enc.codec == "floatsplit"
     assert len(enc.payload) < len(encode_with("bytegroup", data, hint))
 
 

@@ -106,7 +106,8 @@ def test_a_wrong_read_checksum_is_eio_not_wrong_bytes_and_verify_names_the_file(
     archive = Archive(store_dir)
     try:
         with archive.open(archive.entry("a", "model.safetensors")) as r:
-            # the whole chunk: a read of one floatseg segment is checked by the segment's CRC-32
+            # the whole chunk (in a store added with --segments, a lone read of one floatseg segment
+            # is checked by that segment's CRC-32, not by the chunk's checksum)
             with pytest.raises(CorruptChunk) as info:
                 r.pread(victim.offset, victim.size)
             assert info.value.errno == 5

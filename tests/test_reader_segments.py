@@ -1,4 +1,5 @@
-"""Reads that need less than a chunk decode only its segment (floatseg chunks), at the reader layer."""
+"""Reads that need less than a chunk decode only its segment (floatseg chunks: `lmz add --segments`),
+at the reader layer."""
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ def bf16_store(tmp_path_factory) -> tuple[StorePaths, bytes]:
     root = tmp_path_factory.mktemp("seg")
     src = bf16_model(root / "src", seed=4)
     store = StorePaths(root / "store")
-    add_model(store, src, "m")
+    add_model(store, src, "m", segments=True)
     return store, (src / "model.safetensors").read_bytes()
 
 
@@ -103,7 +104,7 @@ def test_a_damaged_segment_is_eio_and_the_others_of_its_chunk_still_read_exactly
     src = bf16_model(tmp_path / "src", seed=6)
     plain = (src / "model.safetensors").read_bytes()
     store = StorePaths(tmp_path / "store")
-    add_model(store, src, "m")
+    add_model(store, src, "m", segments=True)
     bad = flip_byte_in_chunk_of(store, "m", "model.safetensors")
     with reading(store.root, workers=0) as (archive, r, chunks):
         e = next(x for x in chunks if x.offset <= bad < x.offset + x.size)
@@ -121,7 +122,7 @@ def test_a_store_with_other_segment_sizes_is_read_through_whole_chunks(tmp_path,
     plain = (src / "model.safetensors").read_bytes()
     store = StorePaths(tmp_path / "store")
     monkeypatch.setattr(floatseg, "SEGMENT_LOG", 16)      # what another version might write
-    add_model(store, src, "m")
+    add_model(store, src, "m", segments=True)
     monkeypatch.undo()
     with reading(store.root, workers=0) as (archive, r, chunks):
         at = chunks[0].offset + SEGMENT_BYTES + 77

@@ -322,7 +322,7 @@ def test_lmz_add_fast_and_default_models_share_a_store_and_read_back_exactly(tmp
         small = set(archive.entry("small", "model.safetensors").codecs.split(","))
     finally:
         archive.close()
-    assert quick <= {"raw", "zstd", "bytegroup"} and "floatseg" in small
+    assert quick <= {"raw", "zstd", "bytegroup"} and "floatsplit" in small
     files = read_all(store_dir)
     assert files["quick/model.safetensors"] == files["quick-again/model.safetensors"] == \
         (a / "model.safetensors").read_bytes()
@@ -397,11 +397,12 @@ def test_removing_the_older_of_two_models_rewrites_the_pack_and_keeps_the_newer_
     assert read_all(store_dir)["a-again/model.safetensors"] == (a / "model.safetensors").read_bytes()
 
 
-def test_a_default_add_uses_the_entropy_coded_codecs_and_fast_keeps_to_the_quick_ones(tmp_path, store_dir):
+def test_a_default_add_uses_the_entropy_coded_codecs_and_fast_keeps_to_the_quick_ones(tmp_path, store_dir, capsys):
     src = small_model(tmp_path / "src", seed=50, mib=2)
     store = StorePaths(store_dir)
     add_model(store, src, "fast", fast=True)
     add_model(StorePaths(tmp_path / "max"), src, "max")
+    assert lmz(["--store", str(tmp_path / "seg"), "add", str(src), "--name", "seg", "--segments"]) == 0
 
     def codecs(root: Path) -> set[str]:
         archive = Archive(root)
@@ -411,6 +412,8 @@ def test_a_default_add_uses_the_entropy_coded_codecs_and_fast_keeps_to_the_quick
             archive.close()
 
     assert codecs(store_dir) <= {"raw", "zstd", "bytegroup"}
-    assert "floatseg" in codecs(tmp_path / "max")
+    assert "floatsplit" in codecs(tmp_path / "max") and "floatseg" not in codecs(tmp_path / "max")
+    assert "floatseg" in codecs(tmp_path / "seg")
+    assert read_all(tmp_path / "seg")["seg/model.safetensors"] == (src / "model.safetensors").read_bytes()
     assert read_all(store_dir)["fast/model.safetensors"] == (src / "model.safetensors").read_bytes()
     assert read_all(tmp_path / "max")["max/model.safetensors"] == (src / "model.safetensors").read_bytes()

@@ -46,8 +46,10 @@ _DECODE_COST = {RawCodec.id: 0, ZstdCodec.id: 1, BytegroupCodec.id: 2, FloatSpli
 TEXT_LEVEL = 19
 # tANS coders are only tried on chunks at least this long (below it their tables cost more).
 MIN_ENTROPY_SIZE = 256
-# Float chunks longer than this are coded in segments of it (floatseg), which a reader can decode
-# one at a time; shorter ones with floatsplit.
+# With encode_chunk(segments=True) (`lmz add --segments`), float chunks longer than this are coded
+# in segments of it (floatseg), which a reader can decode one at a time. Not the default: a whole
+# chunk then decodes as several streams, and sequential reads and model loads through the mount
+# measured 15-40% slower (docs/operations.md).
 SEGMENT_BYTES = 1 << SEGMENT_LOG
 
 
@@ -94,9 +96,11 @@ def encode_with(codec: Codec | str, data: Buffer, hint: ChunkHint = ChunkHint())
     return _header(codec.id, len(mv), params) + body
 
 
-def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: bool = False) -> list[Codec]:
+def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: bool = False,
+               segments: bool = False) -> list[Codec]:
     """The codecs encode_chunk tries for a chunk of ``size`` bytes with this hint; ``fast`` leaves
-    out the entropy-coded ones (floatsplit, ggufblocks, entropy), which decode ~10x slower."""
+    out the entropy-coded ones (floatsplit, ggufblocks, entropy), which decode ~10x slower;
+    ``segments`` codes float chunks over SEGMENT_BYTES with floatseg instead of floatsplit."""
     if not size:
         return []
     out: list[Codec] = [ZstdCodec(level) if level != DEFAULT_LEVEL else REGISTRY[ZstdCodec.id]]
@@ -105,7 +109,7 @@ def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: boo
         out.append(REGISTRY[BytegroupCodec.id])
     if size >= MIN_ENTROPY_SIZE and not fast:
         if dtype in FORMAT_OF:
-            out.append(REGISTRY[FloatSegCodec.id if size > SEGMENT_BYTES else FloatSplitCodec.id])
+            out.append(REGISTRY[FloatSegCodec.id if segments and size > SEGMENT_BYTES else FloatSplitCodec.id])
         elif dtype in TYPE_OF:
             out.append(REGISTRY[GgufBlocksCodec.id])
         else:
@@ -121,11 +125,11 @@ def _order0_bytes(mv: memoryview) -> float:
 
 
 def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL,
-                 fast: bool = False) -> EncodedChunk:
+                 fast: bool = False, segments: bool = False) -> EncodedChunk:
     """Encode one chunk with whichever codec gives the smallest payload.
 
     Candidates (see ``candidates``): zstd always; bytegroup for element sizes 2, 4 and 8;
-    floatsplit for float dtypes (floatseg above SEGMENT_BYTES), ggufblocks for GGUF
+    floatsplit for float dtypes (with ``segments``, floatseg above SEGMENT_BYTES), ggufblocks for GGUF
     block-quantised dtypes and entropy for everything else, on chunks of at least MIN_ENTROPY_SIZE bytes; zstd at TEXT_LEVEL when the
     default level already halves the chunk; raw whenever nothing beats it. ``level`` is the zstd
     level (an encoder setting, not recorded).
@@ -134,7 +138,7 @@ def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DE
     size = len(mv)
     best_id, best_params, best_body = RawCodec.id, b"", None
     best_len = len(_header(RawCodec.id, size, b"")) + size
-    for codec in candidates(hint, size, level, fast):
+    for codec in candidates(hint, size, level, fast, segments):
         if codec.id == EntropyCodec.id and _order0_bytes(mv) * 0.97 + 64 >= best_len:
             continue    # order-0 coding cannot win (zstd found repeats): skip its time and memory
         params, body = codec.encode(mv, hint)

@@ -119,7 +119,7 @@ def check_name_free(catalog: Catalog, name: str) -> None:
 
 def add_model(store: StorePaths, source: Path, name: str | None = None, *,
               progress: Progress | None = None, workers: int | None = None, fast: bool = False,
-              chunk_size: int | None = None) -> AddResult:
+              chunk_size: int | None = None, segments: bool = False) -> AddResult:
     """Add SOURCE as model NAME.
 
     By default every chunk gets the smallest of all codecs, the entropy-coded ones (floatsplit,
@@ -129,7 +129,10 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
 
     ``chunk_size``: plain bytes per chunk, MIN_CHUNK_SIZE to MAX_CHUNK_SIZE (default CHUNK_SIZE).
     Smaller chunks make a cache miss cheaper (a 4 KiB random read decodes a whole chunk) and
-    sequential reads a little slower; chunks cut at different sizes do not deduplicate."""
+    sequential reads a little slower; chunks cut at different sizes do not deduplicate.
+
+    ``segments``: float chunks over 256 KiB are coded in segments (floatseg) that a lone small
+    read decodes alone: random reads miss faster, sequential reads and loads are slower."""
     chunk_size = CHUNK_SIZE if chunk_size is None else chunk_size
     if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
         raise StoreError(f"chunk size {chunk_size} is outside {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE} bytes")
@@ -152,7 +155,7 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
                 workers = workers or os.cpu_count() or 2
                 with ThreadPoolExecutor(max_workers=workers) as pool:
                     for src in sources:
-                        plan = _add_file(src, catalog, writer, pool, 2 * workers + 2, fast, chunk_size, new,
+                        plan = _add_file(src, catalog, writer, pool, 2 * workers + 2, fast, segments, chunk_size, new,
                                          result, lambda n: progress and progress(done + n, total))
                         done += plan.size
                         plans.append(plan)
@@ -173,7 +176,7 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
 
 
 def _add_file(src: SourceFile, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor, limit: int,
-              fast: bool, chunk_size: int, new: dict[bytes, _NewChunk], result: AddResult,
+              fast: bool, segments: bool, chunk_size: int, new: dict[bytes, _NewChunk], result: AddResult,
               progress: Callable[[int], None]) -> _FilePlan:
     with open(src.path, "rb") as f:
         before = os.fstat(f.fileno())
@@ -209,7 +212,8 @@ def _add_file(src: SourceFile, catalog: Catalog, writer: PackWriter, pool: Threa
                 else:
                     pending.add(cid)
                     result.new_chunks += 1
-                    window.append((cid, cp.length, check, pool.submit(encode_chunk, bytes(data), cp.hint, fast=fast)))
+                    window.append((cid, cp.length, check, pool.submit(encode_chunk, bytes(data), cp.hint, fast=fast,
+                                                                     segments=segments)))
                     drain(limit)
                 del data
                 progress(cp.offset + cp.length)
