@@ -27,8 +27,7 @@ from .zstd import DEFAULT_LEVEL, ZstdCodec
 __all__ = [
     "MAGIC", "FORMAT_VERSION", "REGISTRY", "Codec", "CodecError", "ChunkHint", "EncodedChunk",
     "PayloadHeader", "by_name", "encode_chunk", "decode_chunk", "decode_chunk_segments", "decode_segments_from",
-    "parse_payload",
-    "encode_with", "SEGMENT_BYTES",
+    "parse_payload", "encode_with", "SEGMENT_BYTES",
 ]
 
 MAGIC = b"LC"

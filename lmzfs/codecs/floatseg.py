@@ -135,14 +135,6 @@ class FloatSegCodec(Codec):
                     raise CodecError(f"floatseg: checksum mismatch in segment {s.index}")
         return out
 
-    def decode_segments(self, params: Buffer, body: Buffer, size: int, lo: int, hi: int) -> list[tuple[int, bytes]]:
-        """(start, plain bytes) of each segment that plain bytes [lo, hi) touch, each checked by
-        its CRC-32; the tables are built once for all of them."""
-        body = memoryview(body)
-        lay = self.layout(params, len(body), size)
-        segs = self.touched(lay, size, lo, hi)
-        return self.decode_span(lay, body, 0, segs, len(body))
-
     @staticmethod
     def touched(lay: Layout, size: int, lo: int, hi: int) -> list[Segment]:
         """The segments that plain bytes [lo, hi) of the chunk touch."""
@@ -160,7 +152,9 @@ class FloatSegCodec(Codec):
 
     def decode_span(self, lay: Layout, piece: memoryview, at: int, segs: list[Segment],
                     body_len: int) -> list[tuple[int, bytes]]:
-        """decode_segments's result from piece, the body bytes from `at` on that span() names."""
+        """(start, plain bytes) of each of the segments segs, each checked by its CRC-32, from
+        piece: the body bytes [at, ...) that span() names for them (codecs.decode_segments_from
+        reads only those; the tables in lay are built once for all of them)."""
         start, stop = self.span(lay, segs, body_len)
         if start != at or len(piece) != stop - start:
             raise CodecError("floatseg: the body span does not match its segments")
