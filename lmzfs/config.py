@@ -5,7 +5,8 @@
     store       = "/var/lib/lmzfs"     # where models are stored
     mountpoint  = "/srv/models"        # where `lmz mount` / `lmz umount` act when given none
     cache_size  = "512M"               # decoded-chunk cache: bytes, or a string like "512M", "2G"
-    workers     = 8                    # parallel decodes (default: CPU count)
+                                       # (default: 1/8 of the usable memory, 32M to 256M)
+    workers     = 8                    # parallel decodes (default: the usable CPUs)
     allow_other = false                # let other users read the mount
     readahead   = true                 # decode ahead of sequential readers
     decoder     = "auto"               # "thread", "process", or "auto" (currently threads)
@@ -23,12 +24,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmzfs.hostresources import MAX_CACHE, default_cache_size
 from lmzfs.store.layout import StoreError
 
 DEFAULT_CONFIG = Path("/etc/lmzfs/config.toml")
 CONFIG_ENV = "LMZ_CONFIG"
 STORE_ENV = "LMZ_STORE"
-DEFAULT_CACHE_SIZE = 256 << 20
+DEFAULT_CACHE_SIZE = MAX_CACHE       # on a host with 2 GiB or more to use; see default_cache_size
 
 KEYS = ("store", "mountpoint", "cache_size", "workers", "allow_other", "readahead", "decoder")
 DECODERS = ("auto", "thread", "process")
@@ -52,7 +54,7 @@ class Settings:
     store: Path
     mountpoint: Path | None = None
     cache_size: int = DEFAULT_CACHE_SIZE
-    workers: int | None = None           # None: the CPU count
+    workers: int | None = None           # None: the usable CPUs (hostresources.usable_cpus)
     allow_other: bool = False
     readahead: bool = True
     decoder: str = "auto"
@@ -160,7 +162,7 @@ def resolve(*, store: str | os.PathLike | None = None, mountpoint: str | os.Path
              "mountpoint": Path(mountpoint).expanduser() if mountpoint else None,
              "cache_size": cache_size, "workers": workers, "allow_other": allow_other, "readahead": readahead,
              "decoder": decoder}
-    defaults = {"store": default_store(), "mountpoint": None, "cache_size": DEFAULT_CACHE_SIZE,
+    defaults = {"store": default_store(), "mountpoint": None, "cache_size": default_cache_size(),
                 "workers": None, "allow_other": False, "readahead": True,
                 "decoder": "auto"}
     env = {"store": Path(os.environ[STORE_ENV]).expanduser()} if os.environ.get(STORE_ENV) else {}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from lmzfs import __version__
 from lmzfs.config import Settings
+from lmzfs.hostresources import memory_limit, physical_memory, usable_cpus
 from lmzfs.mountstats import StatsUnavailable, lmzfs_mounts, read_stats
 from lmzfs.progress import human_bytes
 from lmzfs.store.layout import StoreError, StorePaths
@@ -39,6 +40,8 @@ def diagnose(settings: Settings, config_error: str | None = None) -> dict:
         "versions": check_versions(problems),
         "store": check_store(StorePaths(settings.store.absolute()), problems),
         "mounts": check_mounts(settings, problems),
+        "host": {"memory_bytes": memory_limit(), "physical_memory_bytes": physical_memory(),
+                 "usable_cpus": usable_cpus()},
         "settings": {"config_file": str(settings.config_file) if settings.config_file else None,
                      **settings.as_dict()},
     }
@@ -268,6 +271,10 @@ def render(doc: dict) -> list[str]:
         rate = cache.get("hit_rate")
         lines.append(f"  {m['mountpoint']}: pid {s.get('pid', '?')}, served {human_bytes(reader.get('bytes_served', 0))}, "
                      f"cache hit rate {'-' if rate is None else f'{100 * rate:.1f}%'}, open files {s.get('open_files', 0)}")
+    host = doc["host"]
+    mem, ram = host["memory_bytes"], host["physical_memory_bytes"]
+    limit = "" if mem is None or mem == ram else f", limited by a cgroup to {human_bytes(mem)}"
+    lines.append(f"host           {human_bytes(ram) if ram else 'unknown'} of RAM{limit}; {host['usable_cpus']} usable CPU(s)")
     settings = doc["settings"]
     lines.append(f"settings (config file: {settings['config_file'] or 'none'})")
     for key, item in settings.items():
@@ -276,7 +283,7 @@ def render(doc: dict) -> list[str]:
             if key == "cache_size":
                 value = f"{human_bytes(value)} ({value} bytes)"
             elif key == "workers" and value is None:
-                value = f"CPU count ({os.cpu_count()})"
+                value = f"usable CPUs ({usable_cpus()})"
             elif isinstance(value, bool):
                 value = "yes" if value else "no"
             lines.append(f"  {key:<12} {value if value is not None else '-':<30} ({item['source']})")

@@ -26,8 +26,8 @@ def add_mount_arguments(sp: argparse.ArgumentParser, parse_size) -> None:
     sp.add_argument("--allow-other", action=argparse.BooleanOptionalAction, default=None,
                     help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root)")
     sp.add_argument("--cache-size", type=parse_size, default=None, metavar="SIZE",
-                    help="bytes of decoded chunks kept in memory (default 256M)")
-    sp.add_argument("--workers", type=positive_int, default=None, help="parallel decodes (default: CPU count)")
+                    help="bytes of decoded chunks kept in memory (default: 1/8 of the usable memory, 32M to 256M)")
+    sp.add_argument("--workers", type=positive_int, default=None, help="parallel decodes (default: the usable CPUs)")
     sp.add_argument("--readahead", action=argparse.BooleanOptionalAction, default=None,
                     help="decode ahead of sequential readers (default: on)")
     sp.add_argument("--decoder", choices=("auto", "thread", "process"), default=None,

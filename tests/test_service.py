@@ -18,7 +18,8 @@ import pytest
 
 from lmzfs.cli import main as lmz
 from lmzfs.codecs import tans
-from lmzfs.config import DEFAULT_CACHE_SIZE, load_config, resolve
+from lmzfs.config import load_config, resolve
+from lmzfs.hostresources import default_cache_size
 from lmzfs.daemon.mount import is_mount_point
 from lmzfs.daemon.notify import Notifier
 from lmzfs.mountstats import MountInfo
@@ -98,9 +99,18 @@ def test_flags_beat_the_environment_which_beats_the_config_which_beats_the_defau
     monkeypatch.delenv("LMZ_STORE")
     s = resolve()
     assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead) == \
-        (Path.home() / ".local/share/lmzfs", None, DEFAULT_CACHE_SIZE, None, False, True)
+        (Path.home() / ".local/share/lmzfs", None, default_cache_size(), None, False, True)
     assert s.decoder == "auto"
     assert set(s.sources.values()) == {"default"}
+
+
+def test_the_default_cache_size_follows_the_memory_the_host_or_its_cgroup_allows(monkeypatch, tmp_path):
+    monkeypatch.setattr("lmzfs.config.DEFAULT_CONFIG", tmp_path / "absent.toml")
+    monkeypatch.delenv("LMZ_CONFIG", raising=False)
+    monkeypatch.setattr("lmzfs.hostresources.memory_limit", lambda: 512 << 20)    # a small container
+    s = resolve()
+    assert s.cache_size == 64 << 20 and s.sources["cache_size"] == "default"
+    assert resolve(cache_size=300 << 20).cache_size == 300 << 20                # a flag still wins
 
 
 def test_a_missing_default_config_is_fine_but_a_missing_named_one_is_an_error(tmp_path, monkeypatch):
@@ -402,6 +412,7 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     assert status == 0, out
     assert "problem:" not in out and "healthy" in out and "pyfuse3" in out and "1 model(s), 2 file(s)" in out
     assert "catalog version 2" in out and "every chunk read is checked by its XXH3-128" in out
+    assert re.search(r"^host +[0-9.]+ [KMGT]iB of RAM.*; \d+ usable CPU\(s\)$", out, re.M), out
     status, out = doctor(capsys, fresh_store.root, "--json")
     doc = json.loads(out)
     assert status == 0 and doc["ok"] and doc["problems"] == []
@@ -412,6 +423,8 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     assert doc["versions"]["tans_decoder"] == "compiled"
     assert doc["versions"]["tans_steps"] == ("AVX-512" if tans._loop.vector_isa() == "avx512" else "scalar")
     assert doc["settings"]["store"] == {"value": str(fresh_store.root), "source": "flag"}
+    assert doc["host"]["usable_cpus"] >= 1 and doc["host"]["memory_bytes"] > 0
+    assert doc["settings"]["cache_size"] == {"value": default_cache_size(), "source": "default"}
 
 
 def test_doctor_names_a_deleted_pack_and_exits_1(fresh_store, capsys, no_other_mounts):

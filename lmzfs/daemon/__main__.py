@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from lmzfs.daemon.mount import configure_logging, mount, resolve_store_dir, serve
+from lmzfs.hostresources import default_cache_size
 from lmzfs.malloc import tune_malloc
 
 
@@ -20,8 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--store", help="store directory (default: $LMZ_STORE or ~/.local/share/lmzfs)")
     parser.add_argument("--foreground", action="store_true", help="serve in this process until unmounted")
     parser.add_argument("--allow-other", action="store_true", help="let other users read the mount")
-    parser.add_argument("--cache-bytes", type=int, default=256 << 20, help="decoded-chunk cache size")
-    parser.add_argument("--workers", type=int, default=None, help="read threads (default: CPU count)")
+    parser.add_argument("--cache-bytes", type=int, default=None,
+                        help="decoded-chunk cache size (default: 1/8 of the usable memory, 32 MiB to 256 MiB)")
+    parser.add_argument("--workers", type=int, default=None, help="read threads (default: the usable CPUs)")
     parser.add_argument("--decoder", choices=("auto", "thread", "process"), default="auto",
                         help="decode in threads or worker processes (auto: threads, see docs/results.md)")
     parser.add_argument("--no-readahead", dest="readahead", action="store_false",
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.debug)
     tune_malloc()
+    if args.cache_bytes is None:
+        args.cache_bytes = default_cache_size()
     mountpoint = args.mountpoint.absolute()
     store_dir = resolve_store_dir(args.store).absolute()
     if not args.foreground:

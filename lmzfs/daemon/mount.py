@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from lmzfs.daemon.kernel_readahead import raise_kernel_readahead
+from lmzfs.hostresources import MAX_CACHE
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ def _write_ready(ready_fd: int | None, message: str) -> None:
 
 # -- the server ---------------------------------------------------------------------------------
 
-def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache_bytes: int = 256 << 20,
+def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache_bytes: int = MAX_CACHE,
           workers: int | None = None, archive_factory=None, ready_fd: int | None = None,
           readahead: bool = True, notifier=None, decoder: str = "auto") -> int:
     """Mount and serve in this process until unmounted or sent SIGTERM/SIGINT.

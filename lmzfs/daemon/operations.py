@@ -19,6 +19,7 @@ import pyfuse3
 import trio
 
 from lmzfs.daemon.tree import DirectoryTree, Node, Removal
+from lmzfs.hostresources import usable_cpus
 from lmzfs.reader.api import CorruptChunk, FileEntry
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class LmzOperations(pyfuse3.Operations):
         super().__init__()
         self._archive = archive
         self._tree = DirectoryTree()
-        self._limiter = trio.CapacityLimiter(workers or os.cpu_count() or 4)
+        self._limiter = trio.CapacityLimiter(workers or usable_cpus())
         self._uid, self._gid = os.getuid(), os.getgid()
         self._files: dict[int, _OpenFile] = {}
         self._dirs: dict[int, _OpenDir] = {}

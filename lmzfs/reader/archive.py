@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import bisect
-import os
 import threading
 import time
 from pathlib import Path
 
 from lmzfs.codecs import SEGMENT_BYTES, by_name
+from lmzfs.hostresources import MAX_CACHE, usable_cpus
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreTotals
 from lmzfs.reader.cache import ChunkCache
 from lmzfs.reader.decodepool import ProcessDecoder
@@ -18,7 +18,7 @@ from lmzfs.store.chunkread import read_chunk, read_chunk_segments
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.packfds import PackDescriptors
 
-DEFAULT_CACHE_BYTES = 256 << 20
+DEFAULT_CACHE_BYTES = MAX_CACHE
 # pread_cached(decode_quick=True) decodes one missing chunk of a quick codec up to this size in
 # the calling thread: a median 0.55 ms (at most 1.2 ms) for BF16 on the 2-core benchmark host,
 # about what handing the read to a thread and back costs there, so such a miss takes half as long.
@@ -44,7 +44,7 @@ class Archive:
         self.cache = ChunkCache(cache_bytes)
         self.packs = PackDescriptors(self.store)
         self.stats = ReaderStats()
-        workers = (os.cpu_count() or 2) if workers is None else workers
+        workers = usable_cpus() if workers is None else workers
         self.prefetcher = Prefetcher(workers, cache_bytes) if workers > 0 else None
         if decoder not in ("thread", "process") or (check_ids and decoder != "thread"):
             raise ValueError(f"decoder must be 'thread' or 'process' (check_ids: 'thread'), not {decoder!r}")

@@ -1,0 +1,97 @@
+"""The memory and CPUs the mount's defaults are sized from, read from fake /proc and cgroup trees."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lmzfs import hostresources as hr
+from lmzfs.hostresources import MAX_CACHE, MIN_CACHE, default_cache_size, memory_limit, usable_cpus
+
+GiB = 1 << 30
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def own(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "proc-self-cgroup"
+    p.write_text(text)
+    return p
+
+
+def test_without_cgroup_limits_the_memory_is_the_ram(tmp_path):
+    root = tree(tmp_path / "cg", {"svc/memory.max": "max\n", "memory/memory.limit_in_bytes": "9223372036854771712\n"})
+    proc = own(tmp_path, "0::/svc\n4:memory:/\n")
+    assert memory_limit(cgroup_root=root, proc_cgroup=proc, physical=24 * GiB) == 24 * GiB
+
+
+def test_a_cgroup_v2_limit_on_the_group_or_any_group_above_it_bounds_the_memory(tmp_path):
+    root = tree(tmp_path / "cg", {"system.slice/memory.max": "1073741824\n",
+                                  "system.slice/lmzfs.service/memory.max": "max\n"})
+    proc = own(tmp_path, "0::/system.slice/lmzfs.service\n")
+    assert memory_limit(cgroup_root=root, proc_cgroup=proc, physical=24 * GiB) == GiB
+    (root / "system.slice/lmzfs.service/memory.max").write_text("536870912\n")
+    assert memory_limit(cgroup_root=root, proc_cgroup=proc, physical=24 * GiB) == GiB // 2
+
+
+def test_a_container_whose_cgroup_path_is_not_in_its_mount_uses_the_mount_root(tmp_path):
+    # with a cgroup namespace the path may be "/" or name a group the container's mount lacks
+    root = tree(tmp_path / "cg", {"memory.max": "805306368\n", "memory/memory.limit_in_bytes": "402653184\n"})
+    assert memory_limit(cgroup_root=root, proc_cgroup=own(tmp_path, "0::/\n"), physical=24 * GiB) == 768 << 20
+    proc = own(tmp_path, "12:memory:/docker/0123abcd\n")
+    assert memory_limit(cgroup_root=root, proc_cgroup=proc, physical=24 * GiB) == 384 << 20
+
+
+def test_unreadable_or_malformed_cgroup_files_are_ignored_not_guessed_at(tmp_path):
+    root = tree(tmp_path / "cg", {"svc/memory.max": "lots\n", "memory/svc/memory.limit_in_bytes": "-1\n"})
+    (root / "memory.max").mkdir()                         # a directory where a file was expected
+    proc = own(tmp_path, "garbage line\n0::/svc\n4:memory:/svc\n")
+    assert memory_limit(cgroup_root=root, proc_cgroup=proc, physical=8 * GiB) == 8 * GiB
+    assert memory_limit(cgroup_root=root, proc_cgroup=tmp_path / "absent", physical=8 * GiB) == 8 * GiB
+
+
+def test_the_default_cache_is_an_eighth_of_the_memory_between_32_and_256_mib():
+    assert default_cache_size(24 * GiB) == MAX_CACHE == 256 << 20
+    assert default_cache_size(2 * GiB) == 256 << 20
+    assert default_cache_size(GiB) == 128 << 20
+    assert default_cache_size(512 << 20) == 64 << 20
+    assert default_cache_size(128 << 20) == MIN_CACHE == 32 << 20
+
+
+def test_a_host_whose_memory_cannot_be_read_gets_the_largest_default(monkeypatch):
+    monkeypatch.setattr(hr, "memory_limit", lambda: None)
+    assert default_cache_size() == MAX_CACHE
+
+
+def test_usable_cpus_are_the_affinity_mask_less_a_cgroup_quota(tmp_path):
+    root = tree(tmp_path / "cg", {"svc/cpu.max": "max 100000\n"})
+    proc = own(tmp_path, "0::/svc\n")
+    assert usable_cpus(cgroup_root=root, proc_cgroup=proc, affinity=8) == 8
+    (root / "svc/cpu.max").write_text("150000 100000\n")          # 1.5 CPUs of time: 2 threads
+    assert usable_cpus(cgroup_root=root, proc_cgroup=proc, affinity=8) == 2
+    assert usable_cpus(cgroup_root=root, proc_cgroup=proc, affinity=1) == 1
+
+
+def test_a_cgroup_v1_cpu_quota_counts_and_minus_one_means_none(tmp_path):
+    root = tree(tmp_path / "cg", {"cpu/batch/cpu.cfs_quota_us": "300000\n", "cpu/batch/cpu.cfs_period_us": "100000\n"})
+    assert usable_cpus(cgroup_root=root, proc_cgroup=own(tmp_path, "3:cpu,cpuacct:/batch\n"), affinity=16) == 3
+    (root / "cpu/batch/cpu.cfs_quota_us").write_text("-1\n")
+    assert usable_cpus(cgroup_root=root, proc_cgroup=own(tmp_path, "3:cpu,cpuacct:/batch\n"), affinity=16) == 16
+
+
+@pytest.mark.parametrize("text", ["0 100000\n", "abc 100000\n", "100000 0\n", "1 2 3\n"])
+def test_a_zero_or_malformed_cpu_quota_never_gives_zero_cpus(tmp_path, text):
+    root = tree(tmp_path / "cg", {"svc/cpu.max": text})
+    assert usable_cpus(cgroup_root=root, proc_cgroup=own(tmp_path, "0::/svc\n"), affinity=4) == 4
+
+
+def test_this_host_reports_positive_readings():
+    assert memory_limit() > 0 and hr.physical_memory() >= memory_limit()
+    assert 1 <= usable_cpus() <= (__import__("os").cpu_count() or 1)
+    assert MIN_CACHE <= default_cache_size() <= MAX_CACHE
