@@ -267,3 +267,54 @@ def test_the_process_decoder_turns_a_flipped_byte_into_corrupt_chunk(tmp_path):
             assert r.pread(0, 100) == (src / "model.safetensors").read_bytes()[:100]
     finally:
         archive.close()
+
+
+# -- decode workers that do not start ------------------------------------------------------------
+
+def test_a_decode_worker_that_exits_while_starting_fails_the_decoder_with_its_status(monkeypatch):
+    from lmzfs.reader import decodepool
+    monkeypatch.setattr(decodepool, "_WORKER_START", "import sys; sys.exit(3)")
+    with pytest.raises(decodepool.WorkerStartError, match=r"lmz-decode-\d exited with status 3 while starting"):
+        decodepool.ProcessDecoder(2)
+
+
+def test_a_decode_worker_that_stays_silent_is_killed_after_the_start_timeout(monkeypatch):
+    from lmzfs.reader import decodepool
+    monkeypatch.setattr(decodepool, "_WORKER_START", "import time; time.sleep(60)")
+    monkeypatch.setattr(decodepool, "START_SECONDS", 0.5)
+    t0 = time.monotonic()
+    with pytest.raises(decodepool.WorkerStartError, match="did not start within 0.5 s"):
+        decodepool.ProcessDecoder(1)
+    assert time.monotonic() - t0 < 10
+
+
+def test_started_decode_workers_have_all_said_ready_before_work_is_given(eight_files):
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=0, workers=2, decoder="process")
+    try:
+        workers = archive.decoder._all
+        assert len(workers) == 2 and all(w.process.poll() is None for w in workers)
+        assert all(not w.conn.poll(0) for w in workers)       # the ready message was consumed
+        with archive.open(archive.entry("big", "f3.bin")) as r:
+            assert r.pread(0, r.size) == originals["f3.bin"]
+    finally:
+        archive.close()
+
+
+def test_a_mount_whose_decode_worker_cannot_start_fails_with_that_reason_and_mounts_nothing(
+        eight_files, tmp_path, monkeypatch, capsys):
+    import os
+    from lmzfs.daemon.mount import serve
+    from lmzfs.reader import decodepool
+    store, _ = eight_files
+    monkeypatch.setattr(decodepool, "_WORKER_START", "import sys; sys.exit(3)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r, w = os.pipe()
+    status = serve(mnt, store, decoder="process", workers=1, ready_fd=w)
+    with os.fdopen(r) as f:
+        line = f.read()
+    assert status == 1
+    assert line.startswith("error 1 decode worker lmz-decode-0 exited with status 3"), line
+    assert "decode worker lmz-decode-0 exited with status 3" in capsys.readouterr().err
+    assert not os.path.ismount(mnt)

@@ -146,6 +146,7 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
 
     from lmzfs.daemon.notify import Notifier
     from lmzfs.daemon.operations import LmzOperations
+    from lmzfs.reader.decodepool import WorkerStartError
     from lmzfs.store.layout import StoreError
 
     notifier = notifier or Notifier()
@@ -162,6 +163,10 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
         _report(str(exc))
         _write_ready(ready_fd, f"error {USAGE_ERROR} {exc}")
         return USAGE_ERROR
+    except WorkerStartError as exc:               # --decoder process, and a worker would not start
+        _report(str(exc))
+        _write_ready(ready_fd, f"error 1 {exc}")
+        return 1
     except Exception as exc:
         log.exception("cannot open the store at %s", store_dir)
         _write_ready(ready_fd, f"error 1 cannot open the store at {store_dir}: {exc}")

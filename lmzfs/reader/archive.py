@@ -48,7 +48,14 @@ class Archive:
         self.prefetcher = Prefetcher(workers, cache_bytes) if workers > 0 else None
         if decoder not in ("thread", "process") or (check_ids and decoder != "thread"):
             raise ValueError(f"decoder must be 'thread' or 'process' (check_ids: 'thread'), not {decoder!r}")
-        self.decoder = ProcessDecoder(max(1, workers)) if decoder == "process" else None
+        try:
+            self.decoder = ProcessDecoder(max(1, workers)) if decoder == "process" else None
+        except BaseException:       # a worker that cannot start: close what is open, then say why
+            if self.prefetcher is not None:
+                self.prefetcher.close()
+            self.packs.close()
+            self._catalog.close()
+            raise
 
     def generation(self) -> int:
         with self._lock:

@@ -7,6 +7,11 @@ long as the daemon holds it open), decodes it, checks it as chunkread.read_chunk
 writes the plain bytes into a buffer shared with the daemon (a memfd both map), which the daemon
 copies out once: no pickling of chunk data, no pipe copies. A worker that dies is replaced and
 the chunk retried once; a chunk larger than the shared buffer is decoded in the calling thread.
+
+A worker says it is ready (its imports done) before it is given work, and the decoder waits for
+that: a mount is ready only when its workers are, so its first reads do not share the CPUs with
+interpreters still starting, and a worker that cannot start fails the mount with a clear error
+instead of every read with EIO.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from lmzfs.store.catalog import Extent
 log = logging.getLogger(__name__)
 
 BUFFER_BYTES = 16 << 20     # per worker; only the pages a chunk touches are ever allocated
+START_SECONDS = 60.0        # how long a worker may take to start (imports on a cold disk)
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ def _worker_main(conn: Connection, buffer_fd: int) -> None:
 
     tune_malloc()
     out = mmap.mmap(buffer_fd, BUFFER_BYTES)
+    conn.send(("ready", os.getpid()))
     while True:
         try:
             req = conn.recv()
@@ -67,6 +74,10 @@ _WORKER_START = ("import sys; from multiprocessing.connection import Connection;
                  "_worker_main(Connection(int(sys.argv[1])), int(sys.argv[2]))")
 
 
+class WorkerStartError(RuntimeError):
+    """A decode worker process exited or stayed silent instead of starting."""
+
+
 class _Worker:
     def __init__(self, index: int):
         # A plain subprocess rather than multiprocessing's spawn, which would re-run the daemon's
@@ -83,8 +94,31 @@ class _Worker:
             pass_fds=(theirs.fileno(), self.buffer_fd), stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(ours.detach())
+        self._stopped = False
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until the worker has started; WorkerStartError (and the worker stopped) if it
+        exits first or takes longer than timeout (START_SECONDS; its own error is on stderr)."""
+        timeout = START_SECONDS if timeout is None else timeout
+        try:
+            if self.conn.poll(timeout):
+                message = self.conn.recv()
+                if message == ("ready", self.process.pid):
+                    return
+                reason = f"sent {message!r} instead of its ready message"
+            else:
+                reason = f"did not start within {timeout:g} s"
+                self.process.kill()
+        except (EOFError, OSError):
+            status = self.process.wait()
+            reason = f"exited with status {status} while starting (its error is on stderr above)"
+        self.stop()
+        raise WorkerStartError(f"decode worker {self.name} {reason}")
 
     def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         try:
             self.conn.send(None)
         except OSError:
@@ -108,11 +142,23 @@ class ProcessDecoder:
         self._lock = threading.Lock()
         self._closed = False
         self.workers = max(1, workers)
-        for i in range(self.workers):
-            self._add(i)
+        started = [_Worker(i) for i in range(self.workers)]     # they start side by side
+        try:
+            for w in started:
+                w.wait_ready()
+        except WorkerStartError:
+            for w in started:
+                w.stop()
+            raise
+        for w in started:
+            self._enlist(w)
 
     def _add(self, index: int) -> None:
         w = _Worker(index)
+        w.wait_ready()
+        self._enlist(w)
+
+    def _enlist(self, w: _Worker) -> None:
         with self._lock:
             self._all.append(w)
         self._idle.put(w)
@@ -122,9 +168,7 @@ class ProcessDecoder:
             from lmzfs.store.chunkread import read_chunk
             return read_chunk(fd, extent)
         for attempt in (1, 2):
-            if self._closed:
-                raise CorruptChunk("the decoder is shut down")
-            worker = self._idle.get()
+            worker = self._take()
             try:
                 worker.conn.send(_Request(f"/proc/{os.getpid()}/fd/{fd}", extent))
                 status, value = worker.conn.recv()
@@ -142,6 +186,19 @@ class ProcessDecoder:
                 self._idle.put(worker)
         raise AssertionError("unreachable")
 
+    def _take(self) -> _Worker:
+        """An idle worker; CorruptChunk once the decoder is shut down or has none left (every
+        replacement failed to start), rather than waiting for one forever."""
+        while True:
+            if self._closed:
+                raise CorruptChunk("the decoder is shut down")
+            try:
+                return self._idle.get(timeout=0.5)
+            except queue.Empty:
+                with self._lock:
+                    if not self._all:
+                        raise CorruptChunk("no decode worker is running (none could be restarted; see the log)") from None
+
     def _replace(self, worker: _Worker) -> None:
         with self._lock:
             index = self._all.index(worker)
@@ -151,7 +208,10 @@ class ProcessDecoder:
         except Exception:
             pass
         if not self._closed:
-            self._add(index)
+            try:
+                self._add(index)
+            except WorkerStartError as exc:
+                log.error("%s; %d decode worker(s) left", exc, len(self._all))
 
     def close(self) -> None:
         self._closed = True
