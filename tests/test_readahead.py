@@ -318,3 +318,21 @@ def test_a_mount_whose_decode_worker_cannot_start_fails_with_that_reason_and_mou
     assert line.startswith("error 1 decode worker lmz-decode-0 exited with status 3"), line
     assert "decode worker lmz-decode-0 exited with status 3" in capsys.readouterr().err
     assert not os.path.ismount(mnt)
+
+
+def test_the_process_decoder_starts_two_workers_per_usable_cpu_unless_told(eight_files):
+    from lmzfs.hostresources import usable_cpus
+    from lmzfs.reader.decodepool import WORKERS_PER_CPU
+    store, originals = eight_files
+    archive = Archive(store, cache_bytes=0, decoder="process")
+    try:
+        assert WORKERS_PER_CPU == 2 and len(archive.decoder._all) == 2 * usable_cpus()
+        with archive.open(archive.entry("big", "f2.bin")) as r:
+            assert r.pread(0, r.size) == originals["f2.bin"]
+    finally:
+        archive.close()
+    threaded = Archive(store, cache_bytes=0)
+    try:
+        assert threaded.decoder is None and threaded.prefetcher._pool._max_workers == usable_cpus()
+    finally:
+        threaded.close()

@@ -10,7 +10,7 @@ from lmzfs.codecs import SEGMENT_BYTES, by_name
 from lmzfs.hostresources import MAX_CACHE, usable_cpus
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreTotals
 from lmzfs.reader.cache import ChunkCache
-from lmzfs.reader.decodepool import ProcessDecoder
+from lmzfs.reader.decodepool import WORKERS_PER_CPU, ProcessDecoder
 from lmzfs.reader.readahead import Prefetcher
 from lmzfs.reader.stats import ReaderStats
 from lmzfs.store.catalog import Catalog, Extent
@@ -29,9 +29,9 @@ QUICK_BYTES = 256 << 10
 class Archive:
     """Thread-safe: the catalog connection is used under a lock, chunk reads run in parallel.
 
-    `workers` threads decode ahead of sequential readers (0 turns read-ahead off). With
-    decoder="process", chunks are decoded in that many worker processes instead of in the
-    calling threads (see decodepool.py for why). With check_ids, every chunk is also checked
+    `workers` threads decode ahead of sequential readers (0 turns read-ahead off; None: one per
+    usable CPU). With decoder="process", chunks are decoded in that many worker processes instead
+    of in the calling threads (see decodepool.py for why; None: WORKERS_PER_CPU per usable CPU). With check_ids, every chunk is also checked
     against its SHA-256 id, not only against its read checksum (`lmz verify`)."""
 
     def __init__(self, store_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES, workers: int | None = None,
@@ -44,7 +44,8 @@ class Archive:
         self.cache = ChunkCache(cache_bytes)
         self.packs = PackDescriptors(self.store)
         self.stats = ReaderStats()
-        workers = usable_cpus() if workers is None else workers
+        if workers is None:
+            workers = usable_cpus() * (WORKERS_PER_CPU if decoder == "process" else 1)
         self.prefetcher = Prefetcher(workers, cache_bytes) if workers > 0 else None
         if decoder not in ("thread", "process") or (check_ids and decoder != "thread"):
             raise ValueError(f"decoder must be 'thread' or 'process' (check_ids: 'thread'), not {decoder!r}")
