@@ -427,6 +427,18 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     assert doc["settings"]["cache_size"] == {"value": default_cache_size(), "source": "default"}
 
 
+def test_doctor_shows_the_default_worker_count_of_the_configured_decoder(fresh_store, capsys, no_other_mounts,
+                                                                       tmp_path, monkeypatch):
+    from lmzfs.hostresources import usable_cpus
+    status, out = doctor(capsys, fresh_store.root)
+    assert re.search(rf"^  workers +usable CPUs \({usable_cpus()}\) +\(default\)$", out, re.M), out
+    conf = tmp_path / "process.toml"
+    conf.write_text('decoder = "process"\n')
+    monkeypatch.setenv("LMZ_CONFIG", str(conf))
+    status, out = doctor(capsys, fresh_store.root)
+    assert re.search(rf"^  workers +2 per usable CPU \({2 * usable_cpus()}\) +\(default\)$", out, re.M), out
+
+
 def test_doctor_names_a_deleted_pack_and_exits_1(fresh_store, capsys, no_other_mounts):
     pack = next(fresh_store.packs.glob("pack-*.lmzp"))
     pack.unlink()
