@@ -95,3 +95,44 @@ def test_this_host_reports_positive_readings():
     assert memory_limit() > 0 and hr.physical_memory() >= memory_limit()
     assert 1 <= usable_cpus() <= (__import__("os").cpu_count() or 1)
     assert MIN_CACHE <= default_cache_size() <= MAX_CACHE
+
+
+def _memory_cgroup(limit: int) -> Path | None:
+    """A new cgroup (v1 or v2) limited to `limit` bytes, or None where this host will not make one."""
+    import uuid
+    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+    if v1.is_dir():
+        group, knob = v1 / f"lmzfs-test-{uuid.uuid4().hex[:8]}", "memory.limit_in_bytes"
+    elif "memory" in (hr._read(v2 / "cgroup.subtree_control") or "").split():
+        group, knob = v2 / f"lmzfs-test-{uuid.uuid4().hex[:8]}", "memory.max"
+    else:
+        return None
+    try:
+        group.mkdir()
+    except OSError:
+        return None
+    try:
+        (group / knob).write_text(f"{limit}\n")
+    except OSError:
+        group.rmdir()
+        return None
+    return group
+
+
+def test_a_mount_host_in_a_512_mib_cgroup_gets_a_64_mib_cache_by_default(tmp_path):
+    """End to end: doctor, run inside a real memory cgroup, sees its limit and sizes the cache."""
+    import json
+    import subprocess
+    import sys
+    group = _memory_cgroup(512 << 20)
+    if group is None:
+        pytest.skip("this host does not let the tests make a memory cgroup (needs root and a writable hierarchy)")
+    try:
+        script = f'echo $$ > {group}/cgroup.procs && exec "$0" -m lmzfs --store "$1" doctor --json'
+        r = subprocess.run(["sh", "-c", script, sys.executable, str(tmp_path / "no-store")],
+                           capture_output=True, text=True, timeout=120)
+        doc = json.loads(r.stdout)
+    finally:
+        group.rmdir()
+    assert doc["host"]["memory_bytes"] == 512 << 20, r.stderr
+    assert doc["settings"]["cache_size"] == {"value": 64 << 20, "source": "default"}
