@@ -21,6 +21,7 @@ from lmzfs.config import Settings
 from lmzfs.hostresources import memory_limit, physical_memory, usable_cpus
 from lmzfs.mountstats import StatsUnavailable, lmzfs_mounts, read_stats
 from lmzfs.progress import human_bytes
+from lmzfs.reader.archive import default_workers
 from lmzfs.reader.decodepool import WORKERS_PER_CPU
 from lmzfs.store.layout import StoreError, StorePaths
 
@@ -284,8 +285,9 @@ def render(doc: dict) -> list[str]:
             if key == "cache_size":
                 value = f"{human_bytes(value)} ({value} bytes)"
             elif key == "workers" and value is None:
-                per = WORKERS_PER_CPU if settings["decoder"]["value"] == "process" else 1
-                value = f"usable CPUs ({usable_cpus()})" if per == 1 else f"{per} per usable CPU ({per * usable_cpus()})"
+                count = default_workers(settings["decoder"]["value"])
+                value = f"usable CPUs ({count})" if count == host["usable_cpus"] else \
+                    f"{WORKERS_PER_CPU} per usable CPU ({count})"
             elif isinstance(value, bool):
                 value = "yes" if value else "no"
             lines.append(f"  {key:<12} {value if value is not None else '-':<30} ({item['source']})")

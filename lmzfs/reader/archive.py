@@ -26,6 +26,11 @@ DEFAULT_CACHE_BYTES = MAX_CACHE
 QUICK_BYTES = 256 << 10
 
 
+def default_workers(decoder: str) -> int:
+    """Workers when none are set: a decode thread per usable CPU, or WORKERS_PER_CPU processes."""
+    return usable_cpus() * (WORKERS_PER_CPU if decoder == "process" else 1)
+
+
 class Archive:
     """Thread-safe: the catalog connection is used under a lock, chunk reads run in parallel.
 
@@ -44,18 +49,15 @@ class Archive:
         self.cache = ChunkCache(cache_bytes)
         self.packs = PackDescriptors(self.store)
         self.stats = ReaderStats()
-        if workers is None:
-            workers = usable_cpus() * (WORKERS_PER_CPU if decoder == "process" else 1)
+        workers = default_workers(decoder) if workers is None else workers
         self.prefetcher = Prefetcher(workers, cache_bytes) if workers > 0 else None
         if decoder not in ("thread", "process") or (check_ids and decoder != "thread"):
             raise ValueError(f"decoder must be 'thread' or 'process' (check_ids: 'thread'), not {decoder!r}")
+        self.decoder = None
         try:
             self.decoder = ProcessDecoder(max(1, workers)) if decoder == "process" else None
         except BaseException:       # a worker that cannot start: close what is open, then say why
-            if self.prefetcher is not None:
-                self.prefetcher.close()
-            self.packs.close()
-            self._catalog.close()
+            self.close()
             raise
 
     def generation(self) -> int:
