@@ -133,3 +133,16 @@ def test_with_the_process_decoder_a_quick_chunk_is_still_decoded_here_not_queued
     finally:
         monkeypatch.undo()
         archive.close()
+
+
+def test_a_read_spanning_several_chunks_is_one_bytes_object_equal_to_the_original(quick_store, archive):
+    # pieces are cut as views and joined once: what comes back must still be plain bytes, never
+    # a view into a cached chunk, and exactly the original across every boundary
+    _, originals = quick_store
+    data = originals["noise.bin"]
+    with archive.open(archive.entry("q", "noise.bin")) as r:
+        for off, length in [(SMALL - 7, 2 * SMALL + 14), (0, len(data)), (3 * SMALL - 1, 2), (SMALL, SMALL)]:
+            got = r.pread(off, length)
+            assert type(got) is bytes and got == data[off:off + length]
+            cached = r.pread_cached(off, length)
+            assert type(cached) is bytes and cached == data[off:off + length]
