@@ -122,6 +122,7 @@ def test_random_reads_do_not_read_ahead_and_keep_the_chunks_they_decoded(eight_f
                 off -= off % 4096
                 assert reader.pread(off, 4096) == originals["f1.bin"][off:off + 4096]
         # Two reads that happen to land within the slack may look sequential; nothing more.
+        archive.wait_settled()
         stats = archive.stats.snapshot()
         assert stats["readahead_chunks"] <= 4
         assert stats["chunks_released"] == 0

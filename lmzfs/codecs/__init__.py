@@ -180,17 +180,19 @@ def _header_fields(mv: memoryview) -> tuple[int, int, int, int, int]:
     return version, codec_id, size, pos, plen
 
 
-def decode_chunk(payload: Buffer, size: int, *, hash_checked: bool = False) -> bytes:
+def decode_chunk(payload: Buffer, size: int, *, hash_checked: bool = False, copy: bool = True) -> Buffer:
     """Decode a payload that must hold exactly ``size`` plain bytes, or raise CodecError.
 
     hash_checked=True: the caller checks a hash of the result (the store's SHA-256, a single-file
     record's CRC-32), so the codecs skip their own CRC-32 of it (a fifth of a float chunk's decode).
+    copy=False: the result may be a byte-format memoryview of the codec's own array instead of
+    bytes (Codec.decode_buffer); with copy (the default) it is always bytes.
     """
     h = parse_payload(payload)
     if h.size != size:
         raise CodecError(f"payload records plain size {h.size}, expected {size}")
     codec = REGISTRY[h.codec_id]
-    out = codec.decode(h.params, h.body, size, check=not hash_checked)
+    out = (codec.decode if copy else codec.decode_buffer)(h.params, h.body, size, check=not hash_checked)
     if len(out) != size:  # codecs check this themselves; this is the last line of defence
         raise CodecError(f"{codec.name} decoded {len(out)} bytes, expected {size}")
     return out

@@ -396,6 +396,7 @@ static PyMethodDef methods[] = {
     {"tail_symbols", tans_tail_symbols, METH_VARARGS, "symbol sections' tail symbols; see _tanstails.c."},
     {"vector_isa", tans_vector_isa, METH_VARARGS, "vector_isa([name]) -> the vector loop in use; see _tansvec.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
+    {"copy_bytes", tans_copy_bytes, METH_O, "A buffer's bytes, copied without Python's lock; see _tanscopy.c."},
     {NULL, NULL, 0, NULL},
 };
 

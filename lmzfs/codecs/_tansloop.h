@@ -1,6 +1,7 @@
 /* Shared by the sources of the lmzfs.codecs._tansloop extension: the decode loop (_tansloop.c,
  * which defines the module), the table helpers (_tanstables.c), floatsplit's helpers
- * (_tansfloat.c), ggufblocks' (_tansgguf.c) and the symbol sections' tails (_tanstails.c). */
+ * (_tansfloat.c), ggufblocks' (_tansgguf.c), the symbol sections' tails (_tanstails.c) and
+ * the copy of a decoded array into bytes (_tanscopy.c). */
 #ifndef LMZFS_TANSLOOP_H
 #define LMZFS_TANSLOOP_H
 #define PY_SSIZE_T_CLEAN
@@ -57,6 +58,9 @@ static inline int64_t tans_continuing_lanes(const struct job *jb, const int inte
  * such CPU, turned off, contiguous lanes with per-symbol contexts, streams under 128 bytes). */
 const char *tans_steps_vector(struct job *jb);
 PyObject *tans_vector_isa(PyObject *self, PyObject *args);
+
+/* A buffer's bytes as a new bytes object, copied without the lock (_tanscopy.c). */
+PyObject *tans_copy_bytes(PyObject *self, PyObject *arg);
 
 /* compiled helpers shared between the sources (no Python objects; safe without the GIL) */
 struct remainder {

@@ -56,6 +56,12 @@ class Codec(ABC):
         check=False skips a codec's own checksum of the plain bytes (CRC-32): only for callers
         that check a hash of the result themselves. Structural checks always run."""
 
+    def decode_buffer(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> Buffer:
+        """decode()'s bytes, checked the same way, but possibly in a buffer of the codec's own (a
+        byte-format memoryview of the array it decoded into) instead of a copy of it as bytes:
+        for a reader that needs a few of them now and the copy later (lmzfs/reader/archive.py)."""
+        return self.decode(params, body, size, check=check)
+
     def __repr__(self) -> str:
         return f"<codec {self.name} id={self.id}>"
 

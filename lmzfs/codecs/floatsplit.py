@@ -81,6 +81,10 @@ class FloatSplitCodec(Codec):
         return params, part.body + tail
 
     def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
+        out = self.decode_buffer(params, body, size, check=check)
+        return out if isinstance(out, bytes) else out.tobytes()
+
+    def decode_buffer(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> Buffer:
         p = memoryview(params)
         fmt, R, nb, c0, rows, pos = parse_head(p, size, "floatsplit")
         lanes, pos = get_varint(p, pos, "floatsplit lanes")
@@ -110,9 +114,8 @@ class FloatSplitCodec(Codec):
                 raise CodecError("floatsplit: body length does not match params")
             u = np.empty(n, dtype=_UINT[FORMATS[fmt][1]])
             decode_part(model, body[:len(body) - t], 0, lanes, slen, groups, u)
-            out = u.tobytes()
-            if t:
-                out += bytes(body[len(body) - t:])
+            # the decoded array itself, as bytes; with trailing bytes (rare) a copy with them
+            out = u.tobytes() + bytes(body[len(body) - t:]) if t else memoryview(u).cast("B")
         if check and zlib.crc32(out) != crc:
             raise CodecError("floatsplit: checksum mismatch")
         return out

@@ -1,6 +1,8 @@
 """Decoded chunks, shared by every open file, bounded in bytes, least recently used out first.
 
-A chunk that one thread is decoding is awaited by the others, never decoded twice.
+A chunk that one thread is decoding is awaited by the others, never decoded twice. A chunk can
+also be lent: its loader's buffer goes to the one caller that needs a few of its bytes at once,
+and the copy into the cache (settle) follows on another thread while the others wait for it.
 """
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
+
+from lmzfs.codecs.base import Buffer
+from lmzfs.codecs.plainbytes import to_bytes
 
 
 @dataclass
@@ -23,6 +28,7 @@ class _InFlight:
         self.done = threading.Event()
         self.value: bytes | None = None
         self.error: BaseException | None = None
+        self.dropped = False    # discarded before it landed: hand it to the waiters, do not keep it
 
 
 class ChunkCache:
@@ -55,35 +61,69 @@ class ChunkCache:
             return key in self._items or key in self._inflight
 
     def get(self, key: bytes, load: Callable[[], bytes]) -> bytes:
-        with self._lock:
-            value = self._hit_locked(key)
-            if value is not None:
-                return value
-            flight = self._inflight.get(key)
-            owner = flight is None
-            if owner:
-                flight = self._inflight[key] = _InFlight()
-                self.stats.misses += 1
-            else:
-                self.stats.waits += 1
-        if not owner:
-            flight.done.wait()
-            if flight.error is not None:
-                raise flight.error
-            return flight.value
+        value, flight = self._claim(key)
+        if flight is None:
+            return value
         try:
             value = load()
         except BaseException as exc:
-            flight.error = exc
+            self._land(key, flight, error=exc)
             raise
-        else:
-            flight.value = value
+        self._land(key, flight, value=value)
+        return value
+
+    def lend(self, key: bytes, load: Callable[[], Buffer]) -> tuple[Buffer, Callable[[], None] | None]:
+        """get(), for a caller that needs a few of the bytes at once and the rest later: a value
+        that this call loads comes back as load() returned it (any buffer), not yet cached, with a
+        settle function that copies it into bytes, caches those and hands them to the threads
+        waiting for the key. The caller must call settle exactly once (from any thread), and not
+        use the buffer afterwards. settle is None for a value found cached or decoded by another
+        thread (then bytes, as get() returns)."""
+        value, flight = self._claim(key)
+        if flight is None:
+            return value, None
+        try:
+            lent = load()
+        except BaseException as exc:
+            self._land(key, flight, error=exc)
+            raise
+
+        def settle() -> None:
+            try:
+                value = to_bytes(lent)
+            except BaseException as exc:      # no memory for the copy: the waiters get the error
+                self._land(key, flight, error=exc)
+                raise
+            self._land(key, flight, value=value)
+        return lent, settle
+
+    def _claim(self, key: bytes) -> tuple[bytes | None, _InFlight | None]:
+        """(the value, None) if cached or once another thread's load of it lands (its error is
+        raised here); else (None, a new flight) that the caller must load and land."""
+        with self._lock:
+            value = self._hit_locked(key)
+            if value is not None:
+                return value, None
+            flight = self._inflight.get(key)
+            if flight is None:
+                flight = self._inflight[key] = _InFlight()
+                self.stats.misses += 1
+                return None, flight
+            self.stats.waits += 1
+        flight.done.wait()
+        if flight.error is not None:
+            raise flight.error
+        return flight.value, None
+
+    def _land(self, key: bytes, flight: _InFlight, value: bytes | None = None,
+              error: BaseException | None = None) -> None:
+        """End a flight: cache its value (or record its error), then wake its waiters."""
+        flight.value, flight.error = value, error
+        if value is not None and not flight.dropped:
             self._insert(key, value)
-            return value
-        finally:
-            with self._lock:
-                del self._inflight[key]
-            flight.done.set()
+        with self._lock:
+            del self._inflight[key]
+        flight.done.set()
 
     def _insert(self, key: bytes, value: bytes) -> None:
         with self._lock:
@@ -104,10 +144,14 @@ class ChunkCache:
         self._insert(key, value)
 
     def discard(self, key: bytes) -> bool:
-        """Drop a cached value (not one being decoded); True if it was there."""
+        """Drop a cached value; True if it was there. A value still being decoded or settled (a
+        lent one, whose reader may be done with it first) is not kept once it lands."""
         with self._lock:
             value = self._items.pop(key, None)
             if value is None:
+                flight = self._inflight.get(key)
+                if flight is not None:
+                    flight.dropped = True
                 return False
             self._bytes -= len(value)
             return True

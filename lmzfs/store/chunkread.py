@@ -15,6 +15,7 @@ from typing import Iterator
 import xxhash
 
 from lmzfs.codecs import CodecError, decode_chunk, decode_segments_from
+from lmzfs.codecs.base import Buffer
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
 from lmzfs.store.packs import PackDamaged, read_payload, read_payload_part
@@ -32,12 +33,14 @@ def _reported(extent: Extent) -> Iterator[None]:
                            f"{exc.strerror or exc}") from exc
 
 
-def read_chunk(fd: int, extent: Extent, *, check_id: bool = False) -> bytes:
+def read_chunk(fd: int, extent: Extent, *, check_id: bool = False, copy: bool = True) -> Buffer:
     """The chunk's plain bytes, checked against its XXH3-128 (or, for a chunk stored without one,
-    or with check_id, its SHA-256 id: 25x the cost, a third of a 1 MiB chunk's decode time)."""
+    or with check_id, its SHA-256 id: 25x the cost, a third of a 1 MiB chunk's decode time).
+    Bytes, or with copy=False possibly a byte-format memoryview of the codec's array (checked
+    all the same; see codecs.decode_chunk)."""
     with _reported(extent):
         payload = read_payload(fd, extent.chunk_id, extent.location)
-        plain = decode_chunk(payload, extent.size, hash_checked=True)   # the check below
+        plain = decode_chunk(payload, extent.size, hash_checked=True, copy=copy)   # the check below
     if len(plain) != extent.size or \
             (extent.xxh3 is not None and xxhash.xxh3_128_digest(plain) != extent.xxh3) or \
             ((extent.xxh3 is None or check_id) and hashlib.sha256(plain).digest() != extent.chunk_id):
