@@ -2,7 +2,7 @@
  * lock released when they are many.
  *
  * Why: a reader that answers a small read from a chunk's decoded array before caching the chunk
- * (lmzfs/reader/archive.py) leaves the copy into the cache to another thread. On a fresh mount
+ * (lmzfs/reader/filereader.py) leaves the copy into the cache to another thread. On a fresh mount
  * that copy takes a page fault for every 4 KiB of memory the process has never used (about
  * 0.55 ms per MiB on the benchmark host); made as bytes(), it would hold the lock all that time,
  * and the FUSE loop could not send the answer meanwhile. Releasing it is safe: the new object is

@@ -42,7 +42,7 @@ class Codec(ABC):
     name: str
     # Decodes at hundreds of MB/s or more on one core (zstd and plain copies, no entropy coder of
     # our own): a small chunk of it decodes faster than a thread hop, so a reader may decode it
-    # on an event loop (lmzfs/reader/archive.py, QUICK_BYTES).
+    # on an event loop (lmzfs/reader/filereader.py, QUICK_BYTES).
     quick: bool = False
 
     @abstractmethod
@@ -59,7 +59,7 @@ class Codec(ABC):
     def decode_buffer(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> Buffer:
         """decode()'s bytes, checked the same way, but possibly in a buffer of the codec's own (a
         byte-format memoryview of the array it decoded into) instead of a copy of it as bytes:
-        for a reader that needs a few of them now and the copy later (lmzfs/reader/archive.py)."""
+        for a reader that needs a few of them now and the copy later (lmzfs/reader/filereader.py)."""
         return self.decode(params, body, size, check=check)
 
     def __repr__(self) -> str:

@@ -1,6 +1,6 @@
 """The random-access reader's public surface, as the daemon and the CLI see it.
 
-The implementation lives in lmzfs/reader/archive.py; a small in-memory double for tests of the
+The implementation lives in lmzfs/reader/archive.py and filereader.py; a small in-memory double for tests of the
 layers above lives in lmzfs/testing/fake_archive.py. Both follow this contract:
 
 - ``Archive.generation()`` is cheap and changes whenever a model is added or removed.
