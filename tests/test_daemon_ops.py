@@ -406,3 +406,45 @@ def test_opens_wait_until_the_read_ahead_window_is_widened_then_all_go_through()
         await ops.release(info.fh)
 
     run(main)
+
+
+def test_a_lone_miss_is_decoded_on_the_event_loop_only_while_nobody_else_reads():
+    archive = FakeArchive()
+    archive.add("m", "a.bin", WEIGHTS)
+    archive.add("m", "b.bin", WEIGHTS[::-1])
+
+    async def main():
+        ops = LmzOperations(archive)
+        fa = (await ops.open((await resolve(ops, "m/a.bin")).st_ino, os.O_RDONLY)).fh
+        fb = (await ops.open((await resolve(ops, "m/b.bin")).st_ino, os.O_RDONLY)).fh
+        offered = lambda fh: ops._files[fh].reader.lone_offered      # noqa: E731
+
+        assert await ops.read(fa, 8192, 4096) == WEIGHTS[8192:12288]
+        assert offered(fa)                                  # the only reader: decoded here
+        assert await ops.read(fa, 90_000, 4096) == WEIGHTS[90_000:94096]
+        assert offered(fa)                                  # the same file again
+        assert await ops.read(fb, 0, 4096) == WEIGHTS[::-1][:4096]
+        assert not offered(fb)                              # a.bin was read just now: a thread
+        ops._recent_reads[fa] -= 1.0                        # ... but not if that was a second ago
+        assert await ops.read(fb, 4096, 4096) == WEIGHTS[::-1][4096:8192]
+        assert offered(fb)
+        assert await ops.read(fa, 0, 4096) == WEIGHTS[:4096]
+        assert await ops.read(fa, 50_000, 4096) == WEIGHTS[50_000:54096]
+        assert not offered(fa)          # b.bin was read just now, even though a.bin was read last
+        ops._recent_reads[fa] -= 1.0    # from here on b.bin alone is read
+
+        archive.stream_active = True                        # a sequential reader is being served
+        assert await ops.read(fb, 20_000, 4096) == WEIGHTS[::-1][20_000:24096]
+        assert not offered(fb)
+        archive.stream_active = False
+
+        holder = object()                                   # a read is waiting in a thread
+        await ops._limiter.acquire_on_behalf_of(holder)
+        assert await ops.read(fb, 40_000, 4096) == WEIGHTS[::-1][40_000:44096]
+        assert not offered(fb)
+        ops._limiter.release_on_behalf_of(holder)
+        assert await ops.read(fb, 60_000, 4096) == WEIGHTS[::-1][60_000:64096]
+        assert offered(fb)
+        await ops.release(fa)
+        await ops.release(fb)
+    run(main)

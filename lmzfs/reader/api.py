@@ -14,8 +14,11 @@ layers above lives in lmzfs/testing/fake_archive.py. Both follow this contract:
 - ``FileReader.pread_cached(offset, length, decode_quick=False)`` returns the same bytes as
   pread() when they can be served without decoding (every chunk already cached), else None; it
   never waits for another thread, so an event loop may call it directly. With decode_quick it
-  may also decode one small chunk of a fast codec itself (well under a millisecond), and then
-  raise CorruptChunk as pread() does.
+  may also decode one small chunk of a fast codec itself (well under a millisecond), and with
+  decode_lone the one chunk a lone read (one that does not continue the previous read) misses,
+  of any codec (1-2 ms for 1 MiB of BF16); it may then raise CorruptChunk as pread() does.
+- ``Archive.streaming()`` is cheap and tells whether any open file is being read ahead of a
+  sequential reader (whose reads a long decode on the event loop would hold up).
 """
 from __future__ import annotations
 

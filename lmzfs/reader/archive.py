@@ -97,6 +97,10 @@ class Archive:
                           "active_streams": self.prefetcher.active_streams() if self.prefetcher else 0},
         }
 
+    def streaming(self) -> bool:
+        """Some open file is read ahead of a sequential reader now (its window active)."""
+        return self.prefetcher is not None and self.prefetcher.active_streams() > 0
+
     def open(self, entry: FileEntry) -> FileReader:
         with self._lock:
             row = self._catalog.file_by_id(entry.file_id)

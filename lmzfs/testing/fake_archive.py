@@ -44,6 +44,7 @@ class FakeFileReader:
         self._on_close = on_close
         self.size = fake_file.entry.size
         self.closed = False
+        self.lone_offered = False      # whether the latest pread_cached call had decode_lone
 
     def pread(self, offset: int, length: int) -> bytes:
         if self.closed:
@@ -57,10 +58,13 @@ class FakeFileReader:
                 raise CorruptChunk(f"{entry.model}/{entry.path}: damaged chunk at offset {bad}")
         return self._file.data[offset:end]
 
-    def pread_cached(self, offset: int, length: int, *, decode_quick: bool = False) -> bytes | None:
+    def pread_cached(self, offset: int, length: int, *, decode_quick: bool = False,
+                     decode_lone: bool = False) -> bytes | None:
         """The fake keeps no decoded-chunk cache: every read takes the pread() path, except that
-        with decode_quick a file added with quick=True is read (and its damage raised) here."""
-        return self.pread(offset, length) if decode_quick and self._file.quick else None
+        with decode_quick a file added with quick=True is read (and its damage raised) here, and
+        with decode_lone any file is (its reads count as lone misses)."""
+        self.lone_offered = decode_lone
+        return self.pread(offset, length) if (decode_quick and self._file.quick) or decode_lone else None
 
     def close(self) -> None:
         if not self.closed:
@@ -70,6 +74,7 @@ class FakeFileReader:
 
 class FakeArchive:
     def __init__(self) -> None:
+        self.stream_active = False
         self._files: dict[tuple[str, str], _FakeFile] = {}
         self._generation = 0
         self._next_file_id = 1
@@ -110,6 +115,10 @@ class FakeArchive:
         fake_file.corrupt_offsets.add(offset)
 
     # -- the Archive surface ----------------------------------------------------------------
+
+    def streaming(self) -> bool:
+        """The fake reads nothing ahead; a test sets stream_active to stand for a sequential reader."""
+        return self.stream_active
 
     def generation(self) -> int:
         return self._generation
