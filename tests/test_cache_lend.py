@@ -140,48 +140,47 @@ def float_store(tmp_path_factory):
     return store, src
 
 
-def test_a_lone_read_that_misses_gets_exact_bytes_and_its_chunk_lands_in_the_cache_once(float_store):
+@pytest.fixture
+def opened(float_store):
+    """(archive with no read-ahead, a reader of the store's largest file, that file's bytes)."""
     store, src = float_store
     archive = Archive(store.root, workers=0)
     try:
         entry = max(archive.files(), key=lambda e: e.size)
-        plain = (src / entry.path).read_bytes()
         with archive.open(entry) as r:
-            big = max(r._extents, key=lambda e: e.size)
-            assert big.codec == "floatsplit" and big.size > 256 << 10
-            off = big.offset + big.size // 3
-            assert r.pread(off, 4096) == plain[off:off + 4096]
-            archive.wait_settled()
-            assert archive.cache.peek(big.chunk_id) == plain[big.offset:big.offset + big.size]
-            before = archive.stats.chunks_decoded
-            far = big.offset + big.size - 5000
-            got = r.pread(far, 4096)
-            assert type(got) is bytes and got == plain[far:far + 4096]
-            assert archive.stats.chunks_decoded == before      # the second read was a hit
+            yield archive, r, (src / entry.path).read_bytes()
     finally:
         archive.close()
 
 
-def test_pread_cached_decodes_a_lone_miss_here_only_when_asked_and_then_serves_it_cached(float_store):
-    store, src = float_store
-    archive = Archive(store.root, workers=0)
-    try:
-        entry = max(archive.files(), key=lambda e: e.size)
-        plain = (src / entry.path).read_bytes()
-        with archive.open(entry) as r:
-            floats = [e for e in r._extents if e.codec == "floatsplit"]
-            c0, c1 = next((a, b) for a, b in zip(floats, floats[1:]) if a.offset + a.size == b.offset)
-            off = c0.offset + 12_288
-            assert r.pread_cached(off, 4096, decode_quick=True) is None       # floatsplit: not quick
-            assert archive.stats.chunks_decoded == 0
-            got = r.pread_cached(off, 4096, decode_quick=True, decode_lone=True)
-            assert type(got) is bytes and got == plain[off:off + 4096]
-            assert archive.stats.chunks_decoded == 1
-            archive.wait_settled()
-            last = c0.offset + c0.size - 4096
-            assert r.pread_cached(last, 4096) == plain[last:last + 4096]      # cached now
-            # the next read continues that one: not lone, so it is left to a thread as before
-            assert r.pread_cached(c1.offset, 4096, decode_quick=True, decode_lone=True) is None
-            assert archive.stats.chunks_decoded == 1
-    finally:
-        archive.close()
+def test_a_lone_read_that_misses_gets_exact_bytes_and_its_chunk_lands_in_the_cache_once(opened):
+    archive, r, plain = opened
+    big = max(r._extents, key=lambda e: e.size)
+    assert big.codec == "floatsplit" and big.size > 256 << 10
+    off = big.offset + big.size // 3
+    assert r.pread(off, 4096) == plain[off:off + 4096]
+    archive.wait_settled()
+    assert archive.cache.peek(big.chunk_id) == plain[big.offset:big.offset + big.size]
+    before = archive.stats.chunks_decoded
+    far = big.offset + big.size - 5000
+    got = r.pread(far, 4096)
+    assert type(got) is bytes and got == plain[far:far + 4096]
+    assert archive.stats.chunks_decoded == before      # the second read was a hit
+
+
+def test_pread_cached_decodes_a_lone_miss_here_only_when_asked_and_then_serves_it_cached(opened):
+    archive, r, plain = opened
+    floats = [e for e in r._extents if e.codec == "floatsplit"]
+    c0, c1 = next((a, b) for a, b in zip(floats, floats[1:]) if a.offset + a.size == b.offset)
+    off = c0.offset + 12_288
+    assert r.pread_cached(off, 4096, decode_quick=True) is None       # floatsplit: not quick
+    assert archive.stats.chunks_decoded == 0
+    got = r.pread_cached(off, 4096, decode_quick=True, decode_lone=True)
+    assert type(got) is bytes and got == plain[off:off + 4096]
+    assert archive.stats.chunks_decoded == 1
+    archive.wait_settled()
+    last = c0.offset + c0.size - 4096
+    assert r.pread_cached(last, 4096) == plain[last:last + 4096]      # cached now
+    # the next read continues that one: not lone, so it is left to a thread as before
+    assert r.pread_cached(c1.offset, 4096, decode_quick=True, decode_lone=True) is None
+    assert archive.stats.chunks_decoded == 1
