@@ -83,8 +83,7 @@ def test_a_failed_load_or_settle_reaches_every_waiter_and_caches_nothing():
 
     t = threading.Thread(target=reader)
     t.start()
-    with pytest.raises(TypeError):
-        settle()
+    settle()                        # the lender has its bytes already: settle itself does not raise
     t.join(5)
     assert len(errors) == 1 and b"j" not in cache and cache.size_bytes == 0
 

@@ -77,7 +77,7 @@ class ChunkCache:
         that this call loads comes back as load() returned it (any buffer), not yet cached, with a
         settle function that copies it into bytes, caches those and hands them to the threads
         waiting for the key. The caller must call settle exactly once (from any thread), and not
-        use the buffer afterwards. settle is None for a value found cached or decoded by another
+        use the buffer afterwards; settle never raises (a copy that fails is the waiters' error). settle is None for a value found cached or decoded by another
         thread (then bytes, as get() returns)."""
         value, flight = self._claim(key)
         if flight is None:
@@ -89,12 +89,12 @@ class ChunkCache:
             raise
 
         def settle() -> None:
+            value, error = None, None
             try:
                 value = to_bytes(lent)
-            except BaseException as exc:      # no memory for the copy: the waiters get the error
-                self._land(key, flight, error=exc)
-                raise
-            self._land(key, flight, value=value)
+            except BaseException as exc:    # no memory for the copy: the waiters get the error;
+                error = exc                 # the lender, answered already, does not
+            self._land(key, flight, value=value, error=error)
         return lent, settle
 
     def _claim(self, key: bytes) -> tuple[bytes | None, _InFlight | None]:
