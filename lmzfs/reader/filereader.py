@@ -5,7 +5,8 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 from lmzfs.codecs import SEGMENT_BYTES, by_name
 from lmzfs.codecs.base import Buffer
@@ -111,12 +112,11 @@ class FileReader:
         cache = self._archive.cache
         if starts is not None and e.chunk_id not in cache:
             try:
-                return [(e.offset + a, cache.get(_segment_key(e, a), lambda a=a: self._decode_segments(
-                    e, range(a, starts.stop, SEGMENT_BYTES)))) for a in starts]
+                with self._located(e):
+                    return [(e.offset + a, cache.get(_segment_key(e, a), lambda a=a: self._decode_segments(
+                        e, range(a, starts.stop, SEGMENT_BYTES)))) for a in starts]
             except _NotSegmented:
                 pass
-            except CorruptChunk as exc:
-                raise CorruptChunk(f"{self.label} at offset {e.offset}: {exc.strerror}") from None
         return [(e.offset, self._chunk(e))]
 
     def _lone(self, offset: int) -> bool:
@@ -147,10 +147,8 @@ class FileReader:
         cache, which the settle thread does meanwhile (ChunkCache.lend). On a fresh mount that copy
         pays a page fault for every 4 KiB of memory never used before (about 0.6 ms of a 1 MiB miss
         on the benchmark host), which the read now need not wait for."""
-        try:
+        with self._located(e):
             data, settle = self._archive.cache.lend(e.chunk_id, lambda: self._decode(e, copy=False))
-        except CorruptChunk as exc:
-            raise CorruptChunk(f"{self.label} at offset {e.offset}: {exc.strerror}") from None
         lo, hi = max(offset, e.offset), min(end, e.offset + e.size)
         try:
             with memoryview(data) as view:
@@ -160,9 +158,15 @@ class FileReader:
                 self._archive.settle_later(settle)
 
     def _chunk(self, e: Extent, here: bool = False) -> bytes:
-        """The chunk through the shared cache; damage is reported with this file and the chunk's offset."""
-        try:
+        """The chunk through the shared cache."""
+        with self._located(e):
             return self._archive.cache.get(e.chunk_id, lambda: self._decode(e, here))
+
+    @contextmanager
+    def _located(self, e: Extent) -> Iterator[None]:
+        """Damage to chunk e is reported with this file and the chunk's offset in it."""
+        try:
+            yield
         except CorruptChunk as exc:
             raise CorruptChunk(f"{self.label} at offset {e.offset}: {exc.strerror}") from None
 
