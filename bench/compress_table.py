@@ -12,6 +12,7 @@ A tool that fails is n/a with its error; everything else is still measured.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -65,6 +66,7 @@ def _one_run(tool: Tool, subject: Subject, res: ToolRuns, digests: list[str], fi
         res.notes.update(enc.notes)
         if res.decode_error:
             return
+        os.sync()   # untimed: what was just written is not written back during the decode
         try:
             if tool.kind == "archive":
                 start = time.perf_counter()

@@ -422,6 +422,11 @@ class MountBench:
             import safetensors, gguf, torch  # noqa: F401,E401  (imports are not timed)
         except ImportError as exc:
             self.res["errors"].append(f"loaders unavailable: {exc}")
+        # The stores were just written: several GB of dirty pages that the kernel would otherwise
+        # write back during the first runs, taking CPU from whichever mount is being read then.
+        start = time.perf_counter()
+        os.sync()
+        log(f"mount: stores written back to disk (sync) in {time.perf_counter() - start:.1f} s")
         warm_page_cache([self.astra, self.gguf, *self.variants])
         self._each("seq", self.seq)
         self._each("rand", self.rand)
