@@ -157,7 +157,9 @@ def mount_md(m: dict) -> list[str]:
            f"On `{m['file']['name']}` ({nbytes:,} B, BF16) unless said otherwise. Every cold read is on a "
            f"fresh mount with the store's files already in the page cache. Values are median (min) of "
            f"{runs} runs; **× plain** compares with the plain file read from the page cache in the same "
-           f"run (ratio per run, then median (min) over runs).", ""]
+           f"run (ratio per run, then median (min) over runs)."
+           + (" The readers take turns within each run, and each run starts with a different one."
+              if m.get("order") == "rotating" else ""), ""]
     if m.get("default_decoder"):
         cap = m.get("default_cache_bytes")
         out += [f"With no options our mount uses the `{m['default_decoder']}` decoder"
