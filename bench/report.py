@@ -159,7 +159,10 @@ def mount_md(m: dict) -> list[str]:
            f"{runs} runs; **× plain** compares with the plain file read from the page cache in the same "
            f"run (ratio per run, then median (min) over runs)."
            + (" The readers take turns within each run, and each run starts with a different one."
-              if m.get("order") == "rotating" else ""), ""]
+              if m.get("order") == "rotating" else "")
+           + (" Before the first run every reader reads the file once through a fresh mount, not counted: "
+              "right after the stores are built the host stays slower for a while."
+              if m.get("warm_up_mbps") else ""), ""]
     if m.get("default_decoder"):
         cap = m.get("default_cache_bytes")
         out += [f"With no options our mount uses the `{m['default_decoder']}` decoder"
