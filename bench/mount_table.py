@@ -450,8 +450,9 @@ class MountBench:
             import safetensors, gguf, torch  # noqa: F401,E401  (imports are not timed)
         except ImportError as exc:
             self.res["errors"].append(f"loaders unavailable: {exc}")
-        # The stores were just written: several GB of dirty pages that the kernel would otherwise
-        # write back during the first runs, taking CPU from whichever mount is being read then.
+        # The stores were just written: their dirty pages are written back here, not during the
+        # first runs (on the host of 2 Dec 2026 it took 0.2 s, too little for their slowness; see
+        # warm_up).
         start = time.perf_counter()
         os.sync()
         log(f"mount: stores written back to disk (sync) in {time.perf_counter() - start:.1f} s")
