@@ -1,7 +1,7 @@
 """The random-access reader's public surface, as the daemon and the CLI see it.
 
-The implementation lives in lmzfs/reader/archive.py and filereader.py; a small in-memory double for tests of the
-layers above lives in lmzfs/testing/fake_archive.py. Both follow this contract:
+The implementation lives in lmzfs/reader/archive.py and filereader.py; a small in-memory double
+for tests of the layers above lives in lmzfs/testing/fake_archive.py. Both follow this contract:
 
 - ``Archive.generation()`` is cheap and changes whenever a model is added or removed.
 - ``Archive.files()`` lists every file of every model at the current generation.

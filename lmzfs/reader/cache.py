@@ -77,8 +77,9 @@ class ChunkCache:
         that this call loads comes back as load() returned it (any buffer), not yet cached, with a
         settle function that copies it into bytes, caches those and hands them to the threads
         waiting for the key. The caller must call settle exactly once (from any thread), and not
-        use the buffer afterwards; settle never raises (a copy that fails is the waiters' error). settle is None for a value found cached or decoded by another
-        thread (then bytes, as get() returns)."""
+        use the buffer afterwards; settle never raises (a copy that fails is the waiters' error).
+        settle is None for a value found cached or decoded by another thread (then bytes, as
+        get() returns)."""
         value, flight = self._claim(key)
         if flight is None:
             return value, None
