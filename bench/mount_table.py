@@ -17,9 +17,10 @@ Measurements, each on a fresh mount:
            does), SHA-256 checked in run 1
   rand     N preads of 4 KiB at random 4 KiB-aligned offsets of astra (same offsets for every
            target in a run), each timed with perf_counter_ns; p50 and p99
-  conc     one reader of one astra-like file, then (fresh mount) 8 threads reading 8 different
-           astra-like files (astra with the low mantissa bits of every element XORed with 1..8: same
-           size and compressibility, no shared chunks); total MB/s, and the daemon's VmHWM/VmRSS
+  conc     one reader of one astra-like file, then (fresh mount) one reader of 8 different
+           astra-like files one after another (astra with the low mantissa bits of every element
+           XORed with 1..8: same size and compressibility, no shared chunks), then (fresh mount)
+           8 threads reading those 8 files at once; total MB/s, and the daemon's VmHWM/VmRSS
            (/proc/PID/status; our pid from MNT/.lmzfs/stats.json) right after the 8 readers
   rss      our mount's VmHWM after the same 8-reader stream (1.9 GB) at other --cache-size values
   load     safetensors.safe_open(framework="pt") + get_tensor of every tensor of astra (the
@@ -264,6 +265,7 @@ class MountBench:
                 else:
                     t.error = f"setting up the store failed: {s}"
         self.res["targets"] = [t.info() for t in self.targets]
+        self.default_store = stores.get(ours.name)
         self.setup_ceiling(ours)
         ours_default = Target("lmzfs mount (no options)", "ours", ours, [], store=stores.get(ours.name))
         if isinstance(ours_default.store, Path):
@@ -391,6 +393,14 @@ class MountBench:
         with self.session(t) as s:
             one_bytes, one_s = _read_all([s.path("astra8", self.variants[0].name)])
         out = {"one_s": one_s, "one_bytes": one_bytes}
+        # The same 8 files as the 8 readers, read by one reader one after another: the same work
+        # and about as long, where the one file above takes a tenth of the time (0.3-0.5 s).
+        with self.session(t) as s:
+            start = time.perf_counter()
+            all_bytes = sum(read_sequential(s.path("astra8", p.name))[0] for p in self.variants)
+            out.update(one_all_s=time.perf_counter() - start, one_all_bytes=all_bytes)
+        if all_bytes != self.res["variant_bytes"]:
+            raise ToolError(f"1 reader of the 8 files got {all_bytes} bytes of {self.res['variant_bytes']}")
         out.update(self._eight(t, t.extra))
         return out
 
@@ -459,6 +469,7 @@ class MountBench:
         warm_page_cache([self.astra, self.gguf, *self.variants])
         self.res["order"] = "rotating"      # see _each
         self.warm_up()
+        self.decode_bound("start")
         self._each("seq", self.seq)
         self._each("rand", self.rand)
         self._each("conc", self.conc)
@@ -466,7 +477,25 @@ class MountBench:
         self._each("load", self.load)
         if self.ceiling:
             self._each("ceiling", self.ceiling_seq, [self.ceiling])
+        self.decode_bound("end")
         return self.res
+
+    def decode_bound(self, when: str) -> None:
+        """Decoding alone (bench/decode_bound.py): astra's chunks in our default store, decoded
+        and checked in-process by as many threads as CPUs, no FUSE; MB/s per run, at the start
+        and the end of the measurements (the host's speed drifts)."""
+        store = getattr(self, "default_store", None)
+        if not isinstance(store, Path):
+            return
+        log(f"mount: decode bound ({when})")
+        warm_page_cache([store])
+        try:
+            out = common.run([*common.lmzfs_python(common.LMZFS_FROZEN), str(Path(__file__).parent / "decode_bound.py"),
+                              "--store", str(store), "--model", "bench", "--file", self.astra.name,
+                              "--runs", str(self.runs)], timeout=600)
+            self.res.setdefault("decode_bound", {})[when] = json.loads(out.strip().splitlines()[-1])
+        except Exception as exc:
+            self.res["errors"].append(f"decode bound ({when}): {describe(exc)}")
 
 
 def measure(astra: Path, gguf: Path, work: Path, runs: int, reads: int = 2000) -> dict:

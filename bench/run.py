@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             frozen_dir = Path(tempfile.mkdtemp(prefix="lmz-bench-code-", dir=args.tmpdir))
             try:
                 common.LMZFS_CLI, measured = freeze_lmzfs(frozen_dir)
+                common.LMZFS_FROZEN = frozen_dir
                 code = {"frozen": True, "measured": measured}
                 log(f"measuring lmzfs as frozen at the start: commit {measured['commit']}"
                     + (f" + {measured['uncommitted']} uncommitted file(s)" if measured.get("uncommitted") else "")
