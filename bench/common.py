@@ -28,7 +28,8 @@ LMZFS_PY = Path(os.environ.get("LMZFS_PYTHON", REPO / ".venv" / "bin" / "python"
 # Our CLI. run.py replaces it with a frozen copy of lmzfs/ (freeze_lmzfs) unless $LMZFS_CLI is set;
 # read it as common.LMZFS_CLI at call time, never bind it at import.
 LMZFS_CLI = Path(os.environ.get("LMZFS_CLI", REPO / ".venv" / "bin" / "lmz"))
-# The frozen copy's directory (PYTHONPATH for scripts that import lmzfs), or None: run.py sets it.
+# The frozen copy's directory (PYTHONPATH for scripts that import lmzfs: codec_speed.py,
+# decode_bound.py), or None: run.py sets it once the copy is made.
 LMZFS_FROZEN: Path | None = None
 LMZIP_CLI = Path(sys.prefix) / "bin" / "lmz"   # lmzip's `lmz`, from the venv running the bench
 READ_SIZE = 1 << 20                              # sequential reads of 1 MiB

@@ -6,9 +6,9 @@ Runs in the project's venv (it imports lmzfs; `make bench` points PYTHONPATH at 
 
     .venv/bin/python bench/decode_bound.py --store DIR --model M --file PATH [--threads N] [--runs R]
 
-After one uncounted run, each run reads and decodes every chunk of the file once, with the read check a mount makes
-(chunkread.read_chunk: XXH3-128 of the plain bytes), in N threads taking chunks in file order
-from one queue, as a mount's decode threads do. Prints JSON: MB/s of plain bytes per run, and
+After one uncounted run, each run reads and decodes every chunk of the file once, with the
+read check a mount makes (chunkread.read_chunk: XXH3-128 of the plain bytes), in N threads
+taking chunks in file order from one queue, as a mount's decode threads do. Prints JSON: MB/s of plain bytes per run, and
 the CPU seconds of the process per run (both threads together). A mount's cold sequential read
 can at best match this: it decodes the same chunks and also copies every byte into the kernel.
 The host's speed moves by up to 2x over a day, so the mount table's MB/s are best read against

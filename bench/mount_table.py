@@ -213,6 +213,7 @@ class MountBench:
                           "gguf": {"name": gguf.name, "bytes": gguf.stat().st_size},
                           "seq": {}, "rand": {}, "conc": {}, "rss": [], "load": {}, "ceiling": {}, "errors": []}
         self.ceiling: Target | None = None
+        self.default_store: Path | str | None = None     # our default store, or why it is missing
 
     # ------------------------------------------------------------------ set-up
 
@@ -267,7 +268,7 @@ class MountBench:
         self.res["targets"] = [t.info() for t in self.targets]
         self.default_store = stores.get(ours.name)
         self.setup_ceiling(ours)
-        ours_default = Target("lmzfs mount (no options)", "ours", ours, [], store=stores.get(ours.name))
+        ours_default = Target("lmzfs mount (no options)", "ours", ours, [], store=self.default_store)
         if isinstance(ours_default.store, Path):
             try:
                 with self.session(ours_default) as s:
@@ -484,7 +485,7 @@ class MountBench:
         """Decoding alone (bench/decode_bound.py): astra's chunks in our default store, decoded
         and checked in-process by as many threads as CPUs, no FUSE; MB/s per run, at the start
         and the end of the measurements (the host's speed drifts)."""
-        store = getattr(self, "default_store", None)
+        store = self.default_store
         if not isinstance(store, Path):
             return
         log(f"mount: decode bound ({when})")

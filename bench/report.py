@@ -234,7 +234,8 @@ def mount_md(m: dict) -> list[str]:
         eight_b = next((b for b in r.get("eight_bytes", []) if b), 0)
         eight = mbps(r.get("eight_s"), eight_b)
         # runs before 2 Dec 2026 read one file only
-        one_all = mbps(r.get("one_all_s"), eight_b) if r.get("one_all_s") else []
+        one_all = mbps(r["one_all_s"], next((b for b in r.get("one_all_bytes", []) if b), 0)) \
+            if r.get("one_all_s") else []
         mems = [x for x in r.get("mem") or [] if x]
         hwm = summ([(x["vmhwm"] + x["children_vmhwm"]) / MiB for x in mems])
         rss = summ([(x["vmrss"] + x["children_vmrss"]) / MiB for x in mems])
@@ -346,8 +347,9 @@ def decode_bound_md(m: dict) -> list[str]:
                          + (f" ({fmt(cores['median'], 2)} cores busy)" if cores else ""))
     if not parts:
         return []
-    ours = [v for v in mbps(m["seq"].get("lmzfs mount (--decoder thread)", {}).get("cold_s"), m["file"]["bytes"])
-            if v is not None]
+    # the first of our rows is the default store with the default decoder, the one decoded here
+    label = next((t["label"] for t in m.get("targets", []) if t["kind"] == "ours"), None)
+    ours = [v for v in mbps(m["seq"].get(label, {}).get("cold_s"), m["file"]["bytes"]) if v is not None]
     bound = [v for when in ("start", "end") for v in (db.get(when) or {}).get("mbps", [])]
     share = f"; our default mount's cold read (median) is {fmt(statistics.median(ours) / statistics.median(bound), 2)} of the bound's median" \
         if ours and bound else ""

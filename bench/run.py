@@ -159,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         for t in tools:
             if isinstance(t, ZipNNArchive):
                 t.dtype = args.zipnn_dtype
-        args.frozen_dir = frozen_dir if code.get("frozen") else None     # codec_speed.py imports it
         return _main(args, wanted, tools, code, started)
     finally:
         if frozen_dir:
@@ -231,7 +230,7 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
             res["meta"]["load"] = mon.result()
             save()
         if not args.skip_codec_speed:
-            res["codec_speed"] = codec_speed(args.frozen_dir, [n for n in SINGLE if n in wanted and n in paths],
+            res["codec_speed"] = codec_speed(common.LMZFS_FROZEN, [n for n in SINGLE if n in wanted and n in paths],
                                              args.runs, Path(tmp))
             save()
         if not args.skip_mount:
