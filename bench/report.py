@@ -10,50 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-MiB = 1 << 20
-
-
-def fmt(v: float | None, digits: int | None = None) -> str:
-    if v is None:
-        return "n/a"
-    if digits is not None:
-        return f"{v:,.{digits}f}"
-    return f"{v:,.2f}" if abs(v) < 10 else f"{v:,.1f}" if abs(v) < 100 else f"{v:,.0f}"
-
-
-def cell(s: dict | None, digits: int | None = None) -> str:
-    """median (min) of a summary dict."""
-    if not s:
-        return "n/a"
-    return f"{fmt(s['median'], digits)} ({fmt(s['min'], digits)})"
-
-
-def ratio(s: dict | None) -> str:
-    """median (min) of a ratio, three significant digits."""
-    if not s:
-        return "n/a"
-    f = lambda v: f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"   # noqa: E731
-    return f"{f(s['median'])} ({f(s['min'])})"
-
-
-def summ(values: list) -> dict | None:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
-
-
-def per_run(a: list | None, b: list | None, f) -> dict | None:
-    """Summary of f(a[i], b[i]) over the runs where both were measured (ratios within one run)."""
-    if not a or not b:
-        return None
-    return summ([f(x, y) for x, y in zip(a, b) if x is not None and y is not None])
-
-
-def table(head: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
-    align = align or "l" + "r" * (len(head) - 1)
-    sep = ["---:" if a == "r" else "---" for a in align]
-    return ["| " + " | ".join(head) + " |", "|" + "|".join(sep) + "|", *("| " + " | ".join(r) + " |" for r in rows), ""]
+from goals import goals_md  # noqa: E402
+from summary import MiB, cell, fmt, mbps, per_run, ratio, summ, table  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- compression
@@ -143,11 +101,6 @@ def compression_md(subjects: list[dict], runs: int) -> list[str]:
 # ----------------------------------------------------------------------------- mount
 
 
-def mbps(series: list | None, n: int) -> list:
-    """Seconds per run -> MB/s of an n-byte read (None stays None)."""
-    return [None if s is None else n / 1e6 / s for s in (series or [])]
-
-
 def mount_md(m: dict) -> list[str]:
     runs, nbytes = m["runs"], m["file"]["bytes"]
     targets = m.get("targets", [])
@@ -171,6 +124,8 @@ def mount_md(m: dict) -> list[str]:
     if m.get("decoders") == [None]:
         out += ["`lmz mount --help` offers no `--decoder` option in this build, so one decoder was measured "
                 "(stats.json reports which).", ""]
+
+    out += goals_md(m)
 
     # sequential
     seq = m["seq"]
