@@ -11,8 +11,10 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
-
-import goals  # noqa: E402
+try:
+    import goals
+finally:    # bench/ has modules named like common ones (common, tools): keep them off other tests' path
+    sys.path.remove(str(BENCH))
 
 MiB = 1 << 20
 N = 100_000_000     # bytes of the measured file: MB/s = 100 / seconds
