@@ -6,10 +6,9 @@ plainly which goals a run met instead of leaving the reader to work it out from 
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import dataclass
 
-from summary import MiB, cell, fmt, mbps, per_run, ratio, summ, table
+from summary import MiB, cell, fmt, mbps, peak_mib, per_run, ratio, run_bytes, summ, table
 
 RSS_ALLOWANCE = 256 * MiB          # "daemon RSS <= 256 MiB plus the configured cache"
 
@@ -26,8 +25,7 @@ def _label(m: dict, kind: str) -> str | None:
 
 
 def _median(values: list) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
+    return (summ(values) or {}).get("median")
 
 
 def cache_bytes(size: str | None) -> int | None:
@@ -91,11 +89,9 @@ def _random(m: dict, ours: str) -> GoalCheck:
 def _eight(m: dict, ours: str) -> GoalCheck:
     goal = "8 concurrent readers of different files at least as fast in total as one"
     r = m["conc"].get(ours, {})
-    eight = mbps(r.get("eight_s"), next((b for b in r.get("eight_bytes", []) if b), 0))
-    same = per_run(eight, mbps(r.get("one_all_s"), next((b for b in r.get("one_all_bytes", []) if b), 0)),
-                   lambda a, b: a / b)
-    one = per_run(eight, mbps(r.get("one_s"), next((b for b in r.get("one_bytes", []) if b), 0)),
-                  lambda a, b: a / b)
+    eight = mbps(r.get("eight_s"), run_bytes(r, "eight_bytes"))
+    same = per_run(eight, mbps(r.get("one_all_s"), run_bytes(r, "one_all_bytes")), lambda a, b: a / b)
+    one = per_run(eight, mbps(r.get("one_s"), run_bytes(r, "one_bytes")), lambda a, b: a / b)
     if not same and not one:
         return GoalCheck(goal, "not measured", None)
     parts = ([f"{ratio(same)}× one reader of the same 8 files in turn"] if same else []) \
@@ -103,32 +99,35 @@ def _eight(m: dict, ours: str) -> GoalCheck:
     return GoalCheck(goal, ", ".join(parts), (same or one)["median"] >= 1)
 
 
+@dataclass(frozen=True)
+class _Peak:
+    label: str          # the mount
+    cache_size: str     # its --cache-size
+    mib: float          # its highest VmHWM over the runs
+    allowed_mib: float  # RSS_ALLOWANCE plus that cache
+
+
 def _memory(m: dict) -> GoalCheck:
     goal = "daemon RSS ≤ 256 MiB + the configured cache while serving a 1 GB model"
     rows = [(t["label"], t.get("cache_size"), m["conc"].get(t["label"], {}).get("mem"))
             for t in m.get("targets", []) if t["kind"] == "ours"]
     rows += [(r["label"], r["cache_size"], r.get("mem")) for r in m.get("rss", [])]
-    parts, met = [], True
-    for label, size, mems in rows:
-        peaks = [(x["vmhwm"] + x["children_vmhwm"]) / MiB for x in mems or [] if x]
-        limit = cache_bytes(size)
-        if not peaks or limit is None:
-            continue
-        worst, allowed = max(peaks), (RSS_ALLOWANCE + limit) / MiB
-        met = met and worst <= allowed
-        parts.append((label, size, worst, allowed))
-    if not parts:
+    peaks = [_Peak(label, size, max(mib), (RSS_ALLOWANCE + cache_bytes(size)) / MiB)
+             for label, size, mems in rows if (mib := peak_mib(mems)) and cache_bytes(size) is not None]
+    if not peaks:
         return GoalCheck(goal, "not measured", None)
-    worst = max(parts, key=lambda p: p[2] / p[3])
-    first = parts[0]
-    text = f"{first[0]}, --cache-size {first[1]}: VmHWM at most {fmt(first[2], 0)} MiB of {fmt(first[3], 0)} allowed"
+    first, worst = peaks[0], max(peaks, key=lambda p: p.mib / p.allowed_mib)
+    text = f"{first.label}, --cache-size {first.cache_size}: VmHWM at most {fmt(first.mib, 0)} MiB of " \
+           f"{fmt(first.allowed_mib, 0)} allowed"
     if worst is not first:
-        text += f"; closest to its limit: {worst[0]}, --cache-size {worst[1]}, {fmt(worst[2], 0)} of {fmt(worst[3], 0)}"
+        text += f"; closest to its limit: {worst.label}, --cache-size {worst.cache_size}, {fmt(worst.mib, 0)} of " \
+                f"{fmt(worst.allowed_mib, 0)}"
     gb = m.get("variant_bytes", 0) / 1e9
     if gb < 1:
-        return GoalCheck(goal, text + f" ({len(parts)} mounts, {gb:.2f} GB read by 8 readers each: under the 1 GB "
+        return GoalCheck(goal, text + f" ({len(peaks)} mounts, {gb:.2f} GB read by 8 readers each: under the 1 GB "
                          "the goal asks for)", None)
-    return GoalCheck(goal, text + f" ({len(parts)} mounts, {gb:.2f} GB read by 8 readers each)", met)
+    return GoalCheck(goal, text + f" ({len(peaks)} mounts, {gb:.2f} GB read by 8 readers each)",
+                     all(p.mib <= p.allowed_mib for p in peaks))
 
 
 def _loads(m: dict, ours: str, plain: str | None) -> GoalCheck:

@@ -10,8 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from goals import goals_md  # noqa: E402
-from summary import MiB, cell, fmt, mbps, per_run, ratio, summ, table  # noqa: E402
+from goals import goals_md
+from summary import MiB, cell, fmt, mbps, peak_mib, per_run, ratio, run_bytes, summ, table
 
 
 # ----------------------------------------------------------------------------- compression
@@ -186,13 +186,11 @@ def mount_md(m: dict) -> list[str]:
             rows.append([t["label"]] + ["n/a"] * 7 + [t.get("cache_size") or "—", (r.get("error") or "")[:200]])
             continue
         one = mbps(r.get("one_s"), r.get("one_bytes", [one_bytes])[0] or one_bytes)
-        eight_b = next((b for b in r.get("eight_bytes", []) if b), 0)
-        eight = mbps(r.get("eight_s"), eight_b)
+        eight = mbps(r.get("eight_s"), run_bytes(r, "eight_bytes"))
         # runs before 2 Dec 2026 read one file only
-        one_all = mbps(r["one_all_s"], next((b for b in r.get("one_all_bytes", []) if b), 0)) \
-            if r.get("one_all_s") else []
+        one_all = mbps(r["one_all_s"], run_bytes(r, "one_all_bytes")) if r.get("one_all_s") else []
         mems = [x for x in r.get("mem") or [] if x]
-        hwm = summ([(x["vmhwm"] + x["children_vmhwm"]) / MiB for x in mems])
+        hwm = summ(peak_mib(mems))
         rss = summ([(x["vmrss"] + x["children_vmrss"]) / MiB for x in mems])
         kids = max((x["children"] for x in mems), default=0)
         rows.append([t["label"], cell(summ(one)), cell(summ(one_all)) if one_all else "n/a", cell(summ(eight)),
@@ -219,19 +217,16 @@ def mount_md(m: dict) -> list[str]:
     if m.get("rss"):
         rows = []
         for r in m["rss"]:
-            mems = [x for x in r["mem"] if x]
-            hwm = summ([(x["vmhwm"] + x["children_vmhwm"]) / MiB for x in mems])
+            hwm = summ(peak_mib(r["mem"]))
             eight = mbps(r["eight_s"], vb)
             rows.append([r["label"], r["cache_size"], "n/a" if not hwm else f"{fmt(hwm['median'], 0)} (max {fmt(hwm['max'], 0)})",
                          cell(summ(eight)), (r.get("error") or "")[:200]])
         for t in mounts:
             if t["kind"] == "ours":
                 r = conc.get(t["label"], {})
-                mems = [x for x in r.get("mem") or [] if x]
-                hwm = summ([(x["vmhwm"] + x["children_vmhwm"]) / MiB for x in mems])
-                eight_b = next((b for b in r.get("eight_bytes", []) if b), 0)
+                hwm = summ(peak_mib(r.get("mem")))
                 rows.append([t["label"], t["cache_size"], "n/a" if not hwm else f"{fmt(hwm['median'], 0)} (max {fmt(hwm['max'], 0)})",
-                             cell(summ(mbps(r.get("eight_s"), eight_b))), ""])
+                             cell(summ(mbps(r.get("eight_s"), run_bytes(r, "eight_bytes")))), ""])
         out += ["Our daemon's peak memory against its configured `--cache-size`, same 8-reader stream:", ""]
         out += table(["mount", "--cache-size", "VmHWM MiB", "8 readers MB/s", "notes"], rows, "llrrl")
 

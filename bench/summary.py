@@ -52,3 +52,13 @@ def table(head: list[str], rows: list[list[str]], align: str | None = None) -> l
 def mbps(series: list | None, n: int) -> list:
     """Seconds per run -> MB/s of an n-byte read (None stays None)."""
     return [None if s is None else n / 1e6 / s for s in (series or [])]
+
+
+def run_bytes(row: dict, key: str) -> int:
+    """The byte count recorded under key by the first run that recorded one (0: none did)."""
+    return next((b for b in row.get(key) or [] if b), 0)
+
+
+def peak_mib(mems: list | None) -> list[float]:
+    """Each run's peak memory (VmHWM) of a daemon and its children in MiB, runs without a reading left out."""
+    return [(x["vmhwm"] + x["children_vmhwm"]) / MiB for x in mems or [] if x]
