@@ -72,8 +72,7 @@ def cmd_ls(args) -> int:
     rows = [(u.name, str(u.files), human_bytes(u.logical_bytes), human_bytes(u.stored_bytes), f"{u.saved_pct:.2f}%")
             for u in usage]
     _table(("MODEL", "FILES", "LOGICAL", "STORED", "SAVED"), rows)
-    on_disk = sum(p.stat().st_size for p in store.packs.glob("pack-*.lmzp"))
-    on_disk += sum(p.stat().st_size for p in store.root.glob("catalog.sqlite*"))
+    on_disk = store.disk_bytes()
     total = sum(u.logical_bytes for u in usage)
     print(f"\nstore {store.root}: {human_bytes(total)} of model files in {human_bytes(on_disk)} on disk "
           f"(packs and catalog, shared chunks counted once)")

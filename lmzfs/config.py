@@ -9,7 +9,6 @@
     workers     = 8                    # parallel decodes (default: the usable CPUs)
     allow_other = false                # let other users read the mount
     readahead   = true                 # decode ahead of sequential readers
-    decoder     = "auto"               # "thread", "process", or "auto" (currently threads)
 
 Precedence, highest first: command-line flags, the environment ($LMZ_STORE, for the store only),
 the config file, the defaults. A missing default config file is fine; a missing file named by
@@ -25,15 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmzfs.hostresources import MAX_CACHE, default_cache_size
-from lmzfs.store.layout import StoreError
+from lmzfs.store.layout import StoreError, user_store_dir
 
 DEFAULT_CONFIG = Path("/etc/lmzfs/config.toml")
 CONFIG_ENV = "LMZ_CONFIG"
 STORE_ENV = "LMZ_STORE"
 DEFAULT_CACHE_SIZE = MAX_CACHE       # on a host with 2 GiB or more to use; see default_cache_size
 
-KEYS = ("store", "mountpoint", "cache_size", "workers", "allow_other", "readahead", "decoder")
-DECODERS = ("auto", "thread", "process")
+KEYS = ("store", "mountpoint", "cache_size", "workers", "allow_other", "readahead")
+# keys of earlier releases, refused with what to do instead
+REMOVED_KEYS = {"decoder": "removed: chunks are always decoded in threads; delete the line"}
 
 
 def parse_size(text: str) -> int:
@@ -42,10 +42,6 @@ def parse_size(text: str) -> int:
     if not m:
         raise ValueError(f"not a size: {text!r} (use e.g. 512M or 2G)")
     return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
-
-
-def default_store() -> Path:
-    return Path.home() / ".local" / "share" / "lmzfs"
 
 
 @dataclass
@@ -57,7 +53,6 @@ class Settings:
     workers: int | None = None           # None: the usable CPUs (hostresources.usable_cpus)
     allow_other: bool = False
     readahead: bool = True
-    decoder: str = "auto"
     config_file: Path | None = None      # the file that was read, if any
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -109,6 +104,8 @@ def _check(path: Path, key: str, value):
     def bad(reason: str) -> StoreError:
         return StoreError(f"config {path}: key {key!r}: {reason}")
 
+    if key in REMOVED_KEYS:
+        raise bad(REMOVED_KEYS[key])
     if key not in KEYS:
         raise bad(f"unknown key (known keys: {', '.join(KEYS)})")
     if key in ("store", "mountpoint"):
@@ -135,10 +132,6 @@ def _check(path: Path, key: str, value):
         if value < 1:
             raise bad(f"must be at least 1, not {value} (to turn read-ahead off, set readahead = false)")
         return value
-    if key == "decoder":
-        if value not in DECODERS:
-            raise bad(f"must be one of {', '.join(map(repr, DECODERS))}, not {_show(value)}")
-        return value
     if not isinstance(value, bool):               # allow_other, readahead
         raise bad(f"must be true or false, not {_show(value)}")
     return value
@@ -152,7 +145,7 @@ def _show(value) -> str:
 
 def resolve(*, store: str | os.PathLike | None = None, mountpoint: str | os.PathLike | None = None,
             cache_size: int | None = None, workers: int | None = None, allow_other: bool | None = None,
-            readahead: bool | None = None, decoder: str | None = None, config: dict | None = None,
+            readahead: bool | None = None, config: dict | None = None,
             config_file: Path | None = None) -> Settings:
     """The effective settings. Arguments are the command-line flags (None: not given). The config
     file is loaded unless *config* (already loaded keys) is passed."""
@@ -160,11 +153,9 @@ def resolve(*, store: str | os.PathLike | None = None, mountpoint: str | os.Path
         config, config_file = load_config()
     flags = {"store": Path(store).expanduser() if store else None,
              "mountpoint": Path(mountpoint).expanduser() if mountpoint else None,
-             "cache_size": cache_size, "workers": workers, "allow_other": allow_other, "readahead": readahead,
-             "decoder": decoder}
-    defaults = {"store": default_store(), "mountpoint": None, "cache_size": default_cache_size(),
-                "workers": None, "allow_other": False, "readahead": True,
-                "decoder": "auto"}
+             "cache_size": cache_size, "workers": workers, "allow_other": allow_other, "readahead": readahead}
+    defaults = {"store": user_store_dir(), "mountpoint": None, "cache_size": default_cache_size(),
+                "workers": None, "allow_other": False, "readahead": True}
     env = {"store": Path(os.environ[STORE_ENV]).expanduser()} if os.environ.get(STORE_ENV) else {}
     values, sources = {}, {}
     for key in KEYS:

@@ -21,8 +21,6 @@ from lmzfs.config import Settings
 from lmzfs.hostresources import memory_limit, physical_memory, usable_cpus
 from lmzfs.mountstats import StatsUnavailable, lmzfs_mounts, read_stats
 from lmzfs.progress import human_bytes
-from lmzfs.reader.archive import default_workers
-from lmzfs.reader.decodepool import WORKERS_PER_CPU
 from lmzfs.store.layout import StoreError, StorePaths
 
 if TYPE_CHECKING:
@@ -177,8 +175,7 @@ def _check_catalog(catalog: Catalog, store: StorePaths, out: dict, problems: lis
     out["packs"] = {"referenced": len(packs), "missing": [], "damaged": []}
     for pack_id, chunks, end in packs:
         _check_pack(store, pack_id, chunks, end, out["packs"], problems)
-    on_disk = sum(p.stat().st_size for p in store.packs.glob("pack-*.lmzp"))
-    on_disk += sum(p.stat().st_size for p in store.root.glob("catalog.sqlite*"))
+    on_disk = store.disk_bytes()
     out["on_disk_bytes"] = on_disk
 
 
@@ -285,9 +282,7 @@ def render(doc: dict) -> list[str]:
             if key == "cache_size":
                 value = f"{human_bytes(value)} ({value} bytes)"
             elif key == "workers" and value is None:
-                count = default_workers(settings["decoder"]["value"])
-                value = f"usable CPUs ({count})" if count == host["usable_cpus"] else \
-                    f"{WORKERS_PER_CPU} per usable CPU ({count})"
+                value = f"usable CPUs ({host['usable_cpus']})"
             elif isinstance(value, bool):
                 value = "yes" if value else "no"
             lines.append(f"  {key:<12} {value if value is not None else '-':<30} ({item['source']})")

@@ -11,38 +11,18 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from lmzfs.daemon.mount import _unescape_mountinfo
+from lmzfs.mountinfo import MOUNTINFO, Mount, mounts
 from lmzfs.progress import human_bytes
 
 FSTYPE = "fuse.lmzfs"
 STATS_FILE = Path(".lmzfs") / "stats.json"
 
 
-@dataclass(frozen=True)
-class MountInfo:
-    mountpoint: Path
-    source: str
-    options: str
-
-
-def lmzfs_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[MountInfo]:
+def lmzfs_mounts(mountinfo: str = MOUNTINFO) -> list[Mount]:
     """Every lmzfs mount in this process's mount namespace, in mount order."""
-    out = []
-    try:
-        with open(mountinfo) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        head, sep, tail = line.partition(" - ")
-        fields, rest = head.split(), tail.split()
-        if not sep or len(fields) < 6 or len(rest) < 2 or rest[0] != FSTYPE:
-            continue
-        out.append(MountInfo(Path(_unescape_mountinfo(fields[4])), _unescape_mountinfo(rest[1]), fields[5]))
-    return out
+    return [m for m in mounts(mountinfo) if m.fstype == FSTYPE]
 
 
 class StatsUnavailable(Exception):
@@ -111,7 +91,7 @@ def summary(mountpoint: Path, stats: dict, now: float | None = None) -> list[str
         + (f" in {reader['reads']} reads" if "reads" in reader else ""),
         f"  decoded     {human_bytes(decoded)} in {reader.get('chunks_decoded', 0)} chunks"
         f" and {reader.get('segments_decoded', 0)} segments (for reads needing less than a chunk), "
-        f"{seconds:.2f} s of decoding{rate}, in {stats.get('decoder', '?')} decoders",
+        f"{seconds:.2f} s of decoding{rate}",
         f"  cache       hit rate {'-' if hit_rate is None else f'{100 * hit_rate:.1f}%'} "
         f"(hits {cache.get('hits', 0)}, misses {cache.get('misses', 0)}, waits {cache.get('waits', 0)}); "
         f"holds {human_bytes(cache.get('bytes', 0))} of {human_bytes(cache.get('capacity_bytes', 0))}",

@@ -30,8 +30,6 @@ def add_mount_arguments(sp: argparse.ArgumentParser, parse_size) -> None:
     sp.add_argument("--workers", type=positive_int, default=None, help="parallel decodes (default: the usable CPUs)")
     sp.add_argument("--readahead", action=argparse.BooleanOptionalAction, default=None,
                     help="decode ahead of sequential readers (default: on)")
-    sp.add_argument("--decoder", choices=("auto", "thread", "process"), default=None,
-                    help="decode chunks in threads or in worker processes (default auto: threads, see docs/results.md)")
 
 
 def _no_mountpoint() -> StoreError:
@@ -42,13 +40,13 @@ def _no_mountpoint() -> StoreError:
 def cmd_mount(args) -> int:
     from lmzfs.daemon.mount import configure_logging, mount
     s = resolve(store=args.store, mountpoint=args.mountpoint, cache_size=args.cache_size, workers=args.workers,
-                allow_other=args.allow_other, readahead=args.readahead, decoder=args.decoder)
+                allow_other=args.allow_other, readahead=args.readahead)
     if s.mountpoint is None:
         raise _no_mountpoint()
     if args.foreground:
         configure_logging()
     return mount(s.mountpoint, s.store, foreground=args.foreground, allow_other=s.allow_other,
-                 cache_bytes=s.cache_size, workers=s.workers, readahead=s.readahead, decoder=s.decoder)
+                 cache_bytes=s.cache_size, workers=s.workers, readahead=s.readahead)
 
 
 def cmd_umount(args) -> int:

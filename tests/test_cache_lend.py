@@ -11,7 +11,7 @@ from lmzfs.codecs import REGISTRY, decode_chunk, encode_chunk, tans
 from lmzfs.codecs.base import ChunkHint
 from lmzfs.codecs.plainbytes import to_bytes
 from lmzfs.reader import Archive
-from lmzfs.reader.cache import ChunkCache
+from lmzfs.store.chunkcache import ChunkCache
 from lmzfs.store.add import add_model
 from lmzfs.store.layout import StorePaths
 
@@ -154,32 +154,32 @@ def opened(float_store):
 
 def test_a_lone_read_that_misses_gets_exact_bytes_and_its_chunk_lands_in_the_cache_once(opened):
     archive, r, plain = opened
-    big = max(r._extents, key=lambda e: e.size)
+    big = max(r.extents, key=lambda e: e.size)
     assert big.codec == "floatsplit" and big.size > 256 << 10
     off = big.offset + big.size // 3
     assert r.pread(off, 4096) == plain[off:off + 4096]
-    archive.wait_settled()
-    assert archive.cache.peek(big.chunk_id) == plain[big.offset:big.offset + big.size]
-    before = archive.stats.chunks_decoded
+    archive.source.wait_settled()
+    assert archive.source.cache.peek(big.chunk_id) == plain[big.offset:big.offset + big.size]
+    before = archive.counters.chunks_decoded
     far = big.offset + big.size - 5000
     got = r.pread(far, 4096)
     assert type(got) is bytes and got == plain[far:far + 4096]
-    assert archive.stats.chunks_decoded == before      # the second read was a hit
+    assert archive.counters.chunks_decoded == before      # the second read was a hit
 
 
-def test_pread_cached_decodes_a_lone_miss_here_only_when_asked_and_then_serves_it_cached(opened):
+def test_pread_nowait_decodes_a_lone_miss_here_only_when_idle_and_then_serves_it_cached(opened):
     archive, r, plain = opened
-    floats = [e for e in r._extents if e.codec == "floatsplit"]
+    floats = [e for e in r.extents if e.codec == "floatsplit"]
     c0, c1 = next((a, b) for a, b in zip(floats, floats[1:]) if a.offset + a.size == b.offset)
     off = c0.offset + 12_288
-    assert r.pread_cached(off, 4096, decode_quick=True) is None       # floatsplit: not quick
-    assert archive.stats.chunks_decoded == 0
-    got = r.pread_cached(off, 4096, decode_quick=True, decode_lone=True)
+    assert r.pread_nowait(off, 4096) is None                 # floatsplit: not cheap
+    assert archive.counters.chunks_decoded == 0
+    got = r.pread_nowait(off, 4096, idle=True)
     assert type(got) is bytes and got == plain[off:off + 4096]
-    assert archive.stats.chunks_decoded == 1
-    archive.wait_settled()
+    assert archive.counters.chunks_decoded == 1
+    archive.source.wait_settled()
     last = c0.offset + c0.size - 4096
-    assert r.pread_cached(last, 4096) == plain[last:last + 4096]      # cached now
+    assert r.pread_nowait(last, 4096) == plain[last:last + 4096]      # cached now
     # the next read continues that one: not lone, so it is left to a thread as before
-    assert r.pread_cached(c1.offset, 4096, decode_quick=True, decode_lone=True) is None
-    assert archive.stats.chunks_decoded == 1
+    assert r.pread_nowait(c1.offset, 4096, idle=True) is None
+    assert archive.counters.chunks_decoded == 1

@@ -361,7 +361,7 @@ def test_tree_skips_conflicting_and_invalid_paths(caplog):
 @pytest.mark.allow_log_warnings
 def test_a_quick_chunk_is_read_on_the_event_loop_and_its_damage_is_still_eio(caplog):
     archive = FakeArchive()
-    archive.add("m", "small.bin", WEIGHTS[:100_000], quick=True)
+    archive.add("m", "small.bin", WEIGHTS[:100_000], cheap=True)
     archive.corrupt("m", "small.bin", 90_000)
 
     async def main():
@@ -417,7 +417,7 @@ def test_a_lone_miss_is_decoded_on_the_event_loop_only_while_nobody_else_reads()
         ops = LmzOperations(archive)
         fa = (await ops.open((await resolve(ops, "m/a.bin")).st_ino, os.O_RDONLY)).fh
         fb = (await ops.open((await resolve(ops, "m/b.bin")).st_ino, os.O_RDONLY)).fh
-        offered = lambda fh: ops._files[fh].reader.lone_offered      # noqa: E731
+        offered = lambda fh: ops._files[fh].reader.idle_offered      # noqa: E731
 
         assert await ops.read(fa, 8192, 4096) == WEIGHTS[8192:12288]
         assert offered(fa)                                  # the only reader: decoded here

@@ -1,14 +1,16 @@
-"""pread_cached(decode_quick=True): one small chunk of a quick codec decoded by the caller (no mount)."""
+"""pread_nowait(): what is cached, or one chunk that its codec says is cheap to decode, served by the
+caller without a thread (no mount)."""
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pytest
 
 from lmzfs.errors import CorruptChunk
 from lmzfs.reader import Archive
-from lmzfs.reader.archive import QUICK_BYTES
+from lmzfs.codecs.base import THREAD_HOP_BYTES as QUICK_BYTES
 from lmzfs.store.add import add_model
 from lmzfs.store.layout import StorePaths
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
@@ -42,44 +44,56 @@ def archive(quick_store):
 
 def _codecs(archive: Archive, name: str) -> set[str]:
     with archive.open(archive.entry("q", name)) as r:
-        return {e.codec for e in r._extents}
+        return {e.codec for e in r.extents}
 
 
-def test_one_missing_quick_chunk_is_decoded_by_the_caller_and_then_cached(quick_store, archive):
+def test_one_missing_cheap_chunk_is_decoded_by_the_caller_and_then_cached(quick_store, archive):
     _, originals = quick_store
     assert _codecs(archive, "noise.bin") == {"raw"} and "zstd" in _codecs(archive, "words.txt")
     for name in originals:
         with archive.open(archive.entry("q", name)) as r:
             off = SMALL + 1000
-            assert r.pread_cached(off, 4096) is None
-            before = archive.stats.chunks_decoded
-            assert r.pread_cached(off, 4096, decode_quick=True) == originals[name][off:off + 4096]
-            assert archive.stats.chunks_decoded == before + 1
-            assert r.pread_cached(off + 8192, 4096) == originals[name][off + 8192:off + 12288]
+            before = archive.counters.chunks_decoded
+            assert r.pread_nowait(off, 4096) == originals[name][off:off + 4096]
+            assert archive.counters.chunks_decoded == before + 1
+            assert r.pread_nowait(off + 8192, 4096) == originals[name][off + 8192:off + 12288]
+            assert archive.counters.chunks_decoded == before + 1      # a hit
 
 
 def test_a_read_over_two_missing_chunks_decodes_nothing_and_goes_to_a_thread(quick_store, archive):
     _, originals = quick_store
     with archive.open(archive.entry("q", "noise.bin")) as r:
-        assert r.pread_cached(2 * SMALL - 100, 200, decode_quick=True) is None
-        assert archive.stats.chunks_decoded == 0
+        assert r.pread_nowait(2 * SMALL - 100, 200) is None
+        assert archive.counters.chunks_decoded == 0
         assert r.pread(2 * SMALL - 100, 100) == originals["noise.bin"][2 * SMALL - 100:2 * SMALL]
         # one of the two is cached now: the other is decoded here
-        assert r.pread_cached(2 * SMALL - 100, 200, decode_quick=True) == \
+        assert r.pread_nowait(2 * SMALL - 100, 200) == \
             originals["noise.bin"][2 * SMALL - 100:2 * SMALL + 100]
-        assert archive.stats.chunks_decoded == 2
+        assert archive.counters.chunks_decoded == 2
 
 
-def test_a_chunk_another_thread_decodes_is_not_decoded_again_here(archive):
-    from lmzfs.reader.cache import _InFlight
-    try:
-        with archive.open(archive.entry("q", "noise.bin")) as r:
-            e = r._extents[0]
-            archive.cache._inflight[e.chunk_id] = _InFlight()
-            assert r.pread_cached(0, 4096, decode_quick=True) is None
-            assert archive.stats.chunks_decoded == 0
-    finally:
-        archive.cache._inflight.clear()
+def test_a_chunk_another_thread_decodes_is_not_decoded_again_here(quick_store, archive):
+    _, originals = quick_store
+    loading, release = threading.Event(), threading.Event()
+
+    def slow_decode() -> bytes:
+        loading.set()
+        release.wait(10)
+        return originals["noise.bin"][:SMALL]
+
+    with archive.open(archive.entry("q", "noise.bin")) as r:
+        e = r.extents[0]
+        other = threading.Thread(target=archive.source.cache.get, args=(e.chunk_id, slow_decode))
+        other.start()
+        try:
+            assert loading.wait(10)
+            assert r.pread_nowait(0, 4096) is None          # never waits for the other thread
+            assert archive.counters.chunks_decoded == 0
+        finally:
+            release.set()
+            other.join()
+        assert r.pread_nowait(0, 4096) == originals["noise.bin"][:4096]
+        assert archive.counters.chunks_decoded == 0
 
 
 def test_entropy_coded_and_large_chunks_are_left_to_a_thread(tmp_path):
@@ -91,11 +105,11 @@ def test_entropy_coded_and_large_chunks_are_left_to_a_thread(tmp_path):
         archive = Archive(store.root, workers=0)
         try:
             with archive.open(archive.entry("m", name)) as r:
-                tested = [e for e in r._extents if e.codec == codec and e.size >= QUICK_BYTES]
+                tested = [e for e in r.extents if e.codec == codec and e.size >= QUICK_BYTES]
                 assert tested and all(e.size > QUICK_BYTES for e in tested) == (codec == "raw")
                 for e in tested:
-                    assert r.pread_cached(e.offset, 4096, decode_quick=True) is None
-            assert archive.stats.chunks_decoded == 0
+                    assert r.pread_nowait(e.offset, 4096) is None
+            assert archive.counters.chunks_decoded == 0
         finally:
             archive.close()
 
@@ -112,26 +126,10 @@ def test_a_damaged_quick_chunk_is_corrupt_chunk_naming_the_file_never_wrong_byte
     try:
         with archive.open(archive.entry("q", "noise.bin")) as r:
             with pytest.raises(CorruptChunk, match="q/noise.bin at offset"):
-                r.pread_cached(bad, 16, decode_quick=True)
+                r.pread_nowait(bad, 16)
             good = (bad // SMALL + 2) % 5 * SMALL
-            assert r.pread_cached(good, 16, decode_quick=True) == originals["noise.bin"][good:good + 16]
+            assert r.pread_nowait(good, 16) == originals["noise.bin"][good:good + 16]
     finally:
-        archive.close()
-
-
-def test_with_the_process_decoder_a_quick_chunk_is_still_decoded_here_not_queued(quick_store, monkeypatch):
-    store, originals = quick_store
-    archive = Archive(store.root, workers=1, decoder="process")
-    try:
-        def queued(fd, extent):
-            raise AssertionError("a quick decode went to the worker processes")
-        monkeypatch.setattr(archive.decoder, "decode", queued)
-        with archive.open(archive.entry("q", "words.txt")) as r:
-            assert r.pread_cached(100, 50, decode_quick=True) == originals["words.txt"][100:150]
-            with pytest.raises(AssertionError):          # pread still uses the workers
-                r.pread(3 * SMALL, 50)
-    finally:
-        monkeypatch.undo()
         archive.close()
 
 
@@ -144,5 +142,5 @@ def test_a_read_spanning_several_chunks_is_one_bytes_object_equal_to_the_origina
         for off, length in [(SMALL - 7, 2 * SMALL + 14), (0, len(data)), (3 * SMALL - 1, 2), (SMALL, SMALL)]:
             got = r.pread(off, length)
             assert type(got) is bytes and got == data[off:off + length]
-            cached = r.pread_cached(off, length)
+            cached = r.pread_nowait(off, length)
             assert type(cached) is bytes and cached == data[off:off + length]

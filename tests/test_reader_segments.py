@@ -51,7 +51,7 @@ def reading(root: Path, **options) -> Iterator[tuple[Archive, object, list]]:
     archive = Archive(root, **options)
     try:
         with archive.open(archive.entry("m", "model.safetensors")) as r:
-            yield archive, r, [e for e in r._extents if e.codec == "floatseg"]
+            yield archive, r, [e for e in r.extents if e.codec == "floatseg"]
     finally:
         archive.close()
 
@@ -63,21 +63,21 @@ def test_a_random_4k_read_decodes_one_segment_not_its_chunk(bf16_store):
         e = chunks[1]
         at = e.offset + 2 * SEGMENT_BYTES + 1234
         assert r.pread(at, 4096) == plain[at:at + 4096]
-        assert archive.stats.segments_decoded == 1 and archive.stats.chunks_decoded == 0
+        assert archive.counters.segments_decoded == 1 and archive.counters.chunks_decoded == 0
         # the same segment again, on the event loop's path: from the cache
-        assert r.pread_cached(at + 8192, 4096) == plain[at + 8192:at + 12288]
+        assert r.pread_nowait(at + 8192, 4096) == plain[at + 8192:at + 12288]
         # a read across two segments decodes both (with one table build)
         edge = e.offset + SEGMENT_BYTES - 100
         assert r.pread(edge, 4096) == plain[edge:edge + 4096]
-        assert archive.stats.segments_decoded == 3 and archive.stats.chunks_decoded == 0
+        assert archive.counters.segments_decoded == 3 and archive.counters.chunks_decoded == 0
         # and they are cached one by one
-        assert r.pread_cached(e.offset + 5, 10) == plain[e.offset + 5:e.offset + 15]
-        assert r.pread_cached(e.offset + SEGMENT_BYTES + 5, 10) == \
+        assert r.pread_nowait(e.offset + 5, 10) == plain[e.offset + 5:e.offset + 15]
+        assert r.pread_nowait(e.offset + SEGMENT_BYTES + 5, 10) == \
             plain[e.offset + SEGMENT_BYTES + 5:e.offset + SEGMENT_BYTES + 15]
         # a read of every segment decodes the chunk
         far = chunks[2].offset
         assert r.pread(far, chunks[2].size) == plain[far:far + chunks[2].size]
-        assert archive.stats.segments_decoded == 3 and archive.stats.chunks_decoded == 1
+        assert archive.counters.segments_decoded == 3 and archive.counters.chunks_decoded == 1
 
 
 def test_a_sequential_reader_decodes_whole_chunks(bf16_store):
@@ -85,8 +85,8 @@ def test_a_sequential_reader_decodes_whole_chunks(bf16_store):
     with reading(store.root, workers=0) as (archive, r, chunks):
         assert b"".join(r.pread(off, 128 << 10) for off in range(0, r.size, 128 << 10)) == plain
         # only the first read, at the start of the file, could have been a lone one
-        assert archive.stats.segments_decoded <= 1
-        assert archive.stats.chunks_decoded == len(chunks) + 2
+        assert archive.counters.segments_decoded <= 1
+        assert archive.counters.chunks_decoded == len(chunks) + 2
 
 
 def test_random_reads_of_every_segment_return_exact_bytes(bf16_store):
@@ -97,7 +97,7 @@ def test_random_reads_of_every_segment_return_exact_bytes(bf16_store):
             at = rng.randrange(0, len(plain) - 1)
             n = rng.choice((1, 4096, 70000))
             assert r.pread(at, n) == plain[at:at + n]
-        assert archive.stats.segments_decoded > 10
+        assert archive.counters.segments_decoded > 10
 
 
 def test_a_damaged_segment_is_eio_and_the_others_of_its_chunk_still_read_exactly(tmp_path):
@@ -114,7 +114,7 @@ def test_a_damaged_segment_is_eio_and_the_others_of_its_chunk_still_read_exactly
         assert r.pread(e.offset + 10, 100) == plain[e.offset + 10:e.offset + 110]
         with pytest.raises(CorruptChunk):
             r.pread(e.offset, e.size)       # all of the chunk: its checksum fails
-        assert archive.stats.corrupt_chunks == 2
+        assert archive.counters.corrupt_chunks == 2
 
 
 def test_a_store_with_other_segment_sizes_is_read_through_whole_chunks(tmp_path, monkeypatch):
@@ -127,7 +127,7 @@ def test_a_store_with_other_segment_sizes_is_read_through_whole_chunks(tmp_path,
     with reading(store.root, workers=0) as (archive, r, chunks):
         at = chunks[0].offset + SEGMENT_BYTES + 77
         assert r.pread(at, 4096) == plain[at:at + 4096]
-        assert archive.stats.segments_decoded == 0 and archive.stats.chunks_decoded == 1
+        assert archive.counters.segments_decoded == 0 and archive.counters.chunks_decoded == 1
 
 
 def test_the_event_loop_decodes_the_one_segment_a_lone_read_needs_and_nothing_more(bf16_store):
@@ -135,15 +135,17 @@ def test_the_event_loop_decodes_the_one_segment_a_lone_read_needs_and_nothing_mo
     with reading(store.root, workers=0) as (archive, r, chunks):
         e = chunks[2]
         at = e.offset + SEGMENT_BYTES + 999
-        assert r.pread_cached(at, 4096, decode_quick=True) == plain[at:at + 4096]
-        assert archive.stats.segments_decoded == 1
+        assert r.pread_nowait(at, 4096) == plain[at:at + 4096]
+        assert archive.counters.segments_decoded == 1
         # a read right after it continues a stream: whole chunks, in a thread
-        assert r.pread_cached(at + SEGMENT_BYTES, 4096, decode_quick=True) is None
-        # a lone read without decode_quick, or one needing two segments: not here either
-        r._last_end = -1
-        assert r.pread_cached(e.offset + 10, 4096, decode_quick=False) is None
-        assert r.pread_cached(e.offset + 3 * SEGMENT_BYTES - 50, 4096, decode_quick=True) is None
-        assert archive.stats.segments_decoded == 1 and archive.stats.chunks_decoded == 0
+        assert r.pread_nowait(at + SEGMENT_BYTES, 4096) is None
+        # a lone read needing two segments is more than a cheap decode: not here either
+        far = chunks[0].offset + SEGMENT_BYTES - 50
+        assert r.pread_nowait(far, 4096) is None
+        assert archive.counters.segments_decoded == 1 and archive.counters.chunks_decoded == 0
+        # unless the caller has nothing else to do (idle): then here, and only those two
+        assert r.pread_nowait(far, 4096, idle=True) == plain[far:far + 4096]
+        assert archive.counters.segments_decoded == 3 and archive.counters.chunks_decoded == 0
 
 
 def test_a_part_of_a_payload_is_read_with_its_record_checked_and_never_past_it(bf16_store):
@@ -179,5 +181,5 @@ def test_a_lone_read_of_a_chunk_whose_record_names_another_chunk_is_eio(bf16_sto
     with reading(copy.root, workers=0) as (archive, r, _):
         with pytest.raises(CorruptChunk, match="does not hold chunk"):
             r.pread(e.offset + SEGMENT_BYTES + 100, 4096)
-        assert archive.stats.corrupt_chunks == 1
+        assert archive.counters.corrupt_chunks == 1
         assert r.pread(chunks[0].offset, 4096) == plain[chunks[0].offset:chunks[0].offset + 4096]

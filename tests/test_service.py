@@ -22,7 +22,7 @@ from lmzfs.config import load_config, resolve
 from lmzfs.hostresources import default_cache_size
 from lmzfs.daemon.mount import is_mount_point
 from lmzfs.daemon.notify import Notifier
-from lmzfs.mountstats import MountInfo
+from lmzfs.mountinfo import Mount
 from lmzfs.store.add import add_model
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.testing.mount import mounted, unmount_and_stop
@@ -81,17 +81,16 @@ def lmzfs_mounted(path: Path) -> bool:
 
 def test_flags_beat_the_environment_which_beats_the_config_which_beats_the_defaults(config, tmp_path, monkeypatch):
     path = config('store = "/cfg/store"\nmountpoint = "/cfg/mnt"\ncache_size = "512M"\nworkers = 3\n'
-                  'allow_other = true\nreadahead = false\ndecoder = "thread"\n')
+                  'allow_other = true\nreadahead = false\n')
     s = resolve()
-    assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead, s.decoder) == \
-        (Path("/cfg/store"), Path("/cfg/mnt"), 512 << 20, 3, True, False, "thread")
+    assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead) == \
+        (Path("/cfg/store"), Path("/cfg/mnt"), 512 << 20, 3, True, False)
     assert set(s.sources.values()) == {"config"} and s.config_file == path
     monkeypatch.setenv("LMZ_STORE", "/env/store")
     s = resolve()
     assert s.store == Path("/env/store") and s.sources["store"] == "env"
     s = resolve(store="/flag/store", mountpoint="/flag/mnt", cache_size=1 << 20, workers=1, allow_other=False,
-                readahead=True, decoder="process")
-    assert s.decoder == "process"
+                readahead=True)
     assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead) == \
         (Path("/flag/store"), Path("/flag/mnt"), 1 << 20, 1, False, True)
     assert set(s.sources.values()) == {"flag"}
@@ -100,7 +99,6 @@ def test_flags_beat_the_environment_which_beats_the_config_which_beats_the_defau
     s = resolve()
     assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead) == \
         (Path.home() / ".local/share/lmzfs", None, default_cache_size(), None, False, True)
-    assert s.decoder == "auto"
     assert set(s.sources.values()) == {"default"}
 
 
@@ -143,7 +141,7 @@ def test_cache_size_takes_bytes_or_a_size_string(config):
     ("workers = true\n", "'workers': must be an integer"),
     ("allow_other = 'yes'\n", "'allow_other': must be true or false"),
     ("readahead = 1\n", "'readahead': must be true or false"),
-    ("decoder = 'gpu'\n", "'decoder': must be one of"),
+    ("decoder = 'thread'\n", "'decoder': removed: chunks are always decoded in threads"),
     ("store = \n", "not valid TOML"),
 ])
 def test_each_bad_config_is_an_error_naming_the_file_the_key_and_the_reason(config, text, reason):
@@ -427,16 +425,10 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     assert doc["settings"]["cache_size"] == {"value": default_cache_size(), "source": "default"}
 
 
-def test_doctor_shows_the_default_worker_count_of_the_configured_decoder(fresh_store, capsys, no_other_mounts,
-                                                                       tmp_path, monkeypatch):
+def test_doctor_shows_the_default_worker_count(fresh_store, capsys, no_other_mounts):
     from lmzfs.hostresources import usable_cpus
     status, out = doctor(capsys, fresh_store.root)
     assert re.search(rf"^  workers +usable CPUs \({usable_cpus()}\) +\(default\)$", out, re.M), out
-    conf = tmp_path / "process.toml"
-    conf.write_text('decoder = "process"\n')
-    monkeypatch.setenv("LMZ_CONFIG", str(conf))
-    status, out = doctor(capsys, fresh_store.root)
-    assert re.search(rf"^  workers +2 per usable CPU \({2 * usable_cpus()}\) +\(default\)$", out, re.M), out
 
 
 def test_doctor_names_a_deleted_pack_and_exits_1(fresh_store, capsys, no_other_mounts):
@@ -528,12 +520,12 @@ def test_lmz_stats_reports_bytes_served_equal_to_what_was_read(small_store, mnt,
         assert lmz(["stats"]) == 0                     # the only lmzfs mount
         out = capsys.readouterr().out
         assert f"lmzfs mount {mnt}" in out and f"({read} bytes)" in out and "cache       hit rate" in out
-        assert "s of decoding" in out and "in thread decoders" in out
+        assert "s of decoding" in out
         assert re.search(r"up \d+s\)", out)
 
 
 def test_lmz_stats_asks_which_mount_when_there_are_several_or_none(monkeypatch, tmp_path, capsys):
-    two = [MountInfo(tmp_path / "a", "lmzfs", "ro"), MountInfo(tmp_path / "b", "lmzfs", "ro")]
+    two = [Mount(tmp_path / "a", "0:50", "ro", "fuse.lmzfs", "lmzfs"), Mount(tmp_path / "b", "0:51", "ro", "fuse.lmzfs", "lmzfs")]
     monkeypatch.setattr("lmzfs.mountstats.lmzfs_mounts", lambda *a: two)
     assert lmz(["stats"]) == 2 and "several lmzfs mounts" in capsys.readouterr().err
     monkeypatch.setattr("lmzfs.mountstats.lmzfs_mounts", lambda *a: [])

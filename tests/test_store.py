@@ -96,7 +96,7 @@ def test_a_2000_random_preads_equal_the_original(model_dir, store_dir):
                     off = rng.randrange(0, e.size + 10)
                     n = rng.choice([1, 7, 4096, 131072, 1 << 20, 3 << 20])
                     assert r.pread(off, n) == original[off:off + n]
-        assert archive.cache.size_bytes <= 8 << 20
+        assert archive.source.cache.size_bytes <= 8 << 20
     finally:
         archive.close()
 

@@ -218,7 +218,7 @@ def decode_segments_from(read: Callable[[int, int], Buffer], length: int, size: 
     first = _as_bytes_view(read(0, min(length, max(head, 4 + 2 * VARINT_MAX_BYTES))))   # the header's varints
     _, codec_id, psize, pos, plen = _header_fields(first)
     codec = REGISTRY[codec_id]
-    if not isinstance(codec, FloatSegCodec):
+    if not codec.part_bytes:
         return None
     if psize != size:
         raise CodecError(f"payload records plain size {psize}, expected {size}")
@@ -228,11 +228,5 @@ def decode_segments_from(read: Callable[[int, int], Buffer], length: int, size: 
         first = _as_bytes_view(read(0, pos + plen))
     if len(first) < pos + plen:
         raise CodecError("truncated payload: params cut short")
-    body_len = length - pos - plen
-    lay = codec.layout(first[pos:pos + plen], body_len, size)
-    segs = codec.touched(lay, size, lo, hi)
-    start, stop = codec.span(lay, segs, body_len)
-    piece = _as_bytes_view(read(pos + plen + start, stop - start))
-    if len(piece) != stop - start:
-        raise CodecError("truncated payload: a segment's body is cut short")
-    return codec.decode_span(lay, piece, start, segs, body_len)
+    body = pos + plen
+    return codec.decode_parts(first[pos:body], lambda a, n: read(body + a, n), length - body, size, lo, hi)

@@ -29,6 +29,10 @@ class ChunkHint:
 
 Buffer = bytes | bytearray | memoryview
 
+# Plain bytes that zstd and plain copies decode in about the time a thread hop takes on one core,
+# the usual cheap_bytes of a codec without an entropy coder of our own.
+THREAD_HOP_BYTES = 256 << 10
+
 
 class Codec(ABC):
     """One reversible transform of a chunk's bytes.
@@ -40,10 +44,14 @@ class Codec(ABC):
 
     id: int
     name: str
-    # Decodes at hundreds of MB/s or more on one core (zstd and plain copies, no entropy coder of
-    # our own): a small chunk of it decodes faster than a thread hop, so a reader may decode it
-    # on an event loop (lmzfs/reader/filereader.py, QUICK_BYTES).
-    quick: bool = False
+    # What a reader may ask of the codec, so that the read path never names one:
+    # cheap_bytes: decoding up to this many plain bytes of a chunk (all of a chunk that small, or
+    # the parts a small read touches) takes about as long as handing the work to a thread and
+    # back, so a reader may do it on an event loop; 0: never cheap (an entropy coder of our own).
+    cheap_bytes: int = 0
+    # part_bytes: > 0 if a chunk decodes in parts of this many plain bytes, each on its own and
+    # checked on its own (decode_parts); 0: only whole chunks decode.
+    part_bytes: int = 0
 
     @abstractmethod
     def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
@@ -61,6 +69,13 @@ class Codec(ABC):
         byte-format memoryview of the array it decoded into) instead of a copy of it as bytes:
         for a reader that needs a few of them now and the copy later (lmzfs/reader/filereader.py)."""
         return self.decode(params, body, size, check=check)
+
+    def decode_parts(self, params: Buffer, read_body, body_len: int, size: int, lo: int,
+                     hi: int) -> list[tuple[int, bytes]]:
+        """(start, plain bytes) of each part that plain bytes [lo, hi) of the chunk touch, each
+        checked against its own checksum, reading only the body bytes they need through
+        read_body(start, n); for codecs with part_bytes > 0 only."""
+        raise NotImplementedError(f"{self.name} decodes whole chunks only")
 
     def __repr__(self) -> str:
         return f"<codec {self.name} id={self.id}>"

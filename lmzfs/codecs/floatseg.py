@@ -48,6 +48,8 @@ class Layout:
 class FloatSegCodec(Codec):
     id = 6
     name = "floatseg"
+    # a chunk decodes a segment at a time, and one segment takes about a thread hop's time
+    part_bytes = cheap_bytes = 1 << SEGMENT_LOG
 
     def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
         fmt, u, n, tail, _ = fs.split_elements(data, hint)
@@ -134,6 +136,16 @@ class FloatSegCodec(Codec):
                 if zlib.crc32(memoryview(out)[s.first * width:stop]) != s.crc:
                     raise CodecError(f"floatseg: checksum mismatch in segment {s.index}")
         return out
+
+    def decode_parts(self, params: Buffer, read_body, body_len: int, size: int, lo: int,
+                     hi: int) -> list[tuple[int, bytes]]:
+        lay = self.layout(params, body_len, size)
+        segs = self.touched(lay, size, lo, hi)
+        start, stop = self.span(lay, segs, body_len)
+        piece = memoryview(read_body(start, stop - start))
+        if len(piece) != stop - start:
+            raise CodecError("truncated payload: a segment's body is cut short")
+        return self.decode_span(lay, piece, start, segs, body_len)
 
     @staticmethod
     def touched(lay: Layout, size: int, lo: int, hi: int) -> list[Segment]:

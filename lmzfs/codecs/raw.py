@@ -1,13 +1,13 @@
 """Codec 0, ``raw``: the body is the data itself, params are empty."""
 from __future__ import annotations
 
-from .base import Buffer, ChunkHint, Codec, CodecError
+from .base import THREAD_HOP_BYTES, Buffer, ChunkHint, Codec, CodecError
 
 
 class RawCodec(Codec):
     id = 0
     name = "raw"
-    quick = True
+    cheap_bytes = THREAD_HOP_BYTES
 
     def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
         return b"", bytes(data)

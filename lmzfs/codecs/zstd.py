@@ -14,7 +14,7 @@ import threading
 
 import zstandard
 
-from .base import Buffer, ChunkHint, Codec, CodecError
+from .base import THREAD_HOP_BYTES, Buffer, ChunkHint, Codec, CodecError
 
 DEFAULT_LEVEL = 3
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -81,7 +81,7 @@ def decompress(frame: Buffer, size: int, what: str = "zstd") -> bytes:
 class ZstdCodec(Codec):
     id = 1
     name = "zstd"
-    quick = True
+    cheap_bytes = THREAD_HOP_BYTES
 
     def __init__(self, level: int = DEFAULT_LEVEL):
         self.level = level

@@ -24,8 +24,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-bytes", type=int, default=None,
                         help="decoded-chunk cache size (default: 1/8 of the usable memory, 32 MiB to 256 MiB)")
     parser.add_argument("--workers", type=int, default=None, help="read threads (default: the usable CPUs)")
-    parser.add_argument("--decoder", choices=("auto", "thread", "process"), default="auto",
-                        help="decode in threads or worker processes (auto: threads, see docs/results.md)")
     parser.add_argument("--no-readahead", dest="readahead", action="store_false",
                         help="decode only what is read, nothing ahead of sequential readers")
     parser.add_argument("--debug", action="store_true", help="log every detail")
@@ -46,12 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.foreground:
         return mount(mountpoint, store_dir, foreground=False, allow_other=args.allow_other,
                      cache_bytes=args.cache_bytes, workers=args.workers, archive_factory=args.archive_factory,
-                     readahead=args.readahead, decoder=args.decoder)
+                     readahead=args.readahead)
     if args.ready_fd is not None:
         os.chdir("/")     # a background server must not keep the launcher's directory busy
     return serve(mountpoint, store_dir, allow_other=args.allow_other, cache_bytes=args.cache_bytes,
                  workers=args.workers, archive_factory=args.archive_factory, ready_fd=args.ready_fd,
-                 readahead=args.readahead, decoder=args.decoder)
+                 readahead=args.readahead)
 
 
 if __name__ == "__main__":

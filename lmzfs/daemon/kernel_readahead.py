@@ -13,23 +13,19 @@ import logging
 import os
 from pathlib import Path
 
+from lmzfs.mountinfo import mounts
+
 log = logging.getLogger(__name__)
 
 DEFAULT_READAHEAD_KB = 1024
 
 
 def device_of_mount(mountpoint: str | os.PathLike) -> str | None:
-    """"major:minor" of the mount at *mountpoint*, read from mountinfo (a stat of the mountpoint
-    from the serving process itself would wait on its own, not yet running, request loop)."""
-    from lmzfs.daemon.mount import _unescape_mountinfo
-    target = os.path.abspath(mountpoint)
-    found = None
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            fields = line.split()
-            if len(fields) > 4 and _unescape_mountinfo(fields[4]) == target:
-                found = fields[2]       # the last match is the topmost mount there
-    return found
+    """"major:minor" of the mount at *mountpoint*, from mountinfo (a stat of the mountpoint from
+    the serving process itself would wait on its own, not yet running, request loop)."""
+    target = Path(os.path.abspath(mountpoint))
+    found = [m.device for m in mounts() if m.mountpoint == target]
+    return found[-1] if found else None     # the last match is the topmost mount there
 
 
 def raise_kernel_readahead(mountpoint: str | os.PathLike, kb: int = DEFAULT_READAHEAD_KB) -> bool:

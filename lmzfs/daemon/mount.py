@@ -19,6 +19,7 @@ from pathlib import Path
 
 from lmzfs.daemon.kernel_readahead import raise_kernel_readahead
 from lmzfs.hostresources import MAX_CACHE
+from lmzfs.mountinfo import is_mount_point
 
 log = logging.getLogger(__name__)
 
@@ -33,32 +34,9 @@ class MountError(Exception):
 
 
 def resolve_store_dir(store: str | os.PathLike | None = None) -> Path:
-    """``--store DIR``, else ``$LMZ_STORE``, else ``~/.local/share/lmzfs``."""
-    if store:
-        return Path(store).expanduser()
-    if os.environ.get("LMZ_STORE"):
-        return Path(os.environ["LMZ_STORE"]).expanduser()
-    return Path.home() / ".local" / "share" / "lmzfs"
-
-
-def _unescape_mountinfo(field: str) -> str:
-    # The kernel writes space, tab, newline and backslash in paths as octal escapes.
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
-
-
-def mount_points() -> set[str]:
-    """Every mount point of this process's namespace, read from /proc/self/mountinfo (which,
-    unlike stat, never blocks on a hung FUSE daemon)."""
-    with open("/proc/self/mountinfo") as mountinfo:
-        return {_unescape_mountinfo(line.split()[4]) for line in mountinfo if line.strip()}
-
-
-def is_mount_point(path: str | os.PathLike) -> bool:
-    path = os.path.abspath(path)
-    points = mount_points()
-    return path in points or os.path.realpath(path) in points
+    """``--store DIR``, else the default store (store/layout.py: ``$LMZ_STORE`` or the user's)."""
+    from lmzfs.store.layout import default_store_dir
+    return Path(store).expanduser() if store else default_store_dir().expanduser()
 
 
 def check_mountpoint(mountpoint: Path) -> None:
@@ -95,16 +73,9 @@ def _factory_spec(factory) -> str:
     return spec
 
 
-def resolve_decoder(decoder: str) -> str:
-    """What "auto" means, decided by measurement (docs/results.md): threads, for now. On the
-    2-core reference host worker processes decoded a cold sequential read more slowly than
-    threads (IPC and an extra copy per chunk outweighed the GIL), so they stay opt-in."""
-    return "thread" if decoder == "auto" else decoder
-
-
-def _default_factory(store_dir: Path, cache_bytes: int, workers: int | None = None, decoder: str = "thread"):
+def _default_factory(store_dir: Path, cache_bytes: int, workers: int | None = None):
     from lmzfs.reader.archive import Archive
-    return Archive(store_dir, cache_bytes=cache_bytes, workers=workers, decoder=decoder)
+    return Archive(store_dir, cache_bytes=cache_bytes, workers=workers)
 
 
 def configure_logging(debug: bool = False) -> None:
@@ -132,7 +103,7 @@ def _write_ready(ready_fd: int | None, message: str) -> None:
 
 def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache_bytes: int = MAX_CACHE,
           workers: int | None = None, archive_factory=None, ready_fd: int | None = None,
-          readahead: bool = True, notifier=None, decoder: str = "auto") -> int:
+          readahead: bool = True, notifier=None) -> int:
     """Mount and serve in this process until unmounted or sent SIGTERM/SIGINT.
 
     If *ready_fd* is given, one line goes to it once the mount is live ("ready") or has failed
@@ -146,7 +117,6 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
 
     from lmzfs.daemon.notify import Notifier
     from lmzfs.daemon.operations import LmzOperations
-    from lmzfs.reader.decodepool import WorkerStartError
     from lmzfs.store.layout import StoreError
 
     notifier = notifier or Notifier()
@@ -158,15 +128,11 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
         factory = archive_factory or _default_factory
         if isinstance(factory, str):
             factory = _load_factory(factory)
-        archive = factory(store_dir, cache_bytes, workers if readahead else 0, decoder=resolve_decoder(decoder))
+        archive = factory(store_dir, cache_bytes, workers if readahead else 0)
     except (MountError, StoreError) as exc:       # no store, unknown format, unreadable catalog
         _report(str(exc))
         _write_ready(ready_fd, f"error {USAGE_ERROR} {exc}")
         return USAGE_ERROR
-    except WorkerStartError as exc:               # --decoder process, and a worker would not start
-        _report(str(exc))
-        _write_ready(ready_fd, f"error 1 {exc}")
-        return 1
     except Exception as exc:
         log.exception("cannot open the store at %s", store_dir)
         _write_ready(ready_fd, f"error 1 cannot open the store at {store_dir}: {exc}")
@@ -284,7 +250,7 @@ async def _when_initialised(ops, mountpoint, announce_ready, widened=None) -> No
 # -- the public entry points ------------------------------------------------------------------
 
 def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: bool, cache_bytes: int,
-          workers: int | None = None, archive_factory=None, readahead: bool = True, decoder: str = "auto") -> int:
+          workers: int | None = None, archive_factory=None, readahead: bool = True) -> int:
     """Mount the store at *mountpoint*; returns an exit status.
 
     In the foreground this serves until unmounted (call it only from a process that does nothing
@@ -294,7 +260,7 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     if foreground:
         return serve(mountpoint, store_dir, allow_other=allow_other, cache_bytes=cache_bytes,
-                     workers=workers, archive_factory=archive_factory, readahead=readahead, decoder=decoder)
+                     workers=workers, archive_factory=archive_factory, readahead=readahead)
     try:
         check_mountpoint(mountpoint)
         check_store(store_dir)
@@ -309,7 +275,6 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
         argv += ["--workers", str(workers)]
     if not readahead:
         argv.append("--no-readahead")
-    argv += ["--decoder", decoder]
     if archive_factory is not None:
         argv += ["--archive-factory", _factory_spec(archive_factory)]
     return _launch(argv, mountpoint, store_dir / LOG_NAME)

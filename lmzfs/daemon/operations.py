@@ -83,8 +83,7 @@ class _BytesReader:
     def pread(self, offset: int, length: int) -> bytes:
         return self._data[offset:offset + length]
 
-    def pread_cached(self, offset: int, length: int, *, decode_quick: bool = False,
-                     decode_lone: bool = False) -> bytes:
+    def pread_nowait(self, offset: int, length: int, *, idle: bool = False) -> bytes:
         return self.pread(offset, length)
 
     def close(self) -> None:
@@ -283,11 +282,10 @@ class LmzOperations(pyfuse3.Operations):
         handle = self._files.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        # Chunks already decoded (by an earlier read or by read-ahead) are served right here, and so
-        # is one small chunk of a quick codec: a thread hop costs more than either. So is a lone
-        # read's miss while nothing else is being read (see _alone).
+        # What is decoded already, or cheap to decode, is served right here: a thread hop costs
+        # more. So is a lone read's miss while nothing else is being read (see _alone).
         try:
-            data = handle.reader.pread_cached(off, size, decode_quick=True, decode_lone=self._alone(fh))
+            data = handle.reader.pread_nowait(off, size, idle=self._alone(fh))
             if data is not None:
                 self._counters["reads_inline"] += 1
                 return data

@@ -20,11 +20,15 @@ class StoreError(RuntimeError):
     """A user-facing failure of a store operation; the CLI prints its message, without a traceback."""
 
 
-def default_store_dir() -> Path:
-    env = os.environ.get("LMZ_STORE")
-    if env:
-        return Path(env)
+def user_store_dir() -> Path:
+    """The store a user gets when nothing names another."""
     return Path.home() / ".local" / "share" / "lmzfs"
+
+
+def default_store_dir() -> Path:
+    """$LMZ_STORE, else the user's store."""
+    env = os.environ.get("LMZ_STORE")
+    return Path(env) if env else user_store_dir()
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,16 @@ class StorePaths:
 
     def pack(self, pack_id: int) -> Path:
         return self.packs / f"pack-{pack_id:08d}.lmzp"
+
+    def disk_bytes(self) -> int:
+        """Bytes on disk of the packs and the catalog (a pack that gc removes meanwhile counts 0)."""
+        total = 0
+        for p in [*self.packs.glob("pack-*.lmzp"), *self.root.glob("catalog.sqlite*")]:
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
 
     def exists(self) -> bool:
         return self.format_file.is_file()

@@ -43,6 +43,15 @@ class PackDescriptors:
                 raise CorruptChunk(f"cannot open pack: {exc}") from exc
         return out
 
+    def held(self, pack_id: int) -> int | None:
+        """The descriptor of a pack some holder holds, or None."""
+        with self._lock:
+            return self._fds.get(pack_id)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._fds)
+
     def release(self, fds: dict[int, int]) -> None:
         with self._lock:
             self._release_locked(fds)

@@ -33,7 +33,7 @@ class _FakeFile:
     data: bytes
     # Offsets marked damaged; shared with open readers so damage shows up in them too.
     corrupt_offsets: set[int] = field(default_factory=set)
-    quick: bool = False            # pread_cached(decode_quick=True) serves it, as one quick chunk would
+    cheap: bool = False            # pread_nowait() serves it, as it would chunks cheap to decode
 
 
 class FakeFileReader:
@@ -44,7 +44,7 @@ class FakeFileReader:
         self._on_close = on_close
         self.size = fake_file.entry.size
         self.closed = False
-        self.lone_offered = False      # whether the latest pread_cached call had decode_lone
+        self.idle_offered = False      # whether the latest pread_nowait call had idle
 
     def pread(self, offset: int, length: int) -> bytes:
         if self.closed:
@@ -58,13 +58,12 @@ class FakeFileReader:
                 raise CorruptChunk(f"{entry.model}/{entry.path}: damaged chunk at offset {bad}")
         return self._file.data[offset:end]
 
-    def pread_cached(self, offset: int, length: int, *, decode_quick: bool = False,
-                     decode_lone: bool = False) -> bytes | None:
+    def pread_nowait(self, offset: int, length: int, *, idle: bool = False) -> bytes | None:
         """The fake keeps no decoded-chunk cache: every read takes the pread() path, except that
-        with decode_quick a file added with quick=True is read (and its damage raised) here, and
-        with decode_lone any file is (its reads count as lone misses)."""
-        self.lone_offered = decode_lone
-        return self.pread(offset, length) if (decode_quick and self._file.quick) or decode_lone else None
+        a file added with cheap=True is read (and its damage raised) here, and with idle any
+        file is (its reads count as lone misses)."""
+        self.idle_offered = idle
+        return self.pread(offset, length) if self._file.cheap or idle else None
 
     def close(self) -> None:
         if not self.closed:
@@ -85,8 +84,8 @@ class FakeArchive:
     # -- building the fake store ------------------------------------------------------------
 
     def add(self, model: str, path: str, data: bytes, mtime: float = DEFAULT_MTIME,
-            codecs: str = "zstd", quick: bool = False) -> FileEntry:
-        """Add (or replace) one file of a model; quick: serve it as chunks of a quick codec."""
+            codecs: str = "zstd", cheap: bool = False) -> FileEntry:
+        """Add (or replace) one file of a model; cheap: serve it as chunks cheap to decode."""
         data = bytes(data)
         entry = FileEntry(
             model=model, path=path, size=len(data), mtime=float(mtime),
@@ -94,7 +93,7 @@ class FakeArchive:
             file_id=self._next_file_id,
         )
         self._next_file_id += 1
-        self._files[(model, path)] = _FakeFile(entry, data, quick=quick)
+        self._files[(model, path)] = _FakeFile(entry, data, cheap=cheap)
         self._generation += 1
         return entry
 
@@ -165,7 +164,7 @@ class FakeArchive:
             manifest.append({
                 "model": f.entry.model, "path": f.entry.path, "mtime": f.entry.mtime,
                 "codecs": f.entry.codecs, "sha256": f.entry.sha256,
-                "corrupt_offsets": sorted(f.corrupt_offsets), "quick": f.quick,
+                "corrupt_offsets": sorted(f.corrupt_offsets), "cheap": f.cheap,
             })
         # Written to a temporary name and renamed, so a reader never sees half a manifest.
         fd, tmp = tempfile.mkstemp(dir=root, prefix=".manifest.")
@@ -178,7 +177,7 @@ class FakeArchive:
         self._files = {}
         for item in manifest:
             entry = self.add(item["model"], item["path"], (root / "blobs" / item["sha256"]).read_bytes(),
-                             mtime=item["mtime"], codecs=item["codecs"], quick=item.get("quick", False))
+                             mtime=item["mtime"], codecs=item["codecs"], cheap=item.get("cheap", False))
             self._files[(entry.model, entry.path)].corrupt_offsets.update(item["corrupt_offsets"])
 
 
@@ -203,7 +202,6 @@ class SavedFakeArchive(FakeArchive):
         return self._generation
 
 
-def open_saved(store_dir: Path, cache_bytes: int = 0, workers: int | None = None,
-               decoder: str = "thread") -> SavedFakeArchive:
+def open_saved(store_dir: Path, cache_bytes: int = 0, workers: int | None = None) -> SavedFakeArchive:
     """An ``archive_factory`` for the daemon: serve the FakeArchive saved under *store_dir*."""
     return SavedFakeArchive(store_dir)

@@ -1,4 +1,5 @@
-"""Counters a running mount reports (`lmz stats`, /.lmzfs/stats.json)."""
+"""Counters of the read path that a running mount reports (`lmz stats`, /.lmzfs/stats.json):
+the chunk source counts decodes, the readers count reads and read-ahead, into one ReadCounters."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +8,7 @@ from dataclasses import dataclass, field, fields
 
 
 @dataclass
-class ReaderStats:
+class ReadCounters:
     started: float = field(default_factory=time.time)
     reads: int = 0
     bytes_served: int = 0

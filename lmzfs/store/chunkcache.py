@@ -3,6 +3,9 @@
 A chunk that one thread is decoding is awaited by the others, never decoded twice. A chunk can
 also be lent: its loader's buffer goes to the one caller that needs a few of its bytes at once,
 and the copy into the cache (settle) follows on another thread while the others wait for it.
+
+The byte budget holds at every instant: what a value needs is evicted before it goes in, and the
+cache records the most it ever held (peak_bytes), which tests and stats read.
 """
 from __future__ import annotations
 
@@ -38,11 +41,17 @@ class ChunkCache:
         self._items: OrderedDict[bytes, bytes] = OrderedDict()
         self._inflight: dict[bytes, _InFlight] = {}
         self._bytes = 0
+        self._peak = 0
         self.stats = CacheStats()
 
     @property
     def size_bytes(self) -> int:
         return self._bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes the cache has held at any instant."""
+        return self._peak
 
     def _hit_locked(self, key: bytes) -> bytes | None:
         value = self._items.get(key)
@@ -134,11 +143,12 @@ class ChunkCache:
             old = self._items.pop(key, None)
             if old is not None:
                 self._bytes -= len(old)
-            self._items[key] = value
-            self._bytes += len(value)
-            while self._bytes > self.capacity:
+            while self._bytes + len(value) > self.capacity:
                 _, evicted = self._items.popitem(last=False)
                 self._bytes -= len(evicted)
+            self._items[key] = value
+            self._bytes += len(value)
+            self._peak = max(self._peak, self._bytes)
 
     def put(self, key: bytes, value: bytes) -> None:
         """Cache a value decoded along with another (not awaited by anyone)."""

@@ -1,0 +1,233 @@
+"""The one way the read path gets a chunk's plain bytes: chunk in, checked bytes out.
+
+A ChunkSource belongs to one store and is shared by every open file of it. It owns what turns a
+catalog row (an Extent) into plain bytes: the pack descriptors (opened once, shared, released
+when no open file needs them), the decode (store/chunkread.py, which checks every byte it hands
+out), and the decoded-chunk cache (store/chunkcache.py), under which a chunk is decoded once
+however many readers wait for it. Callers ask for a byte range of a chunk and say whether the
+read is lone (it continues no stream: then only the parts it touches are decoded, for a codec
+that decodes in parts, or its chunk is lent: the read is answered before the chunk is copied
+into the cache). What a codec can do (decode in parts, decode cheaply) it states through its
+interface (codecs/base.py); nothing here depends on which codec a chunk has.
+
+Where chains and writes plug in: a chunk coded against a reference resolves the reference
+through `read` (so a reference shared by many chunks is decoded once and cached), and a writable
+mount puts its unflushed bytes in front of this source.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from lmzfs.codecs import by_name
+from lmzfs.codecs.base import Buffer, Codec
+from lmzfs.counters import ReadCounters
+from lmzfs.errors import CorruptChunk
+from lmzfs.store.catalog import Extent
+from lmzfs.store.chunkcache import ChunkCache
+from lmzfs.store.chunkread import read_chunk, read_chunk_segments
+from lmzfs.store.layout import StorePaths
+from lmzfs.store.packfds import PackDescriptors
+
+
+class _NotInParts(Exception):
+    """The chunk's parts are not where its codec said they would be: decode all of it instead."""
+
+
+def _part_key(e: Extent, start: int) -> bytes:
+    return e.chunk_id + start.to_bytes(4, "little")     # 36 bytes: never a chunk id (32)
+
+
+def _codec(e: Extent) -> Codec | None:
+    try:
+        return by_name(e.codec)
+    except KeyError:            # an unknown codec: decoding the payload reports it
+        return None
+
+
+@dataclass(frozen=True)
+class PackHold:
+    """The pack descriptors an open file holds while it is open (ChunkSource.hold/release)."""
+    fds: dict[int, int]
+
+
+class ChunkSource:
+    """Thread-safe. `check_ids` also checks every chunk against its SHA-256 id (`lmz verify`)."""
+
+    def __init__(self, store: StorePaths, cache_bytes: int, *, check_ids: bool = False,
+                 counters: ReadCounters | None = None):
+        self.cache = ChunkCache(cache_bytes)
+        self.counters = counters if counters is not None else ReadCounters()
+        self._check_ids = check_ids
+        self._packs = PackDescriptors(store)
+        # copies lent chunks into the cache once their reads are answered (see _lent)
+        self._settler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmz-settle")
+
+    # -- pack descriptors --------------------------------------------------------------------------
+    def hold(self, extents: list[Extent]) -> PackHold:
+        """Open (or share) the packs these chunks live in, for as long as the caller reads them:
+        a descriptor stays valid after `lmz gc` unlinks its pack. Pair with release()."""
+        return PackHold(self._packs.acquire({e.location.pack for e in extents}))
+
+    def release(self, hold: PackHold) -> None:
+        self._packs.release(hold.fds)
+
+    def open_packs(self) -> int:
+        """How many pack descriptors are open now (each shared by every file that needs it)."""
+        return len(self._packs)
+
+    def _fd(self, e: Extent) -> int:
+        fd = self._packs.held(e.location.pack)
+        if fd is None:
+            raise CorruptChunk(f"chunk {e.chunk_id.hex()[:16]}: pack {e.location.pack} is not held by any open file")
+        return fd
+
+    # -- decoding ----------------------------------------------------------------------------------
+    @contextmanager
+    def _counted(self) -> Iterator[None]:
+        try:
+            yield
+        except CorruptChunk:
+            self.counters.add(corrupt_chunks=1)
+            raise
+
+    def _decode(self, e: Extent, copy: bool = True) -> Buffer:
+        t0 = time.perf_counter()
+        with self._counted():
+            data = read_chunk(self._fd(e), e, check_id=self._check_ids, copy=copy)
+        self.counters.add(chunks_decoded=1, bytes_decoded=e.size, decode_seconds=time.perf_counter() - t0)
+        return data
+
+    def _decode_parts(self, e: Extent, starts: range, step: int) -> bytes:
+        """Decode the parts at these plain starts of the chunk together, checked; cache all but
+        the first, which is returned (the cache stores it under the caller's key)."""
+        t0 = time.perf_counter()
+        with self._counted():
+            got = read_chunk_segments(self._fd(e), e, starts[0], starts[-1] + 1)
+        if got is None or [(a, len(d)) for a, d in got] != [(a, min(step, e.size - a)) for a in starts]:
+            raise _NotInParts
+        self.counters.add(segments_decoded=len(got), bytes_decoded=sum(len(d) for _, d in got),
+                          decode_seconds=time.perf_counter() - t0)
+        for a, data in got[1:]:
+            self.cache.put(_part_key(e, a), data)
+        return got[0][1]
+
+    def _part_starts(self, e: Extent, lo: int, hi: int) -> tuple[range, int] | None:
+        """(plain starts of the parts [lo, hi) touches, the part size), or None if the codec
+        decodes whole chunks only or the range touches every part."""
+        codec = _codec(e)
+        step = codec.part_bytes if codec is not None else 0
+        if not step or e.size <= step:
+            return None
+        starts = range(lo - lo % step, hi, step)
+        return (starts, step) if len(starts) < -(-e.size // step) else None
+
+    def _from_parts(self, e: Extent, lo: int, hi: int, parts: list[tuple[int, bytes]]) -> Buffer:
+        if len(parts) == 1:
+            a, data = parts[0]
+            return memoryview(data)[lo - a:hi - a]
+        return b"".join(memoryview(d)[max(lo, a) - a:min(hi, a + len(d)) - a] for a, d in parts)
+
+    def peek(self, e: Extent, lo: int, hi: int) -> Buffer | None:
+        """read()'s bytes if they are cached (the chunk, or the parts the range needs), else None;
+        never decodes, never waits."""
+        data = self.cache.peek(e.chunk_id)
+        if data is not None:
+            return memoryview(data)[lo:hi]
+        found = self._part_starts(e, lo, hi)
+        if found is None:
+            return None
+        parts = [(a, self.cache.peek(_part_key(e, a))) for a in found[0]]
+        return None if any(d is None for _, d in parts) else self._from_parts(e, lo, hi, parts)
+
+    def _lent(self, e: Extent, lo: int, hi: int) -> bytes:
+        """[lo, hi) of a chunk for a lone read that misses: answered from the decoded array once
+        it is checked, before the chunk is copied into the cache, which the settle thread does
+        meanwhile (ChunkCache.lend); the copy into memory the process never used before pays a
+        page fault per 4 KiB, which the read need not wait for."""
+        data, settle = self.cache.lend(e.chunk_id, lambda: self._decode(e, copy=False))
+        if settle is not None and isinstance(data, bytes):
+            settle()                # already bytes (the codec has no array of its own): no copy to defer
+            settle = None
+        try:
+            with memoryview(data) as view:
+                return view[lo:hi].tobytes()
+        finally:
+            if settle is not None:
+                try:
+                    self._settler.submit(settle)
+                except RuntimeError:        # closing: nobody waits long for a closing source
+                    settle()
+
+    # -- what callers ask --------------------------------------------------------------------------
+    def read(self, e: Extent, lo: int, hi: int, *, lone: bool = False) -> Buffer:
+        """Plain bytes [lo, hi) of the chunk (bytes, or a view of cached bytes), checked; waits
+        for a decode another thread has started. CorruptChunk (EIO) if the chunk is damaged."""
+        if not 0 <= lo < hi <= e.size:
+            raise ValueError(f"range {lo}..{hi} outside the chunk's {e.size} bytes")
+        data = self.cache.peek(e.chunk_id)
+        if data is not None:
+            return memoryview(data)[lo:hi]
+        if lone:
+            found = self._part_starts(e, lo, hi)
+            if found is not None and e.chunk_id not in self.cache:
+                starts, step = found
+                try:
+                    parts = [(a, self.cache.get(_part_key(e, a), lambda a=a: self._decode_parts(
+                        e, range(a, starts.stop, step), step))) for a in starts]
+                    return self._from_parts(e, lo, hi, parts)
+                except _NotInParts:
+                    pass
+            elif found is None:
+                return self._lent(e, lo, hi)
+        return memoryview(self.cache.get(e.chunk_id, lambda: self._decode(e)))[lo:hi]
+
+    def read_nowait(self, e: Extent, lo: int, hi: int, *, lone: bool = False,
+                    idle: bool = False) -> Buffer | None:
+        """read()'s bytes if they are cached, or cheap to make (what the codec says it decodes
+        in about a thread hop's time), or with idle (the caller has nothing else to do, and a
+        lone read) made here whatever they cost; else None. Never waits for another thread."""
+        data = self.peek(e, lo, hi)
+        if data is not None:
+            return data
+        if e.chunk_id in self.cache:
+            return None                     # another thread is decoding it
+        found = self._part_starts(e, lo, hi) if lone else None
+        if found is not None and any(_part_key(e, a) in self.cache for a in found[0]):
+            return None                     # one of its parts is being decoded
+        codec = _codec(e)
+        need = e.size if found is None else len(found[0]) * found[1]
+        if (codec is not None and need <= codec.cheap_bytes) or (idle and lone):
+            return self.read(e, lo, hi, lone=lone)
+        return None
+
+    def prefetch(self, e: Extent) -> bool:
+        """Decode the chunk into the cache unless it is there or on its way; True if decoded here."""
+        if e.chunk_id in self.cache:
+            return False
+        self.cache.get(e.chunk_id, lambda: self._decode(e))
+        return True
+
+    def is_cached(self, e: Extent) -> bool:
+        """The chunk is cached whole or being decoded."""
+        return e.chunk_id in self.cache
+
+    def discard(self, e: Extent) -> bool:
+        """Drop the chunk from the cache (its reader has it all); True if it was there."""
+        return self.cache.discard(e.chunk_id)
+
+    def wait_settled(self) -> None:
+        """Return once every chunk lent so far is in the cache (the settle thread runs in order)."""
+        try:
+            self._settler.submit(lambda: None).result()
+        except RuntimeError:
+            pass
+
+    def close(self) -> None:
+        self._settler.shutdown(wait=True)       # readers may wait for the chunks it settles
+        self._packs.close()
+        self.cache.clear()
+
