@@ -417,3 +417,30 @@ def test_a_default_add_uses_the_entropy_coded_codecs_and_fast_keeps_to_the_quick
     assert read_all(tmp_path / "seg")["seg/model.safetensors"] == (src / "model.safetensors").read_bytes()
     assert read_all(store_dir)["fast/model.safetensors"] == (src / "model.safetensors").read_bytes()
     assert read_all(tmp_path / "max")["max/model.safetensors"] == (src / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("reading", [False, True])
+def test_gc_cuts_a_dead_pack_tail_in_place_unless_a_reader_has_the_packs_open(tmp_path, reading):
+    store = StorePaths(tmp_path / "store")
+    a, b = small_model(tmp_path / "a", seed=41), small_model(tmp_path / "b", seed=42)
+    add_model(store, a, "a")
+    add_model(store, b, "b")           # appended after a's chunks, in the same pack
+    (pack,) = store.packs.glob("pack-*.lmzp")
+    inode = pack.stat().st_ino
+    remove_models(store, ["b"])
+    archive = Archive(store.root, workers=0) if reading else None
+    try:
+        result = collect_garbage(store)
+    finally:
+        if archive is not None:
+            archive.close()
+    assert result.reclaimed > 0
+    assert (result.packs_truncated, result.packs_rewritten) == ((0, 1) if reading else (1, 0))
+    (after,) = store.packs.glob("pack-*.lmzp")
+    assert (after.stat().st_ino == inode) == (not reading)     # a reader's descriptor keeps the old file whole
+    check = Archive(store.root, workers=0)
+    try:
+        with check.open(check.entry("a", "model.safetensors")) as r:
+            assert r.pread(0, r.size) == (a / "model.safetensors").read_bytes()
+    finally:
+        check.close()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
 from lmzfs.store.lock import WriterLock
+from lmzfs.store.packfds import packs_in_use
 from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation, PackDamaged, PackWriter, read_payload
 
 _PACK_NAME = re.compile(r"pack-(\d{8})\.lmzp$")
@@ -63,17 +64,21 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     result.chunks_dropped = db.execute("SELECT COUNT(*) FROM chunks WHERE refs <= 0").fetchone()[0]
     # Three remedies, cheapest first. A pack whose live records lie back to back from its header
     # has garbage only at its tail (an add that failed or was killed, dropped chunks appended
-    # last): it is truncated in place, which works even on a full disk. A pack with no live
-    # record is deleted. Any other pack with garbage is rewritten into a new pack.
+    # last): it is truncated in place, which works even on a full disk, unless a reader has the
+    # packs open (it may still read the tail: packfds.py). A pack with no live record is
+    # deleted. Any other pack with garbage is rewritten into a new pack.
     truncate: dict[int, int] = {}
     delete: list[int] = []
     rewrite: list[int] = []
+    in_use = packs_in_use(store)
     for pid, size in sorted(on_disk.items()):
         n, used, end = live.get(pid, (0, 0, 0))
         if n == 0:
             delete.append(pid)
         elif end == len(PACK_HEADER) + n * RECORD_HEADER.size + used:
-            if size > end:
+            if size > end and in_use:
+                rewrite.append(pid)
+            elif size > end:
                 truncate[pid] = end
         elif size != end or db.execute("SELECT 1 FROM chunks WHERE pack = ? AND refs <= 0 LIMIT 1", (pid,)).fetchone():
             rewrite.append(pid)

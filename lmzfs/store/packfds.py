@@ -2,9 +2,14 @@
 
 A descriptor stays valid after `lmz gc` unlinks its pack, so a reader that opened a file before
 a gc keeps reading the bytes it was promised; descriptors are released when no reader holds them.
+A pack is never cut short under a reader either: every PackDescriptors holds a shared flock(2)
+on the packs directory for as long as it is open, and gc truncates a pack in place only when it
+can take that lock exclusively (packs_in_use); otherwise it copies the pack's live records into
+a new pack, as for any other pack with garbage, and unlinks the old one.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 
@@ -19,6 +24,14 @@ class PackDescriptors:
         self._lock = threading.Lock()
         self._fds: dict[int, int] = {}
         self._holders: dict[int, int] = {}
+        self._lease: int | None = None
+        try:
+            self._lease = os.open(store.packs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fcntl.flock(self._lease, fcntl.LOCK_SH)
+        except OSError:             # no packs yet (an empty store): nothing to protect
+            if self._lease is not None:
+                os.close(self._lease)
+            self._lease = None
 
     def acquire(self, pack_ids: set[int]) -> dict[int, int]:
         """Open (or share) descriptors for these packs; pair with release()."""
@@ -69,3 +82,18 @@ class PackDescriptors:
                 os.close(fd)
             self._fds.clear()
             self._holders.clear()
+            if self._lease is not None:
+                os.close(self._lease)
+                self._lease = None
+
+
+def packs_in_use(store: StorePaths) -> bool:
+    """Whether some process has the store's packs open for reading (a mount, `lmz cat`)."""
+    fd = os.open(store.packs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)                # closing drops the lock if it was taken
+    return False
