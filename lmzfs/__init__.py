@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 import os as _os
 
 # lmzfs never multiplies matrices, but numpy's OpenBLAS starts a spinning thread per core on
-# import; on a 2-core host they took 10% of the CPU from the decoders. Only a default: a value
+# import; on a small host they take CPU from the decoders. Only a default: a value
 # the user set wins, and it has no effect if numpy was imported first.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
     _os.environ.setdefault(_var, "1")

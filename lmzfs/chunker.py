@@ -11,7 +11,7 @@ from lmzfs.formats.segments import FileLayout
 
 CHUNK_SIZE = 1 << 20     # plain bytes; a multiple of every element size, and small enough for random access
 # `lmz add --chunk-size` bounds: below 64 KiB per-chunk costs (tables, catalog rows) dominate;
-# 16 MiB is the decode workers' shared buffer
+# above 16 MiB a single miss would hold a reader (and the cache budget) for too long
 MIN_CHUNK_SIZE, MAX_CHUNK_SIZE = 64 << 10, 16 << 20
 # bytes per block of each block-quantised ggml type ("Q4_1" -> 20)
 BLOCK_BYTES = {t.name: t.type_size for t in GGML_TYPES.values() if t.block_size > 1}

@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(beats lmzip, ZipNN and zstd on every corpus file)")
     codecs.add_argument("--fast", dest="fast", action="store_true",
                         help="only zstd and byte grouping: a store a few points larger whose reads through "
-                             "the mount decode about twice as fast")
+                             "the mount decode faster (docs/results.md)")
     sp.set_defaults(fast=False)
     sp.add_argument("--chunk-size", type=parse_size, metavar="SIZE",
                     help="plain bytes per chunk, 64K to 16M (default 1M); smaller chunks make random "

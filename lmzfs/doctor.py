@@ -116,7 +116,7 @@ def check_versions(problems: list[str]) -> dict:
             out[name] = None
             problems.append(f"python package {name} is not installed (pip install lmzfs pulls it in)")
     out["libfuse"] = _fusermount_version(shutil.which("fusermount3"))
-    # Not a problem when missing (the numpy loop reads every store), but 3-5x slower to decode.
+    # Not a problem when missing (the numpy loop reads every store), but several times slower to decode.
     from lmzfs.codecs import tans
     out["tans_decoder"] = "compiled" if tans._loop is not None else "numpy (slower; a C compiler at install builds the loop)"
     if tans._loop is not None:      # the compiled loop's steps: AVX-512 where the CPU has it
@@ -251,7 +251,7 @@ def render(doc: dict) -> list[str]:
         old = store["chunks_checked_by_sha256"]
         lines.append("  checksums      " + ("every chunk read is checked by its XXH3-128" if not old else
                      f"{old} of {store['chunks']} chunk(s) were stored before lmzfs kept read checksums: reads "
-                     "check their SHA-256 instead (about 40% more CPU per chunk read); `lmz verify "
+                     "check their SHA-256 instead (more CPU per chunk read); `lmz verify "
                      "--record-checksums` records them"))
         packs = store["packs"]
         bad = len(packs["missing"]) + len(packs["damaged"])

@@ -2,7 +2,7 @@
 
 Every decode allocates and frees buffers of about a chunk (1 MiB): by default glibc serves those
 with fresh mmaps and unmaps them on free, so every chunk pays page faults and zeroing of new
-pages (measured: 25-30% of the decode throughput on astra, 2 threads). Keeping such buffers in the
+pages, a large part of the decode time. Keeping such buffers in the
 heap (mmap threshold 32 MiB, the most glibc allows) and letting up to 256 MiB of free heap stay
 mapped removes that; the heap still never grows past the process's peak use, which the cache
 budget bounds. No effect (and no error) on other C libraries, or when the user set MALLOC_*_.

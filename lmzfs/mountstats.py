@@ -99,7 +99,7 @@ def summary(mountpoint: Path, stats: dict, now: float | None = None) -> list[str
         f"{reader.get('readahead_hits', 0)} reads served from them, "
         f"{reader.get('chunks_released', 0)} chunks released once read, "
         f"{readahead.get('active_streams', 0)} active streams",
-        f"  reads       {daemon.get('reads_inline', 0)} on the event loop (decoded chunks, one quick decode, or a lone miss), "
+        f"  reads       {daemon.get('reads_inline', 0)} on the event loop (decoded chunks, one cheap decode, or a lone miss), "
         f"{daemon.get('reads_threaded', 0)} in worker threads",
         f"  open files  {stats.get('open_files', 0)}",
     ]

@@ -47,8 +47,8 @@ TEXT_LEVEL = 19
 MIN_ENTROPY_SIZE = 256
 # With encode_chunk(segments=True) (`lmz add --segments`), float chunks longer than this are coded
 # in segments of it (floatseg), which a reader can decode one at a time. Not the default: a whole
-# chunk then decodes as several streams, and sequential reads and model loads through the mount
-# measured 15-40% slower (docs/operations.md).
+# chunk then decodes as several streams, so sequential reads and model loads through the mount
+# are slower (docs/results.md).
 SEGMENT_BYTES = 1 << SEGMENT_LOG
 
 
@@ -98,7 +98,7 @@ def encode_with(codec: Codec | str, data: Buffer, hint: ChunkHint = ChunkHint())
 def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: bool = False,
                segments: bool = False) -> list[Codec]:
     """The codecs encode_chunk tries for a chunk of ``size`` bytes with this hint; ``fast`` leaves
-    out the entropy-coded ones (floatsplit, ggufblocks, entropy), which decode ~10x slower;
+    out the entropy-coded ones (floatsplit, ggufblocks, entropy), which decode several times slower;
     ``segments`` codes float chunks over SEGMENT_BYTES with floatseg instead of floatsplit."""
     if not size:
         return []

@@ -1,7 +1,7 @@
 """Codec 6, ``floatseg``: floatsplit with the chunk cut into segments that decode on their own.
 
 A random 4 KiB read that misses the cache must decode the whole chunk it falls in; with floatsplit
-that is every element of a 1 MiB chunk, about 1.3 ms here. floatseg fits one model (contexts and
+that is every element of a 1 MiB chunk. floatseg fits one model (contexts and
 tANS tables, as floatsplit does) to the whole chunk, then codes each 2**SEGMENT_LOG plain bytes
 with it as a part of its own: own lanes, own tANS stream, own stored bits, own CRC-32. A reader
 then decodes the one segment a small read needs (build the tables once, then a quarter of the

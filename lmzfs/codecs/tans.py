@@ -33,7 +33,7 @@ import numpy as np
 from .base import CodecError
 
 def _compiled_loop():
-    """The compiled step loop (same results, ~10x faster), unless absent or LMZFS_PURE_TANS=1."""
+    """The compiled step loop (same results, many times faster), unless absent or LMZFS_PURE_TANS=1."""
     if os.environ.get("LMZFS_PURE_TANS") == "1":
         return None
     try:

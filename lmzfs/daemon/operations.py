@@ -300,10 +300,10 @@ class LmzOperations(pyfuse3.Operations):
     def _alone(self, fh: int) -> bool:
         """Whether a read of fh is the only reading going on: no read waits in a thread, no other
         open file was read in the last OTHER_READS_SECONDS and no sequential stream is active.
-        A lone miss is then decoded on the event loop (1-2 ms for a 1 MiB BF16 chunk) rather
-        than handed to a thread and back (two wake-ups of a sleeping thread, about 0.5 ms of a
-        3 ms miss on the benchmark host), as nobody else's read can be held up meanwhile; with
-        other readers about, the thread keeps the loop free for them."""
+        A lone miss is then decoded on the event loop rather than handed to a thread and back
+        (two wake-ups of a sleeping thread, a sizeable part of a miss: docs/results.md), as
+        nobody else's read can be held up meanwhile; with other readers about, the thread keeps
+        the loop free for them."""
         now = time.monotonic()
         recent = self._recent_reads
         recent[fh] = now

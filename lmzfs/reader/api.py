@@ -1,6 +1,7 @@
 """The random-access reader's public surface, as the daemon and the CLI see it.
 
-The implementation lives in lmzfs/reader/archive.py and filereader.py; a small in-memory double
+The implementation lives in lmzfs/reader/archive.py and filereader.py, over the store's chunk
+source (lmzfs/store/chunksource.py); a small in-memory double
 for tests of the layers above lives in lmzfs/testing/fake_archive.py. Both follow this contract:
 
 - ``Archive.generation()`` is cheap and changes whenever a model is added or removed.
@@ -11,12 +12,10 @@ for tests of the layers above lives in lmzfs/testing/fake_archive.py. Both follo
   It may be called from several threads at once. Every decoded chunk is checked against its id
   before any byte of it is returned; a chunk that fails the check or cannot be read raises
   CorruptChunk, an OSError with errno EIO, never wrong bytes.
-- ``FileReader.pread_cached(offset, length, decode_quick=False)`` returns the same bytes as
-  pread() when they can be served without decoding (every chunk already cached), else None; it
-  never waits for another thread, so an event loop may call it directly. With decode_quick it
-  may also decode one small chunk of a fast codec itself (well under a millisecond), and with
-  decode_lone the one chunk a lone read (one that does not continue the previous read) misses,
-  of any codec (1-2 ms for 1 MiB of BF16); it may then raise CorruptChunk as pread() does.
+- ``FileReader.pread_nowait(offset, length, idle=False)`` returns the same bytes as pread()
+  when they can be had without waiting for another thread (every chunk cached, or one missing
+  chunk that its codec says is cheap to decode; with idle, a lone read's one missing chunk of
+  any cost), else None; an event loop may call it directly. It may raise CorruptChunk.
 - ``Archive.streaming()`` is cheap and tells whether any open file is being read ahead of a
   sequential reader (whose reads a long decode on the event loop would hold up).
 """
@@ -37,7 +36,7 @@ class FileEntry:
     mtime: float        # the original file's mtime, seconds since the epoch
     sha256: str         # hex digest of the whole plain file
     stored_bytes: int   # encoded payload bytes of the distinct chunks this file references
-    codecs: str         # comma-separated codec names used by its chunks, e.g. "bytegroup,zstd"
+    codecs: str         # the names of the codecs its chunks use, comma-separated
     file_id: int
 
 

@@ -123,9 +123,8 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     """Add SOURCE as model NAME.
 
     By default every chunk gets the smallest of all codecs, the entropy-coded ones (floatsplit,
-    ggufblocks, entropy) included: the smallest store, decoding at ~100-400 MB/s per core with
-    the compiled tANS loop. ``fast`` keeps to zstd and byte grouping: a store a few points
-    larger whose chunks decode at several hundred MB/s per core (docs/results.md).
+    ggufblocks, entropy) included: the smallest store. ``fast`` keeps to zstd and byte grouping:
+    a store a few points larger whose chunks decode faster (docs/results.md).
 
     ``chunk_size``: plain bytes per chunk, MIN_CHUNK_SIZE to MAX_CHUNK_SIZE (default CHUNK_SIZE).
     Smaller chunks make a cache miss cheaper (a 4 KiB random read decodes a whole chunk) and

@@ -35,7 +35,7 @@ def _reported(extent: Extent) -> Iterator[None]:
 
 def read_chunk(fd: int, extent: Extent, *, check_id: bool = False, copy: bool = True) -> Buffer:
     """The chunk's plain bytes, checked against its XXH3-128 (or, for a chunk stored without one,
-    or with check_id, its SHA-256 id: 25x the cost, a third of a 1 MiB chunk's decode time).
+    or with check_id, its SHA-256 id, which costs far more).
     Bytes, or with copy=False possibly a byte-format memoryview of the codec's array (checked
     all the same; see codecs.decode_chunk)."""
     with _reported(extent):
