@@ -358,3 +358,28 @@ def test_compiled_and_numpy_floatsplit_model_tables_agree_on_entries_and_errors(
 
     results = _through_both_loops(lambda: entries(floatsplit._model_tables(vals, nb, E, T2, R)))
     assert results[0] == results[1]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 3000), S=st.integers(1, 300), K=st.integers(1, 4), R=st.integers(4, 15),
+       lanes=st.integers(1, 70), interleaved=st.booleans(), mode=st.sampled_from(["plain", "ctx", "dyn"]),
+       seed=st.integers(0, 2**32 - 1), bits_back=st.booleans())
+def test_the_compiled_encoder_writes_exactly_the_numpy_encoders_stream(n, S, K, R, lanes, interleaved, mode,
+                                                                       seed, bits_back):
+    if mode == "dyn" and interleaved:
+        interleaved = False
+    if S > 1 << R:
+        S = 1 << R
+    rng = np.random.default_rng(seed)
+    sym = np.minimum(rng.geometric(rng.uniform(0.05, 0.9), size=n) - 1, S - 1)
+    ctx = rng.integers(0, K, size=n) if mode == "ctx" else None
+    dyn = (rng.integers(0, K, size=S), int(rng.integers(0, K))) if mode == "dyn" else None
+    tab = tans.Tables(tans.quantize_rows(np.ones((K, S), dtype=np.int64) + np.bincount(sym, minlength=S), R), R)
+    bb = rng.integers(0, 1 << R, size=tans.layout(n, lanes, interleaved)[1]) if bits_back else None
+
+    def encode():
+        return tans.encode(sym, tab, lanes, ctx=ctx, dyn=dyn, bits_back=bb, interleaved=interleaved)
+    compiled, reference = _through_both_loops(encode, errors=(ValueError,))
+    assert type(compiled) is bytes and compiled == reference
+    out, _ = tans.decode(compiled, n, tab, lanes, ctx=ctx, dyn=dyn, interleaved=interleaved)
+    assert np.array_equal(out, sym)

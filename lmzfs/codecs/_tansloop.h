@@ -1,7 +1,7 @@
 /* Shared by the sources of the lmzfs.codecs._tansloop extension: the decode loop (_tansloop.c,
  * which defines the module), the table helpers (_tanstables.c), floatsplit's helpers
  * (_tansfloat.c), ggufblocks' (_tansgguf.c), the symbol sections' tails (_tanstails.c) and
- * the copy of a decoded array into bytes (_tanscopy.c). */
+ * the copy of a decoded array into bytes (_tanscopy.c) and the encoder's steps (_tansenc.c). */
 #ifndef LMZFS_TANSLOOP_H
 #define LMZFS_TANSLOOP_H
 #define PY_SSIZE_T_CLEAN
@@ -82,5 +82,6 @@ PyObject *tans_merge_nibbles(PyObject *self, PyObject *args);
 PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_symbols(PyObject *self, PyObject *args);
+PyObject *tans_encode(PyObject *self, PyObject *args);
 
 #endif

@@ -239,11 +239,14 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     si_all = sym if ctx is None else np.asarray(ctx, dtype=np.int64) * S + sym
     if (fr[si_all] == 0).any():
         raise ValueError("tans: a symbol has zero frequency in its table")
-    grid = _grid(si_all, n, T, Wp, interleaved)
     sf = start - fr
     x = np.full(Wp, L, dtype=np.int64)
     if bits_back is not None:
         x += bits_back
+    if _loop is not None:
+        return _loop.encode(np.ascontiguousarray(si_all, dtype=np.int64), n, T, Wp, interleaved, ks, thr,
+                            np.ascontiguousarray(sf), enc, x, R)
+    grid = _grid(si_all, n, T, Wp, interleaved)
     vals = np.empty((T, Wp), dtype=np.int64)
     nbs = np.zeros((T, Wp), dtype=np.int64)
     for t in range(T - 1, -1, -1):
