@@ -94,14 +94,15 @@ def summary(mountpoint: Path, stats: dict, now: float | None = None) -> list[str
         f"{seconds:.2f} s of decoding{rate}",
         f"  cache       hit rate {'-' if hit_rate is None else f'{100 * hit_rate:.1f}%'} "
         f"(hits {cache.get('hits', 0)}, misses {cache.get('misses', 0)}, waits {cache.get('waits', 0)}); "
-        f"holds {human_bytes(cache.get('bytes', 0))} of {human_bytes(cache.get('capacity_bytes', 0))}",
+        f"holds {human_bytes(cache.get('bytes', 0))} of {human_bytes(cache.get('capacity_bytes', 0))}"
+        f" (at most {human_bytes(cache.get('peak_bytes', 0))} so far)",
         f"  read-ahead  {ra_state}: {reader.get('readahead_chunks', 0)} chunks decoded ahead, "
         f"{reader.get('readahead_hits', 0)} reads served from them, "
         f"{reader.get('chunks_released', 0)} chunks released once read, "
         f"{readahead.get('active_streams', 0)} active streams",
         f"  reads       {daemon.get('reads_inline', 0)} on the event loop (decoded chunks, one cheap decode, or a lone miss), "
         f"{daemon.get('reads_threaded', 0)} in worker threads",
-        f"  open files  {stats.get('open_files', 0)}",
+        f"  open files  {stats.get('open_files', 0)}, sharing {stats.get('open_packs', 0)} open pack(s)",
     ]
     corrupt = reader.get("corrupt_chunks", 0)
     lines.append(f"  corrupt     {corrupt} chunk(s)" + (" -- run `lmz verify`" if corrupt else ""))
