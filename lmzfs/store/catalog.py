@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lmzfs.store.catalogcopies import list_copies, write_copy
+from lmzfs.store.catalogcopies import content_digest, generation_of, list_copies, recorded_digest, write_copy
 from lmzfs.store.layout import StoreError
 from lmzfs.store.packs import ChunkLocation
 
@@ -207,9 +207,21 @@ class Catalog:
         problems = [r[0] for r in self.db.execute("PRAGMA quick_check")]
         if problems != ["ok"]:
             raise CatalogDamaged(self.path, f"quick_check: {problems[0]}")
+        self._check_against_copy()
         self.db.executescript(SCHEMA)       # adds what a catalog written by an older lmzfs lacks
         if self._version() == "1":
             self._upgrade_from_1()
+
+    def _check_against_copy(self) -> None:
+        """A write would build on (and its copy carry on) a value flipped inside a row, which no
+        integrity check sees: refuse if the content differs from its copy of the same generation."""
+        generation = generation_of(self.db)
+        for copy in list_copies(self.path):
+            if copy.generation == generation:
+                recorded = recorded_digest(copy.path)
+                if recorded is not None and recorded != content_digest(self.db):
+                    raise CatalogDamaged(self.path, f"its content differs from its copy {copy.path.name}")
+                return
 
     def _schema_state(self) -> tuple[str | None, bool]:
         """(catalog version, whether chunks have the xxh3 column), read in one snapshot so that an

@@ -78,6 +78,19 @@ def list_copies(catalog: Path) -> list[CatalogCopy]:
     return sorted(found, key=lambda c: -c.generation)
 
 
+def recorded_digest(copy: Path) -> str | None:
+    """The digest a copy recorded of its content when it was written (None: unreadable)."""
+    try:
+        db = sqlite3.connect(f"file:{copy}?mode=ro", uri=True, isolation_level=None)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (DIGEST_KEY,)).fetchone()
+            return row[0] if row else None
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+
+
 def write_copy(db: sqlite3.Connection, catalog: Path) -> CatalogCopy:
     """Copy the committed catalog that `db` is connected to; call outside any transaction, under
     the writer lock. Old copies beyond KEEP_COPIES are removed once the new one is durable."""
