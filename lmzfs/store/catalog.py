@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lmzfs.store.catalogcopies import content_digest, generation_of, list_copies, recorded_digest, write_copy
+from lmzfs.store.catalogcopies import (content_digest, generation_of, list_copies, mark_copy_due, recorded_digest,
+                                       write_copy)
 from lmzfs.store.layout import StoreError
 from lmzfs.store.packs import ChunkLocation
 
@@ -417,6 +418,7 @@ class _Transaction:
             self.db.execute("ROLLBACK")
             return
         try:
+            mark_copy_due(self.catalog.path)
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', "
                             "CAST(COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'generation'), 0) + 1 AS TEXT))")
             self.db.execute("COMMIT")

@@ -6,6 +6,10 @@ content, fsyncs it and renames it to ``catalog.sqlite.copy-GGGGGGGGGG`` (G: the 
 generation the copy holds); the newest KEEP_COPIES are kept. A process killed while copying
 leaves only the temporary file, which the next copy replaces and repair ignores.
 
+Before each commit the writer creates ``catalog.sqlite.copy-due`` (fsync'd) and removes it once the
+copy of that commit is durable: without it, the newest copy holds the last commit, so a repair
+that restores it knows that nothing was lost.
+
 The digest covers every row of every table (meta's copy_* keys aside), so a copy checks itself:
 a flipped byte that SQLite's integrity check cannot see (a value inside a row) still shows as a
 digest that differs from the one recorded.
@@ -24,6 +28,7 @@ from lmzfs.store.layout import fsync_dir
 KEEP_COPIES = 3
 COPY_PREFIX = ".copy-"
 COPY_TMP_SUFFIX = ".copy-tmp"
+COPY_DUE_SUFFIX = ".copy-due"
 DIGEST_KEY = "copy_digest"
 _COPY_NAME = re.compile(r"\.copy-(\d{10})$")
 
@@ -91,6 +96,23 @@ def recorded_digest(copy: Path) -> str | None:
         return None
 
 
+def due_marker(catalog: Path) -> Path:
+    return catalog.with_name(catalog.name + COPY_DUE_SUFFIX)
+
+
+def mark_copy_due(catalog: Path) -> None:
+    """Before a commit: say durably that a commit may be newer than the newest copy."""
+    marker = due_marker(catalog)
+    if marker.exists():
+        return
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(catalog.parent)
+
+
 def write_copy(db: sqlite3.Connection, catalog: Path) -> CatalogCopy:
     """Copy the committed catalog that `db` is connected to; call outside any transaction, under
     the writer lock. Old copies beyond KEEP_COPIES are removed once the new one is durable."""
@@ -115,5 +137,6 @@ def write_copy(db: sqlite3.Connection, catalog: Path) -> CatalogCopy:
     fsync_dir(catalog.parent)
     for old in list_copies(catalog)[KEEP_COPIES:]:
         old.path.unlink(missing_ok=True)
+    due_marker(catalog).unlink(missing_ok=True)
     return CatalogCopy(final, generation)
 

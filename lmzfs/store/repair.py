@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.catalogcheck import PackIndex, agreement, diagnose, index_packs
-from lmzfs.store.catalogcopies import DIGEST_KEY, write_copy
+from lmzfs.store.catalogcopies import DIGEST_KEY, due_marker, write_copy
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
 from lmzfs.store.lock import WriterLock
 
@@ -54,12 +54,20 @@ def repair_catalog(store: StorePaths) -> RepairReport:
                              f"clean ({len(verdict.copies)} found); it is left as it is")
         names_before = _salvage_model_names(store.catalog)
         copy, _ = clean[0]
+        # Nothing can be newer than this copy if it is the newest one there is and no commit was
+        # left without its copy; else name what the damaged catalog and newer copies still yield.
+        complete = copy.generation == verdict.copies[0][0].generation and not due_marker(store.catalog).exists()
+        for newer, _ in verdict.copies:
+            if newer.generation > copy.generation:
+                names = _salvage_model_names(newer.path)
+                if names is not None:
+                    names_before = (names_before or set()) | names
         report.damaged_kept = _set_aside(store)
         report.restored_from = copy.path
         _install(copy.path, store)
         _rederive(store, report)
         if names_before is None:
-            report.unnamed_losses = True
+            report.unnamed_losses = not complete
         else:
             catalog = Catalog(store.catalog, readonly=True)
             try:
