@@ -70,6 +70,7 @@ class CatalogDamaged(StoreError):
     """The catalog file is damaged or is not a catalog: `lmz verify --repair` restores a copy."""
 
     def __init__(self, path: Path, detail: str):
+        detail = " ".join(detail.split())      # SQLite's reports span lines; this error is one
         super().__init__(f"catalog {path} is damaged: run lmz verify --repair ({detail})")
         self.path = path
         self.detail = detail
@@ -163,7 +164,7 @@ class Catalog:
         self.path = path
         self.copy_due = False       # a commit whose copy is not written yet
         if not path.exists() and list_copies(path):
-            raise CatalogDamaged(path, "it is missing, and copies of it lie beside it")
+            raise CatalogDamaged(path, "it is missing")
         if readonly and not path.exists():
             raise StoreError(f"catalog {path} is missing")
         uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"

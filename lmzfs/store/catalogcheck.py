@@ -40,9 +40,13 @@ _TYPE_CHECKS = (
 class FileCheck:
     """One catalog file (the live one or a copy), examined read-only."""
     path: Path
-    problem: str | None          # None: it checks clean
+    problem: str | None          # None: it checks clean; else one line
     generation: int = 0
     digest: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.problem is not None:
+            object.__setattr__(self, "problem", " ".join(self.problem.split()))
 
     @property
     def clean(self) -> bool:

@@ -113,8 +113,9 @@ def _set_aside(store: StorePaths) -> Path | None:
         os.replace(store.catalog, kept)
         moved = kept
     wal = store.catalog.with_name(store.catalog.name + "-wal")
-    if wal.exists():
+    if wal.exists() and wal.stat().st_size:     # frames not yet checkpointed belong to the damaged file
         os.replace(wal, kept.with_name(kept.name + "-wal"))
+    wal.unlink(missing_ok=True)
     store.catalog.with_name(store.catalog.name + "-shm").unlink(missing_ok=True)
     fsync_dir(store.root)
     return moved
