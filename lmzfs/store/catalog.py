@@ -197,9 +197,11 @@ class Catalog:
     def _open_for_writing(self) -> None:
         """Create the schema in a new catalog; in an existing one, refuse to write into a damaged
         file (every write would build on it), and upgrade version 1."""
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
         tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables and list_copies(self.path):       # truncated to nothing: not a new store
+            raise CatalogDamaged(self.path, "it is empty, and copies of it lie beside it")
+        self.db.execute("PRAGMA journal_mode=WAL")      # writes to the file: only once it is known sound
+        self.db.execute("PRAGMA synchronous=FULL")
         if not tables:
             self.db.executescript(SCHEMA)
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('catalog_version', ?)", (str(CATALOG_VERSION),))
