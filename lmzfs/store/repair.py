@@ -66,8 +66,10 @@ def repair_catalog(store: StorePaths) -> RepairReport:
         report.restored_from = copy.path
         _install(copy.path, store)
         _rederive(store, report)
-        if names_before is None:
-            report.unnamed_losses = not complete
+        if complete:
+            pass        # the restored copy holds the last commit: a name only the damaged file yields is damage
+        elif names_before is None:
+            report.unnamed_losses = True
         else:
             catalog = Catalog(store.catalog, readonly=True)
             try:
