@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import re
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -119,6 +120,9 @@ def cmd_gc(args) -> int:
 def cmd_verify(args) -> int:
     from lmzfs.store.verify import verify_store
     damaged_chunks = 0
+    lost = False
+    if args.repair:
+        lost = not _repair(_store(args))
     if args.record_checksums:
         from lmzfs.store.checksums import record_checksums
         progress = ProgressLine("recording checksums")
@@ -140,7 +144,27 @@ def cmd_verify(args) -> int:
         print(f"DAMAGED {d.model}/{d.path}: {d.reason}")
     state = "ok" if report.ok else f"{len(report.damaged)} damaged file(s)"
     print(f"verify: {report.files} file(s), {human_bytes(report.bytes)} decoded and checked: {state}")
-    return 0 if report.ok and not damaged_chunks else 1
+    return 0 if report.ok and not damaged_chunks and not lost else 1
+
+
+def _repair(store: StorePaths) -> bool:
+    """Print what `verify --repair` found and did; False if some model could not be recovered."""
+    from lmzfs.store.repair import repair_catalog
+    r = repair_catalog(store)
+    if r.problem is None:
+        print(f"catalog {store.catalog}: sound" + ("; wrote a copy of it beside it" if r.copy_written else ""))
+        return True
+    print(f"catalog {store.catalog} was damaged: {r.problem}")
+    if r.damaged_kept is not None:
+        print(f"  kept the damaged file as {r.damaged_kept}")
+    print(f"  restored {r.restored_from.name}" +
+          (f"; {r.relocated_chunks} chunk(s) found where a gc since had moved them" if r.relocated_chunks else ""))
+    for name in r.lost_models:
+        print(f"LOST {name}: not in the restored copy, or its chunks are in no pack")
+    if r.unnamed_losses:
+        print("  the damaged catalog's model list is unreadable: a model added after the restored copy "
+              "was written (if any) is lost, and cannot be named")
+    return r.recovered
 
 
 def cmd_cat(args) -> int:
@@ -252,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmd("gc", cmd_gc, "reclaim space of removed models and interrupted adds")
     sp = cmd("verify", cmd_verify, "decode and check every chunk and file; exit 1 if anything is damaged")
     sp.add_argument("model", nargs="?")
+    sp.add_argument("--repair", action="store_true",
+                    help="first check the catalog; if it is damaged or missing, keep it aside, restore the "
+                         "newest copy that checks clean and re-derive chunk locations from the packs (takes "
+                         "the writer lock; unmount first)")
     sp.add_argument("--record-checksums", action="store_true",
                     help="first give chunks stored before lmzfs kept read checksums theirs (whole store; "
                          "takes the writer lock), so that reads of them stop checking SHA-256")
@@ -289,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     tune_malloc()       # add, verify, cat, pack and unpack decode or encode chunk after chunk
     try:
         return args.func(args)
+    except sqlite3.Error as exc:     # a catalog query outside the Catalog class's guarded seam
+        from lmzfs.store.catalog import catalog_error
+        print(f"lmz: {catalog_error(_store(args).catalog, exc)}", file=sys.stderr)
+        return 2
     except (StoreError, CorruptChunk) as exc:
         print(f"lmz: {exc.strerror if isinstance(exc, CorruptChunk) else exc}", file=sys.stderr)
         return 1 if isinstance(exc, CorruptChunk) else 2

@@ -138,15 +138,25 @@ def check_store(store: StorePaths, problems: list[str]) -> dict:
     except (StoreError, OSError) as exc:
         problems.append(f"store format: {exc}")
         return out
+    from lmzfs.store.catalogcheck import diagnose
+    verdict = diagnose(store)
+    out["catalog_copies"] = {"clean": sum(1 for _, c in verdict.copies if c.clean), "found": len(verdict.copies),
+                             "newest_generation": max((c.generation for _, c in verdict.copies if c.clean),
+                                                      default=None),
+                             "generation": verdict.live.generation}
+    if not verdict.sound:
+        problems.append(f"catalog {store.catalog} is damaged: run lmz verify --repair ({verdict.problem})")
+        return out
     try:
         catalog = _open_catalog(store)
-    except (StoreError, sqlite3.Error) as exc:
-        problems.append(f"catalog: {exc}")
+    except StoreError as exc:
+        problems.append(str(exc))
         return out
     try:
         _check_catalog(catalog, store, out, problems)
     except sqlite3.Error as exc:
-        problems.append(f"catalog {store.catalog}: {exc}")
+        from lmzfs.store.catalog import catalog_error
+        problems.append(str(catalog_error(store.catalog, exc)))
     finally:
         catalog.close()
     return out
@@ -248,6 +258,9 @@ def render(doc: dict) -> list[str]:
         lines.append(f"  contents       {store['models']} model(s), {store['files']} file(s), {store['chunks']} chunk(s)"
                      + (f"; {store['unreferenced_chunks']} unreferenced ({human_bytes(store['unreferenced_bytes'])}, "
                         "`lmz gc` reclaims them)" if store["unreferenced_chunks"] else ""))
+        copies = store["catalog_copies"]
+        lines.append(f"  catalog copies {copies['clean']} clean of {copies['found']} beside it; newest of generation "
+                     f"{copies['newest_generation']}, the catalog's is {copies['generation']}")
         old = store["chunks_checked_by_sha256"]
         lines.append("  checksums      " + ("every chunk read is checked by its XXH3-128" if not old else
                      f"{old} of {store['chunks']} chunk(s) were stored before lmzfs kept read checksums: reads "

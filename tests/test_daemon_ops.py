@@ -448,3 +448,28 @@ def test_a_lone_miss_is_decoded_on_the_event_loop_only_while_nobody_else_reads()
         await ops.release(fa)
         await ops.release(fb)
     run(main)
+
+
+@pytest.mark.allow_log_warnings
+def test_a_catalog_that_becomes_unreadable_is_logged_once_in_one_line_and_the_old_tree_still_serves(caplog):
+    from lmzfs.reader.api import StoreError
+    archive = make_archive()
+
+    async def main():
+        ops = LmzOperations(archive)
+        weights = await resolve(ops, "minilm/model.safetensors")
+
+        def damaged():
+            raise StoreError("catalog /s/catalog.sqlite is damaged: run lmz verify --repair (malformed)")
+        archive.files = damaged
+        archive.add("late", "x.bin", b"x")                  # a new generation, so the tree refreshes
+        with caplog.at_level(logging.ERROR):
+            for _ in range(3):
+                await expect_errno(errno.ENOENT, ops.lookup(ROOT_INODE, b"late"))
+        assert await read_all(ops, weights.st_ino, weights.st_size) == WEIGHTS
+        return [r for r in caplog.records if r.levelno >= logging.ERROR]
+    errors = run(main)
+    assert [r.getMessage() for r in errors] == [
+        "could not refresh the model list, serving the one it had: "
+        "catalog /s/catalog.sqlite is damaged: run lmz verify --repair (malformed)"]
+    assert all(r.exc_info is None for r in errors)

@@ -455,7 +455,8 @@ def test_doctor_names_a_garbage_catalog_and_exits_1(fresh_store, capsys, no_othe
     status, out = doctor(capsys, fresh_store.root)
     problems = [line for line in out.splitlines() if line.startswith("problem:")]
     assert status == 1 and len(problems) == 1
-    assert problems[0].startswith(f"problem: catalog: catalog {fresh_store.catalog} is unreadable")
+    assert problems[0] == (f"problem: catalog {fresh_store.catalog} is damaged: run lmz verify --repair "
+                           "(file is not a database)")
 
 
 def test_doctor_wants_user_allow_other_in_fuse_conf_when_a_user_configures_allow_other(

@@ -51,8 +51,16 @@ def check_mountpoint(mountpoint: Path) -> None:
 
 
 def check_store(store_dir: Path) -> None:
+    """Refuse a missing store, and a store whose catalog is damaged, in one line each."""
     if not store_dir.is_dir():
         raise MountError(f"no store at {store_dir}; add a model first with: lmz add")
+    from lmzfs.store.catalogcheck import diagnose
+    from lmzfs.store.layout import StorePaths
+    store = StorePaths(store_dir)
+    if store.exists():
+        verdict = diagnose(store, check_packs=False)
+        if not verdict.sound:
+            raise MountError(f"catalog {store.catalog} is damaged: run lmz verify --repair ({verdict.problem})")
 
 
 def _load_factory(spec: str):

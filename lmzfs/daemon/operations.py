@@ -21,7 +21,7 @@ import trio
 
 from lmzfs.daemon.tree import DirectoryTree, Node, Removal
 from lmzfs.hostresources import usable_cpus
-from lmzfs.reader.api import CorruptChunk, FileEntry
+from lmzfs.reader.api import CorruptChunk, FileEntry, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,9 @@ def _fuse_errors(handler):
             if not isinstance(exc, CorruptChunk):
                 log.warning("%s failed: %s", handler.__name__, exc)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except StoreError as exc:       # a damaged catalog: said in one line, EIO for this request
+            log.error("%s failed: %s", handler.__name__, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except Exception:
             log.exception("%s failed", handler.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -115,6 +118,7 @@ class LmzOperations(pyfuse3.Operations):
         self._counters = {"reads_inline": 0, "reads_threaded": 0}
         self._recent_reads: dict[int, float] = {}   # fh -> monotonic time of its latest read, if recent
         self._opens_held: trio.Event | None = None
+        self._refresh_failure: str | None = None     # the latest refresh's error, logged once
         self._refresh()
 
     @property
@@ -143,10 +147,16 @@ class LmzOperations(pyfuse3.Operations):
     def _refresh(self) -> None:
         try:
             removals = self._tree.refresh(self._archive)
+        except StoreError as exc:
+            # Keep serving the tree we have; the next request or tick tries again (said once).
+            if str(exc) != self._refresh_failure:
+                self._refresh_failure = str(exc)
+                log.error("could not refresh the model list, serving the one it had: %s", exc)
+            return
         except Exception:
-            # Keep serving the tree we have; the next request or tick tries again.
             log.exception("could not refresh the model list")
             return
+        self._refresh_failure = None
         if removals:
             self._invalidate(removals)
 

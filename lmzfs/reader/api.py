@@ -16,6 +16,8 @@ for tests of the layers above lives in lmzfs/testing/fake_archive.py. Both follo
   when they can be had without waiting for another thread (every chunk cached, or one missing
   chunk that its codec says is cheap to decode; with idle, a lone read's one missing chunk of
   any cost), else None; an event loop may call it directly. It may raise CorruptChunk.
+- A store the archive cannot read (a damaged catalog) raises StoreError, whose message is one
+  line meant for the operator (e.g. "catalog ... is damaged: run lmz verify --repair").
 - ``Archive.streaming()`` is cheap and tells whether any open file is being read ahead of a
   sequential reader (whose reads a long decode on the event loop would hold up).
 """
@@ -24,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmzfs.errors import CorruptChunk
+from lmzfs.store.layout import StoreError
 
-__all__ = ["CorruptChunk", "FileEntry", "StoreTotals"]
+__all__ = ["CorruptChunk", "FileEntry", "StoreError", "StoreTotals"]
 
 
 @dataclass(frozen=True)

@@ -108,13 +108,14 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
                 os.close(fd)
         if writer is not None:
             writer.sync()
-        with catalog.transaction() as tx:
+        def record(tx) -> None:
             tx.executemany("UPDATE chunks SET pack = ?, offset = ?, length = ? WHERE id = ?", moves)
             tx.execute("DELETE FROM chunks WHERE refs <= 0")
             if writer is not None:
                 Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
             elif last in delete or last in rewrite:
                 Catalog.record_pack_ids(tx, None, 0)
+        catalog.write_or_free_copies(record)
     finally:
         if writer is not None:
             writer.close()

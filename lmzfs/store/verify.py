@@ -9,7 +9,8 @@ from typing import Callable
 
 from lmzfs.errors import CorruptChunk
 from lmzfs.reader.archive import Archive
-from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog import Catalog, CatalogDamaged
+from lmzfs.store.catalogcheck import diagnose
 from lmzfs.store.layout import StoreError, StorePaths
 
 
@@ -34,6 +35,9 @@ class VerifyReport:
 def verify_store(store: StorePaths, model: str | None = None,
                  progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     store.check_format()
+    verdict = diagnose(store, check_packs=False)
+    if not verdict.sound:
+        raise CatalogDamaged(store.catalog, verdict.problem)
     catalog = Catalog(store.catalog, readonly=True)
     try:
         if model is not None and catalog.model(model) is None:

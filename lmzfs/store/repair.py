@@ -1,0 +1,170 @@
+"""`lmz verify --repair`: put back a sound catalog when the live one is damaged or missing.
+
+Under the writer lock: judge the live catalog (catalogcheck.diagnose); if it is not sound, rename
+it (with its -wal) to ``catalog.sqlite.damaged-TIMESTAMP`` for inspection, install the newest copy
+that checks clean, and re-derive from the packs what the copy cannot know: where each chunk lies
+now (a gc since the copy moved records), how many extents use it. Models whose chunks no pack
+holds, and models the damaged catalog names but the copy does not (added after the last copy
+was written), are reported by name. A second run finds a sound catalog and changes nothing.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalogcheck import PackIndex, agreement, diagnose, index_packs
+from lmzfs.store.catalogcopies import DIGEST_KEY, due_marker, write_copy
+from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
+from lmzfs.store.lock import WriterLock
+
+
+@dataclass
+class RepairReport:
+    problem: str | None = None          # what was wrong with the live catalog; None: it was sound
+    restored_from: Path | None = None
+    damaged_kept: Path | None = None
+    relocated_chunks: int = 0
+    lost_models: list[str] = field(default_factory=list)      # named, but not recoverable
+    unnamed_losses: bool = False        # the damaged catalog's model list could not be read
+    copy_written: bool = False          # a sound catalog that had no copy of its generation got one
+
+    @property
+    def recovered(self) -> bool:
+        return not self.lost_models and not self.unnamed_losses
+
+
+def repair_catalog(store: StorePaths) -> RepairReport:
+    store.check_format()
+    with WriterLock(store.lock):
+        verdict = diagnose(store)
+        report = RepairReport(verdict.problem)
+        if verdict.sound:
+            if not any(check.clean and check.generation == verdict.live.generation for _, check in verdict.copies):
+                _write_copy_of_live(store)
+                report.copy_written = True
+            return report
+        clean = [(c, check) for c, check in verdict.copies if check.clean]
+        if not clean:
+            raise StoreError(f"catalog {store.catalog} is damaged ({verdict.problem}) and no copy of it checks "
+                             f"clean ({len(verdict.copies)} found); it is left as it is")
+        names_before = _salvage_model_names(store.catalog)
+        copy, _ = clean[0]
+        # Nothing can be newer than this copy if it is the newest one there is and no commit was
+        # left without its copy; else name what the damaged catalog and newer copies still yield.
+        complete = copy.generation == verdict.copies[0][0].generation and not due_marker(store.catalog).exists()
+        for newer, _ in verdict.copies:
+            if newer.generation > copy.generation:
+                names = _salvage_model_names(newer.path)
+                if names is not None:
+                    names_before = (names_before or set()) | names
+        report.damaged_kept = _set_aside(store)
+        report.restored_from = copy.path
+        _install(copy.path, store)
+        _rederive(store, report)
+        if complete:
+            pass        # the restored copy holds the last commit: a name only the damaged file yields is damage
+        elif names_before is None:
+            report.unnamed_losses = True
+        else:
+            catalog = Catalog(store.catalog, readonly=True)
+            try:
+                now = {m.name for m in catalog.models()}
+            finally:
+                catalog.close()
+            report.lost_models = sorted(set(report.lost_models) | (names_before - now))
+        return report
+
+
+def _write_copy_of_live(store: StorePaths) -> None:
+    db = sqlite3.connect(store.catalog, isolation_level=None)
+    try:
+        write_copy(db, store.catalog)
+    finally:
+        db.close()
+
+
+def _salvage_model_names(path: Path) -> set[str] | None:
+    """The model names a damaged catalog still yields, or None if its model list is unreadable."""
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        try:
+            return {r[0] for r in db.execute("SELECT name FROM models") if isinstance(r[0], str)}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+
+
+def _set_aside(store: StorePaths) -> Path | None:
+    """Rename the damaged catalog (and its write-ahead log) out of the way; None if it is missing."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    kept = store.catalog.with_name(f"{store.catalog.name}.damaged-{stamp}")
+    n = 1
+    while kept.exists():
+        n += 1
+        kept = store.catalog.with_name(f"{store.catalog.name}.damaged-{stamp}-{n}")
+    moved = None
+    if store.catalog.exists():
+        os.replace(store.catalog, kept)
+        moved = kept
+    wal = store.catalog.with_name(store.catalog.name + "-wal")
+    if wal.exists() and wal.stat().st_size:     # frames not yet checkpointed belong to the damaged file
+        os.replace(wal, kept.with_name(kept.name + "-wal"))
+    wal.unlink(missing_ok=True)
+    store.catalog.with_name(store.catalog.name + "-shm").unlink(missing_ok=True)
+    fsync_dir(store.root)
+    return moved
+
+
+def _install(copy: Path, store: StorePaths) -> None:
+    tmp = store.catalog.with_name(store.catalog.name + ".restore-tmp")
+    shutil.copyfile(copy, tmp)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, store.catalog)
+    fsync_dir(store.root)
+
+
+def _rederive(store: StorePaths, report: RepairReport) -> None:
+    """Point chunk rows at where the packs hold them now, drop models no pack can serve, recount
+    references, and commit (which writes a copy of the repaired catalog)."""
+    catalog = Catalog(store.catalog)        # upgrades a copy of a version 1 catalog
+    try:
+        index = index_packs(store)
+        agree = agreement(catalog.db, index)
+        report.relocated_chunks = len(agree.relocated)
+        report.lost_models = sorted(m for m in agree.broken_models if not m.startswith("("))
+        with catalog.transaction() as db:
+            db.executemany("UPDATE chunks SET pack = ?, offset = ?, length = ? WHERE id = ?",
+                           [(loc.pack, loc.offset, loc.length, cid) for cid, loc in agree.relocated.items()])
+            for name in report.lost_models:
+                row = db.execute("SELECT id FROM models WHERE name = ?", (name,)).fetchone()
+                db.execute("DELETE FROM extents WHERE file IN (SELECT id FROM files WHERE model = ?)", (row[0],))
+                db.execute("DELETE FROM files WHERE model = ?", (row[0],))
+                db.execute("DELETE FROM models WHERE id = ?", (row[0],))
+            db.execute("DELETE FROM files WHERE model NOT IN (SELECT id FROM models)")
+            db.execute("DELETE FROM extents WHERE file NOT IN (SELECT id FROM files)")
+            db.execute("UPDATE chunks SET refs = (SELECT COUNT(*) FROM extents WHERE chunk = chunks.id)")
+            db.execute("DELETE FROM meta WHERE key = ?", (DIGEST_KEY,))
+            if index.packs:
+                # ids of packs on disk are taken, whatever the copy remembers
+                Catalog.record_pack_ids(db, *_last_pack(db, index))
+    finally:
+        catalog.close()
+
+
+def _last_pack(db: sqlite3.Connection, index: PackIndex) -> tuple[int | None, int]:
+    row = db.execute("SELECT value FROM meta WHERE key = 'last_pack'").fetchone()
+    last = int(row[0]) if row and row[0].isdigit() and int(row[0]) in index.packs else None
+    return last, max(index.packs)
+

@@ -1,0 +1,286 @@
+"""The catalog survives damage: a zeroed page, a flipped bit, a deleted or truncated file, a
+writer killed while copying it. Every command says so in one line, and `lmz verify --repair`
+brings every model committed before the damage back byte for byte."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmzfs.daemon.mount import MountError
+from lmzfs.daemon.mount import check_store as check_store_for_mount
+from lmzfs.doctor import check_store as doctor_check_store
+from lmzfs.store.add import add_model
+from lmzfs.store.catalog import Catalog, CatalogDamaged
+from lmzfs.store.catalogcheck import diagnose, examine
+from lmzfs.store.catalogcopies import KEEP_COPIES, due_marker, list_copies, write_copy
+from lmzfs.store.gc import collect_garbage
+from lmzfs.store.layout import StorePaths
+from lmzfs.store.remove import remove_models
+from lmzfs.testing.catalogdamage import (PAGE, Damage, damage_file, file_digests, print_failures, random_damages,
+                                         run_lmz, run_trial, summary_line)
+from lmzfs.testing.synthetic import small_model
+
+COMMANDS = [["ls"], ["ls", "--json"], ["ls", "m1"], ["cat", "m0/model.safetensors"], ["verify"], ["gc"]]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """A store of three small models, and the SHA-256 of each of its files."""
+    work = tmp_path_factory.mktemp("prepared")
+    store = StorePaths(work / "store")
+    for i in range(3):
+        add_model(store, small_model(work / f"m{i}", seed=i, mib=2), f"m{i}")
+    return store.root, file_digests(store.root)
+
+
+def assert_all_recovered(results) -> None:
+    failures = [r for r in results if not r.ok]
+    if failures:
+        print_failures(failures)
+    assert not failures, summary_line(results)
+
+
+def test_zeroing_each_page_of_the_catalog_in_turn_then_repairing_reads_every_file_back(prepared, tmp_path):
+    root, expected = prepared
+    pages = (root / "catalog.sqlite").stat().st_size // PAGE
+    assert pages >= 8
+    results = [run_trial(root, tmp_path / "trial", Damage("zero-page", p * PAGE), expected, commands=COMMANDS)
+               for p in range(pages)]
+    assert_all_recovered(results)
+
+
+def test_flipped_bits_and_unaligned_zeroed_runs_are_repaired_too(prepared, tmp_path):
+    root, expected = prepared
+    size = (root / "catalog.sqlite").stat().st_size
+    damages = random_damages(size, 20, random.Random(28))
+    assert {d.kind for d in damages} == {"zero-page", "flip-bit"} and any(d.at % PAGE for d in damages)
+    results = [run_trial(root, tmp_path / "trial", d, expected, commands=COMMANDS[:2] + COMMANDS[3:5])
+               for d in damages]
+    assert_all_recovered(results)
+
+
+def store_of_two(tmp_path: Path) -> StorePaths:
+    store = StorePaths(tmp_path / "store")
+    add_model(store, small_model(tmp_path / "a", seed=1, mib=2), "a")
+    add_model(store, small_model(tmp_path / "b", seed=2, mib=2), "b")
+    return store
+
+
+def repair(store: StorePaths):
+    return run_lmz(["--store", str(store.root), "verify", "--repair"])
+
+
+def test_every_command_names_a_deleted_catalog_in_one_line_and_repair_restores_it(tmp_path, capsys):
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    store.catalog.unlink()
+    for argv in (["ls"], ["cat", "a/model.safetensors"], ["verify"], ["add", str(tmp_path / "a"), "--name", "c"],
+                 ["rm", "a"], ["gc"]):
+        out = run_lmz(["--store", str(store.root), *argv])
+        assert out.traceback is None and out.rc != 0
+        assert out.stderr == (f"lmz: catalog {store.catalog} is damaged: run lmz verify --repair "
+                              "(it is missing)\n")
+    assert repair(store).rc == 0
+    assert file_digests(store.root) == before
+    assert not list(store.root.glob("catalog.sqlite.damaged-*"))        # nothing was there to keep
+
+
+@pytest.mark.parametrize("keep", [0, 100, PAGE + 7])
+def test_a_truncated_catalog_is_kept_aside_and_its_copy_restored(tmp_path, keep):
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    original = store.catalog.read_bytes()
+    os.truncate(store.catalog, keep)
+    for argv in (["ls"], ["add", str(tmp_path / "a"), "--name", "c"], ["gc"]):
+        out = run_lmz(["--store", str(store.root), *argv])
+        assert out.rc == 2 and out.traceback is None
+        assert out.stderr.startswith(f"lmz: catalog {store.catalog} is damaged: run lmz verify --repair (")
+        assert len(out.stderr.splitlines()) == 1
+    assert repair(store).rc == 0
+    assert file_digests(store.root) == before
+    [kept] = store.root.glob("catalog.sqlite.damaged-*")
+    assert kept.read_bytes() == original[:keep]
+
+
+def test_repair_is_idempotent_and_a_second_run_changes_nothing(tmp_path, capsys):
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    damage_file(store.catalog, Damage("zero-page", 2 * PAGE))
+    first = run_lmz(["--store", str(store.root), "verify", "--repair"])
+    assert first.rc == 0
+    catalog_after_first = store.catalog.read_bytes()
+    copies_after_first = [c.path.name for c in list_copies(store.catalog)]
+    second = run_lmz(["--store", str(store.root), "verify", "--repair"])
+    assert second.rc == 0
+    assert store.catalog.read_bytes() == catalog_after_first
+    assert [c.path.name for c in list_copies(store.catalog)] == copies_after_first
+    assert len(list(store.root.glob("catalog.sqlite.damaged-*"))) == 1
+    assert file_digests(store.root) == before
+
+
+def test_repair_prints_what_it_found_and_did(tmp_path, capsys):
+    store = store_of_two(tmp_path)
+    damage_file(store.catalog, Damage("zero-page", 0))
+    from lmzfs.cli import main
+    assert main(["--store", str(store.root), "verify", "--repair"]) == 0
+    [kept] = store.root.glob("catalog.sqlite.damaged-*")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == [f"catalog {store.catalog} was damaged: file is not a database",
+                         f"  kept the damaged file as {kept}",
+                         "  restored catalog.sqlite.copy-0000000002"]
+    assert lines[3].startswith("verify: 4 file(s), ") and lines[3].endswith(": ok")
+    assert main(["--store", str(store.root), "verify", "--repair"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"catalog {store.catalog}: sound"
+
+
+def test_a_model_committed_after_the_newest_copy_is_named_as_lost_and_the_rest_recovered(tmp_path, capsys):
+    store = store_of_two(tmp_path)
+    of_a = {k: v for k, v in file_digests(store.root).items() if k.startswith("a/")}
+    # what a writer killed between committing b and writing b's copy leaves
+    list_copies(store.catalog)[0].path.unlink()
+    due_marker(store.catalog).touch()
+    damage_file(store.catalog, Damage("flip-bit", store.catalog.stat().st_size - 100, 3))
+    from lmzfs.cli import main
+    assert main(["--store", str(store.root), "verify", "--repair"]) == 1
+    out = capsys.readouterr().out
+    assert "LOST b: not in the restored copy, or its chunks are in no pack\n" in out
+    assert file_digests(store.root) == of_a
+    assert not due_marker(store.catalog).exists() and diagnose(store).sound
+
+
+def test_a_flipped_model_name_is_restored_not_reported_as_a_lost_model(tmp_path):
+    store = StorePaths(tmp_path / "store")
+    add_model(store, small_model(tmp_path / "a", seed=1, mib=1), "model-alpha")
+    before = file_digests(store.root)
+    data = store.catalog.read_bytes()
+    assert data.count(b"model-alpha") >= 1
+    damage_file(store.catalog, Damage("flip-bit", data.index(b"model-alpha") + 6, 1))    # "model-clpha"
+    out = repair(store)
+    assert out.rc == 0 and out.traceback is None
+    assert file_digests(store.root) == before
+
+
+def test_an_older_copy_from_before_a_gc_finds_the_records_the_gc_moved(tmp_path):
+    store = store_of_two(tmp_path)
+    remove_models(store, ["a"])
+    before = file_digests(store.root)
+    assert collect_garbage(store).packs_rewritten == 1
+    newest = list_copies(store.catalog)[0]
+    damage_file(newest.path, Damage("flip-bit", newest.path.stat().st_size - 200, 0))   # the gc's own copy
+    damage_file(store.catalog, Damage("zero-page", PAGE))
+    from lmzfs.store.repair import repair_catalog
+    report = repair_catalog(store)
+    assert report.restored_from == store.catalog.with_name("catalog.sqlite.copy-0000000003")
+    assert report.relocated_chunks > 0 and report.recovered
+    assert file_digests(store.root) == before
+    assert diagnose(store).sound
+
+
+def test_a_copy_of_a_version_1_catalog_is_restored_and_upgraded(tmp_path):
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    for c in list_copies(store.catalog):
+        c.path.unlink()
+    db = sqlite3.connect(store.catalog, isolation_level=None)
+    db.execute("ALTER TABLE chunks DROP COLUMN xxh3")
+    db.execute("UPDATE meta SET value = '1' WHERE key = 'catalog_version'")
+    write_copy(db, store.catalog)           # a copy as an lmzfs of catalog version 1 would write it
+    db.close()
+    assert examine(list_copies(store.catalog)[0].path, copy=True).clean
+    damage_file(store.catalog, Damage("zero-page", 3 * PAGE))
+    assert repair(store).rc == 0
+    catalog = Catalog(store.catalog, readonly=True)
+    try:
+        assert catalog.version == "2"
+    finally:
+        catalog.close()
+    assert file_digests(store.root) == before
+
+
+def test_a_copy_of_an_unknown_newer_version_is_not_restored(tmp_path):
+    store = store_of_two(tmp_path)
+    for c in list_copies(store.catalog):
+        db = sqlite3.connect(c.path)
+        db.execute("UPDATE meta SET value = '9' WHERE key = 'catalog_version'")
+        db.commit()
+        db.close()
+    damage_file(store.catalog, Damage("zero-page", 0))
+    out = repair(store)
+    assert out.rc == 2 and out.traceback is None
+    assert out.stderr.startswith(f"lmz: catalog {store.catalog} is damaged (file is not a database) and no copy "
+                                 "of it checks clean (2 found); it is left as it is")
+    assert not list(store.root.glob("catalog.sqlite.damaged-*"))
+
+
+_COPY_LOOP = """
+import sqlite3, sys
+from pathlib import Path
+from lmzfs.store.catalogcopies import write_copy
+catalog = Path(sys.argv[1])
+db = sqlite3.connect(catalog, isolation_level=None)
+print("ready", flush=True)
+while True:
+    write_copy(db, catalog)
+"""
+
+
+def test_kill_9_while_a_copy_is_written_leaves_the_store_consistent(tmp_path):
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    rng = random.Random(9)
+    for _ in range(12):
+        p = subprocess.Popen([sys.executable, "-c", _COPY_LOOP, str(store.catalog)], stdout=subprocess.PIPE)
+        assert p.stdout.readline() == b"ready\n"
+        time.sleep(rng.uniform(0, 0.05))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+        copies = list_copies(store.catalog)
+        assert 1 <= len(copies) <= KEEP_COPIES + 1
+        assert all(examine(c.path, copy=True).clean for c in copies)
+        assert diagnose(store).sound
+    assert repair(store).rc == 0
+    add_model(store, small_model(tmp_path / "c", seed=3, mib=1), "c")
+    assert not store.catalog.with_name("catalog.sqlite.copy-tmp").exists()
+    assert {k: v for k, v in file_digests(store.root).items() if not k.startswith("c/")} == before
+
+
+def test_each_commit_leaves_a_copy_and_only_the_newest_three_are_kept(tmp_path):
+    store = store_of_two(tmp_path)
+    assert [c.generation for c in list_copies(store.catalog)] == [2, 1]
+    remove_models(store, ["a"])
+    collect_garbage(store)
+    assert [c.generation for c in list_copies(store.catalog)] == [4, 3, 2]
+    assert all(examine(c.path, copy=True).clean for c in list_copies(store.catalog))
+    assert not due_marker(store.catalog).exists()
+
+
+def test_a_writer_refuses_a_catalog_whose_content_differs_from_its_copy(tmp_path):
+    store = store_of_two(tmp_path)
+    db = sqlite3.connect(store.catalog)
+    db.execute("UPDATE files SET size = size + 1 WHERE path = 'model.safetensors'")    # what no integrity check sees
+    db.commit()
+    db.close()
+    with pytest.raises(CatalogDamaged, match="its content differs from its copy catalog.sqlite.copy-0000000002"):
+        add_model(store, small_model(tmp_path / "c", seed=3, mib=1), "c")
+    assert repair(store).rc == 0
+    add_model(store, small_model(tmp_path / "c", seed=3, mib=1), "c")
+
+
+def test_doctor_and_mount_point_at_repair_in_one_line(tmp_path):
+    store = store_of_two(tmp_path)
+    damage_file(store.catalog, Damage("zero-page", 0))
+    problems: list[str] = []
+    doctor_check_store(store, problems)
+    assert problems == [f"catalog {store.catalog} is damaged: run lmz verify --repair (file is not a database)"]
+    with pytest.raises(MountError) as err:
+        check_store_for_mount(store.root)
+    assert str(err.value) == f"catalog {store.catalog} is damaged: run lmz verify --repair (file is not a database)"
