@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import BinaryIO
 
 from .gguf import parse_gguf
 from .safetensors import parse_safetensors
 from .segments import FileLayout, FormatError, Segment, opaque_layout
 from .torchzip import NotTorchZip, parse_torch_zip
 
-__all__ = ["FileLayout", "FormatError", "Segment", "opaque_layout", "parse_file",
+__all__ = ["FileLayout", "FormatError", "Segment", "opaque_layout", "parse_file", "parse_open_file",
            "parse_gguf", "parse_safetensors", "parse_torch_zip"]
 
 
@@ -34,16 +35,23 @@ def parse_file(path: str | os.PathLike) -> FileLayout:
     """Open path, detect its container format by magic bytes and return its layout."""
     p = os.fspath(path)
     with open(p, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        parser = _detect(f.read(16))
-        if parser is None:
-            return opaque_layout(size)
-        try:
-            layout = parser(p, f, size)
-        except NotTorchZip:
-            return opaque_layout(size)
-        except FormatError as exc:
-            return opaque_layout(size, error=str(exc))
+        return parse_open_file(p, f, os.fstat(f.fileno()).st_size)
+
+
+def parse_open_file(name: str, f: BinaryIO, size: int) -> FileLayout:
+    """The layout of the ``size`` bytes of the open file ``f``, read through f alone; ``name`` is
+    what messages call it."""
+    p = name
+    f.seek(0)
+    parser = _detect(f.read(16))
+    if parser is None:
+        return opaque_layout(size)
+    try:
+        layout = parser(p, f, size)
+    except NotTorchZip:
+        return opaque_layout(size)
+    except FormatError as exc:
+        return opaque_layout(size, error=str(exc))
     try:
         layout.check_tiling()
     except AssertionError as exc:   # a parser bug must not make a file unstorable

@@ -1,6 +1,7 @@
 """Model names: "minilm", or "run1/step-1000" for families. They become directories in the mount."""
 from __future__ import annotations
 
+from lmzfs.printable import first_control_character, printable
 from lmzfs.store.layout import StoreError
 
 MAX_NAME = 255
@@ -14,8 +15,11 @@ def validate_model_name(name: str) -> str:
         raise StoreError(f"model name is longer than {MAX_NAME} bytes")
     if name.startswith("/"):
         raise StoreError(f"model name {name!r} is absolute; use a relative name such as 'llama' or 'run1/step-1000'")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise StoreError(f"model name {name!r} contains a control character")
+    bad = first_control_character(name)
+    if bad is not None:
+        # C0/C1 controls, line separators and bidi overrides: a name that prints as another name
+        raise StoreError(f"model name '{printable(name)}' contains the control character {bad}; "
+                         f"use plain letters, digits and punctuation")
     if "\\" in name:
         raise StoreError(f"model name {name!r} contains a backslash")
     parts = name.split("/")
