@@ -7,11 +7,12 @@ the first time it is opened for writing.
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmzfs.store.layout import StoreError
+from lmzfs.store.layout import FILE_MODE, StoreError
 from lmzfs.store.packs import ChunkLocation
 
 CATALOG_VERSION = 2
@@ -104,6 +105,13 @@ class Catalog:
         self.path = path
         if readonly and not path.exists():
             raise StoreError(f"catalog {path} is missing")
+        if not readonly:
+            # SQLite would create the file by the umask (0644); its -wal and -shm files copy the
+            # catalog's mode, so creating it 0600 here keeps all three the owner's.
+            try:
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
+            except OSError as exc:
+                raise StoreError(f"catalog {path} cannot be opened: {exc.strerror or exc}") from None
         uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
         try:
             self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
