@@ -1,7 +1,9 @@
 """Container parsers: split a model file into segments (header, tensors, padding) tiling it exactly.
 
 parse_file never refuses a file: anything unrecognised, or a recognised container whose header is
-malformed or hostile, comes back as one opaque segment (with the reason in FileLayout.error).
+malformed or hostile, or declares more tensors than its bytes justify (lmzfs.formats.bounds),
+comes back as one opaque segment (with the reason in FileLayout.error). Its layouts have runs of
+small tensors coalesced into one segment; the parse_* functions give every tensor its own.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import struct
 from typing import BinaryIO
 
+from .bounds import coalesce
 from .gguf import parse_gguf
 from .safetensors import parse_safetensors
 from .segments import FileLayout, FormatError, Segment, opaque_layout
@@ -52,6 +55,7 @@ def parse_open_file(name: str, f: BinaryIO, size: int) -> FileLayout:
         return opaque_layout(size)
     except FormatError as exc:
         return opaque_layout(size, error=str(exc))
+    layout = FileLayout(layout.format, layout.size, tuple(coalesce(list(layout.segments))), layout.error)
     try:
         layout.check_tiling()
     except AssertionError as exc:   # a parser bug must not make a file unstorable

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from .bounds import tensor_limit, too_many
 from .segments import FileLayout, FormatError, Segment
 
 MAX_HEADER = 100 << 20   # the reference implementation refuses larger headers too
+VALUES_PER_TENSOR = 16    # JSON values a tensor entry may take: its keys, up to a dozen dims, offsets
+FREE_VALUES = 4096        # for __metadata__
+# a JSON string, escapes included, matched without backtracking
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)
 
 # Element sizes in bytes. Sub-byte dtypes (F4, F6_*) are absent on purpose: they are accepted
 # with itemsize 0 and no length check, like any dtype we do not know.
@@ -65,6 +71,7 @@ def _read_header(path: str, f: BinaryIO, size: int) -> tuple[int, dict]:
     text = f.read(n)
     if len(text) != n:
         raise FormatError(path, f"header truncated: read {len(text)} of {n} bytes")
+    _check_structure(path, text, size - 8 - n)
     try:
         header = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -72,6 +79,23 @@ def _read_header(path: str, f: BinaryIO, size: int) -> tuple[int, dict]:
     if not isinstance(header, dict):
         raise FormatError(path, f"header is a JSON {type(header).__name__}, not an object")
     return n, header
+
+
+def _check_structure(path: str, text: bytes, data_size: int) -> None:
+    """Refuse, before decoding anything, a header with more objects or values than the data area
+    can justify: what json.loads would build is bounded by the braces and commas outside strings."""
+    objects_allowed = tensor_limit(data_size) + 2          # the header itself and __metadata__
+    values_allowed = VALUES_PER_TENSOR * tensor_limit(data_size) + FREE_VALUES
+    objects, values = text.count(b"{"), text.count(b",")
+    if objects <= objects_allowed and values <= values_allowed:
+        return
+    bare = _JSON_STRING.sub(b'""', text)        # braces and commas inside strings build nothing
+    objects, values = bare.count(b"{"), bare.count(b",")
+    if objects > objects_allowed:
+        raise FormatError(path, too_many(objects - 2, data_size, "tensor entries"))
+    if values > values_allowed:
+        raise FormatError(path, f"header holds {values} JSON values, more than the {values_allowed} its "
+                                f"{data_size}-byte data area allows")
 
 
 def _check_metadata(path: str, meta: object) -> None:
@@ -111,6 +135,9 @@ def parse_safetensors(path: str, f: BinaryIO, size: int) -> FileLayout:
     n, header = _read_header(path, f, size)
     base = 8 + n
     data_size = size - base
+    why = too_many(len(header) - ("__metadata__" in header), data_size)
+    if why:
+        raise FormatError(path, why)
     tensors: list[_Tensor] = []
     for name, info in header.items():
         if name == "__metadata__":
