@@ -16,25 +16,24 @@ from .segments import Segment
 
 BYTES_PER_TENSOR = 64
 FREE_TENSORS = 1024
-MAX_TENSORS = 1 << 18
-MAX_ZIP_ENTRIES = 1 << 16           # each costs a local header read and several records; torch writes one per storage
+MAX_TENSORS = 1 << 16               # tens of thousands is already a large MoE checkpoint in one file
 MAX_METADATA_ENTRIES = 1 << 16      # GGUF key-value pairs; models carry tens
 MAX_METADATA_ITEMS = 1 << 22        # GGUF string and array elements walked one by one (vocabularies)
 SMALL_TENSOR = 64 << 10             # the smallest chunk `lmz add --chunk-size` allows
 
 
-def tensor_limit(payload_bytes: int, cap: int = MAX_TENSORS) -> int:
+def tensor_limit(payload_bytes: int) -> int:
     """The most tensors (or zip entries) a file with ``payload_bytes`` of payload may declare."""
-    return min(cap, FREE_TENSORS + max(0, payload_bytes) // BYTES_PER_TENSOR)
+    return min(MAX_TENSORS, FREE_TENSORS + max(0, payload_bytes) // BYTES_PER_TENSOR)
 
 
-def too_many(count: int, payload_bytes: int, what: str = "tensors", cap: int = MAX_TENSORS) -> str | None:
+def too_many(count: int, payload_bytes: int, what: str = "tensors") -> str | None:
     """Why ``count`` is past the limit for this payload, or None when it is within it."""
-    limit = tensor_limit(payload_bytes, cap)
+    limit = tensor_limit(payload_bytes)
     if count <= limit:
         return None
     return (f"{count} {what} exceed the limit of {limit} for {payload_bytes} bytes of payload (one per "
-            f"{BYTES_PER_TENSOR} bytes, at most {cap})")
+            f"{BYTES_PER_TENSOR} bytes, at most {MAX_TENSORS})")
 
 
 def segment_limit(size: int) -> int:

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from .bounds import MAX_ZIP_ENTRIES, too_many
+from .bounds import too_many
 from .segments import FileLayout, FormatError, Segment
 
 _EOCD_SIG = b"PK\x05\x06"
@@ -117,7 +117,7 @@ def _read_directory(path: str, f: BinaryIO, size: int) -> _Directory:
         raise FormatError(path, f"central directory of {cd_size} bytes exceeds {MAX_CENTRAL_DIR}")
     if count * _CDH_LEN > cd_size:
         raise FormatError(path, f"{count} entries cannot fit in a {cd_size}-byte central directory")
-    why = too_many(count, size, "zip entries", MAX_ZIP_ENTRIES)
+    why = too_many(count, size, "zip entries")
     if why:
         raise FormatError(path, why)
     pieces.append(_Piece(cd_offset, cd_size, "header", what="central directory"))
