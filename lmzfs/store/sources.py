@@ -98,7 +98,9 @@ class SourceTree:
         st = os.stat(name, dir_fd=self.root_fd, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
             raise StoreError(f"{self.source} changed while being looked at; try again")
-        return SourceFile(validate_file_path(name), (name,), str(self.source), FileIdentity.of(st))
+        # the model's file keeps the name it was given by, a symlink's own name included
+        return SourceFile(validate_file_path(self.source.name or name), (name,), str(self.source),
+                          FileIdentity.of(st))
 
     def _walk(self) -> list[SourceFile]:
         found: list[SourceFile] = []
