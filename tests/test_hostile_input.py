@@ -368,3 +368,14 @@ def test_an_esc_in_a_file_name_is_escaped_in_lmz_ls(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "\x1b" not in out
     assert out.splitlines()[1].startswith("red\\x1b[31mtext\\x0a.bin  opaque")
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(os.fsencode(src) + b"/\xff\x1b.bin", "wb") as f:
+        f.write(b"x")
+    assert lmz(["--store", str(tmp_path / "store"), "add", str(src)]) == 2
+    assert last_line(capsys.readouterr().err) == ("lmz: file name '\\xff\\x1b.bin' is not valid UTF-8; rename it "
+                                                  "(e.g. with convmv) and add again")
+    assert not (tmp_path / "store").exists()
