@@ -105,7 +105,8 @@ class SourceTree:
     def _walk(self) -> list[SourceFile]:
         found: list[SourceFile] = []
         try:
-            for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=self.root_fd, follow_symlinks=False):
+            for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=self.root_fd, follow_symlinks=False,
+                                                                onerror=_raise):
                 dirnames.sort()
                 links = [d for d in dirnames if stat.S_ISLNK(os.stat(d, dir_fd=dirfd, follow_symlinks=False).st_mode)]
                 prefix = "" if dirpath == "." else dirpath[2:] + "/"
@@ -168,6 +169,10 @@ class SourceTree:
             os.close(ffd)
             raise
         return ffd
+
+
+def _raise(exc: OSError) -> None:
+    raise exc      # an unreadable subdirectory fails the add rather than leaving its files out
 
 
 def _kind(mode: int) -> str:
