@@ -45,8 +45,8 @@ def coalesce(segments: list[Segment]) -> list[Segment]:
     """``segments`` with each run of two or more adjacent small tensors (under SMALL_TENSOR) of one
     dtype merged into one tensor segment of that dtype, so the codecs still see what it holds. Should
     that leave more segments than segment_limit (small tensors of alternating dtypes, with padding
-    between them), runs of every small segment are merged instead, with no dtype. A lone small
-    tensor stays as it is."""
+    or, in a zip, local headers between them), runs of every small segment after a small tensor
+    are merged instead, with no dtype. A lone small tensor stays as it is."""
     size = segments[-1].end - segments[0].offset if segments else 0
     out = _merge_runs(segments, mixed=False)
     return out if len(out) <= segment_limit(size) else _merge_runs(segments, mixed=True)
@@ -57,9 +57,9 @@ def _merge_runs(segments: list[Segment], mixed: bool) -> list[Segment]:
     run: list[Segment] = []
 
     def flush() -> None:
-        # padding after the run's last tensor belongs to whatever follows, not to the run
+        # padding or a header after the run's last tensor belongs to whatever follows, not to the run
         tail: list[Segment] = []
-        while run and run[-1].kind == "padding":
+        while run and run[-1].kind != "tensor":
             tail.insert(0, run.pop())
         if len(run) == 1:
             out.append(run[0])
@@ -74,7 +74,7 @@ def _merge_runs(segments: list[Segment], mixed: bool) -> list[Segment]:
         run.clear()
 
     for s in segments:
-        small = s.kind == "tensor" and s.length < SMALL_TENSOR
+        small = s.length < SMALL_TENSOR and (s.kind == "tensor" or (mixed and s.kind == "header" and bool(run)))
         if small and run and not mixed and (s.dtype, s.itemsize) != (run[0].dtype, run[0].itemsize):
             flush()
         if small or (mixed and s.kind == "padding" and run):
