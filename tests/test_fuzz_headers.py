@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import struct
 import tempfile
 import time
@@ -32,6 +33,12 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="LMZ_FUZZ_EXAM
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # -- safetensors ----------------------------------------------------------------------------------
+
+def payload(draw, size: int) -> bytes:
+    """``size`` bytes of tensor data from one drawn seed: drawing them byte by byte is most of
+    what generating an example would cost, and their values do not steer the parsers."""
+    return random.Random(draw(st.integers(0, 2 ** 32))).randbytes(size)
+
 
 DTYPES = ["F32", "F16", "BF16", "I64", "U8", "BOOL", "F8_E4M3", "F4", "f32", "", "X" * 40]
 ints = st.one_of(st.integers(0, 300), st.integers(-5, 5), st.integers(0, 2 ** 64 + 5),
@@ -56,7 +63,7 @@ def safetensors_files(draw) -> bytes:
             for d in shape:
                 size *= d
             offs = [len(data), len(data) + size]
-            data += draw(st.binary(min_size=size, max_size=size)) if size < 4096 else bytes(size)
+            data += payload(draw, size)
         else:
             shape = draw(st.one_of(st.lists(ints, max_size=4), ints))
             offs = draw(st.one_of(st.lists(ints, max_size=3), ints))
@@ -147,9 +154,7 @@ def gguf_files(draw) -> bytes:
     kv_count = draw(st.integers(0, 2 ** 64 - 1)) if lie() else len(kvs)
     head = b"GGUF" + struct.pack("<IQQ", version, tensor_count, kv_count) + b"".join(kvs) + b"".join(infos)
     head += bytes(-len(head) % max(alignment if alignment in (8, 32, 64) else 32, 1))
-    data = draw(st.binary(max_size=256)) if lie() else draw(st.binary(min_size=min(offset, 1 << 10),
-                                                                      max_size=min(offset, 1 << 10))) \
-        + bytes(max(0, offset - (1 << 10)))
+    data = draw(st.binary(max_size=256)) if lie() else payload(draw, min(offset, 1 << 17))
     raw = head + data
     if lie():
         raw = raw[:draw(st.integers(0, len(raw)))]
@@ -159,13 +164,19 @@ def gguf_files(draw) -> bytes:
 # -- the check --------------------------------------------------------------------------------
 
 class Workbench:
-    """One store and a counter of model names for all examples of a test."""
+    """A store and a counter of model names for the examples of a test; a fresh store every
+    MODELS_PER_STORE models, so that listing the store stays cheap over a long run."""
+
+    MODELS_PER_STORE = 200
 
     def __init__(self) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="lmz-fuzz-")
         self.root = Path(self._dir.name)
-        self.store = StorePaths(self.root / "store")
         self.names = itertools.count()
+
+    @property
+    def store(self) -> StorePaths:
+        return StorePaths(self.root / f"store-{self.serial // self.MODELS_PER_STORE}")
 
     def close(self) -> None:
         self._dir.cleanup()
@@ -174,7 +185,8 @@ class Workbench:
         self.check_file(lambda path: path.write_bytes(raw), filename)
 
     def check_file(self, write, filename: str) -> None:
-        name = f"m{next(self.names)}"
+        self.serial = next(self.names)
+        name = f"m{self.serial}"
         src = self.root / name
         src.mkdir()
         write(src / filename)
