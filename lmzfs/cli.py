@@ -12,6 +12,7 @@ from pathlib import Path
 from lmzfs import __version__
 from lmzfs.errors import CorruptChunk
 from lmzfs.malloc import tune_malloc
+from lmzfs.printable import printable
 from lmzfs.progress import ProgressLine, human_bytes
 from lmzfs.singlefile.errors import SingleFileError
 from lmzfs.servicecli import add_commands as add_service_commands
@@ -35,12 +36,14 @@ def cmd_add(args) -> int:
     from lmzfs.store.add import add_model
     store = _store(args)
     src = Path(args.path)
-    progress = ProgressLine(f"adding {args.name or src.name}")
+    progress = ProgressLine(f"adding {printable(args.name or src.name)}")
     try:
         r = add_model(store, src, args.name, progress=progress, fast=args.fast, chunk_size=args.chunk_size,
                       segments=args.segments)
     finally:
         progress.finish()
+    for warning in r.warnings:
+        print(f"lmz: warning: {printable(warning)}", file=sys.stderr)
     saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
     print(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
           f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved), {r.reused_chunks} chunk(s) already "
@@ -97,6 +100,7 @@ def _ls_model(catalog, args) -> int:
 
 
 def _table(header, rows) -> None:
+    rows = [tuple(printable(str(c)) for c in r) for r in rows]     # names may hold ESC, newlines, bidi overrides
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
     for r in (header, *rows):
         print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
@@ -105,7 +109,7 @@ def _table(header, rows) -> None:
 def cmd_rm(args) -> int:
     from lmzfs.store.remove import remove_models
     n = remove_models(_store(args), args.models)
-    print(f"removed {', '.join(args.models)} ({n} file(s)); run `lmz gc` to reclaim their space")
+    print(printable(f"removed {', '.join(args.models)} ({n} file(s)); run `lmz gc` to reclaim their space"))
     return 0
 
 
@@ -131,7 +135,7 @@ def cmd_verify(args) -> int:
         finally:
             progress.finish()
         for line in rec.damaged:
-            print(f"DAMAGED {line}")
+            print(printable(f"DAMAGED {line}"))
         damaged_chunks = len(rec.damaged)
         print(f"checksums: recorded for {rec.recorded} chunk(s) ({human_bytes(rec.bytes)}) stored without one"
               + (f"; {damaged_chunks} damaged chunk(s) left without" if damaged_chunks else ""))
@@ -141,7 +145,7 @@ def cmd_verify(args) -> int:
     finally:
         progress.finish()
     for d in report.damaged:
-        print(f"DAMAGED {d.model}/{d.path}: {d.reason}")
+        print(printable(f"DAMAGED {d.model}/{d.path}: {d.reason}"))
     state = "ok" if report.ok else f"{len(report.damaged)} damaged file(s)"
     print(f"verify: {report.files} file(s), {human_bytes(report.bytes)} decoded and checked: {state}")
     return 0 if report.ok and not damaged_chunks and not lost else 1
@@ -226,12 +230,12 @@ def cmd_inspect(args) -> int:
     try:
         report = inspect_file(args.file, sha256=args.sha256)
     except OSError as exc:
-        print(f"lmz: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"lmz: {printable(args.file)}: {printable(str(exc.strerror or exc))}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(report.to_json(), indent=1))
+        print(json.dumps(report.to_json(), indent=1))     # ensure_ascii: controls come out as \u escapes
     else:
-        print("\n".join(report.human_lines()))
+        print("\n".join(printable(line) for line in report.human_lines()))
     return 0 if report.ok else 1
 
 
@@ -322,16 +326,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmz: {catalog_error(_store(args).catalog, exc)}", file=sys.stderr)
         return 2
     except (StoreError, CorruptChunk) as exc:
-        print(f"lmz: {exc.strerror if isinstance(exc, CorruptChunk) else exc}", file=sys.stderr)
+        print(f"lmz: {printable(str(exc.strerror if isinstance(exc, CorruptChunk) else exc))}", file=sys.stderr)
         return 1 if isinstance(exc, CorruptChunk) else 2
     except SingleFileError as exc:
-        print(f"lmz: {exc}", file=sys.stderr)
+        print(f"lmz: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_status
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as exc:     # unreadable source, unwritable destination, disk full
-        print(f"lmz: {_os_error(exc)}", file=sys.stderr)
+        print(f"lmz: {printable(_os_error(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("lmz: interrupted", file=sys.stderr)

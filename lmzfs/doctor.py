@@ -11,6 +11,7 @@ import importlib.metadata
 import os
 import platform
 import shutil
+import stat
 import sqlite3
 import subprocess
 import sys
@@ -138,6 +139,7 @@ def check_store(store: StorePaths, problems: list[str]) -> dict:
     except (StoreError, OSError) as exc:
         problems.append(f"store format: {exc}")
         return out
+    _check_modes(store, out, problems)
     from lmzfs.store.catalogcheck import diagnose
     verdict = diagnose(store)
     out["catalog_copies"] = {"clean": sum(1 for _, c in verdict.copies if c.clean), "found": len(verdict.copies),
@@ -160,6 +162,28 @@ def check_store(store: StorePaths, problems: list[str]) -> dict:
     finally:
         catalog.close()
     return out
+
+
+def _check_modes(store: StorePaths, out: dict, problems: list[str]) -> None:
+    """Whether other users may enter the store and read its packs and catalog: a store made before
+    lmzfs created it owner-only, or loosened by hand. Inside an owner-only root nothing is
+    reachable, whatever the files' own modes (the mount's log, say), so only then are they listed."""
+    root_mode = store.root.stat().st_mode
+    out["mode"] = stat.filemode(root_mode)
+    loose: list[str] = []
+    if root_mode & 0o077:
+        for d in (store.root, store.packs):
+            for path in [d, *(sorted(d.iterdir()) if d.is_dir() else [])]:
+                try:
+                    mode = path.lstat().st_mode
+                except OSError:
+                    continue          # removed meanwhile (a gc, a checkpoint of the WAL)
+                if mode & 0o077 and (path == d or not stat.S_ISDIR(mode)):
+                    loose.append(f"{path} {stat.filemode(mode)}")
+        problems.append(f"store {store.root} is open to other users ({stat.filemode(root_mode)}; {len(loose)} "
+                        f"path(s) with group or other permissions): they can read packs and the catalog directly, "
+                        f"though the mount refuses them; fix with: chmod -R go= {store.root}")
+    out["loose_permissions"] = loose
 
 
 def _open_catalog(store: StorePaths) -> Catalog:
@@ -270,6 +294,8 @@ def render(doc: dict) -> list[str]:
         bad = len(packs["missing"]) + len(packs["damaged"])
         lines.append(f"  packs          {packs['referenced']} referenced, "
                      + ("all present with valid headers" if not bad else f"{bad} missing or damaged"))
+        loose = store.get("loose_permissions", [])
+        lines.append("  permissions    " + ("owner only" if not loose else f"{len(loose)} path(s) open to other users"))
         logical, disk = store["logical_bytes"], store["on_disk_bytes"]
         saved = f" ({100 * (1 - disk / logical):.1f}% saved)" if logical else ""
         lines.append(f"  size           {human_bytes(logical)} of model files in {human_bytes(disk)} on disk{saved}")

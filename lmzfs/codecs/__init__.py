@@ -124,7 +124,7 @@ def _order0_bytes(mv: memoryview) -> float:
 
 
 def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL,
-                 fast: bool = False, segments: bool = False) -> EncodedChunk:
+                 fast: bool = False, segments: bool = False, thorough: bool = True) -> EncodedChunk:
     """Encode one chunk with whichever codec gives the smallest payload.
 
     Candidates (see ``candidates``): zstd always; bytegroup for element sizes 2, 4 and 8;
@@ -144,7 +144,7 @@ def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DE
         n = len(_header(codec.id, size, params)) + len(body)
         if n < best_len or (n == best_len and _DECODE_COST[codec.id] < _DECODE_COST[best_id]):
             best_id, best_params, best_body, best_len = codec.id, params, body, n
-        if codec.id == ZstdCodec.id and len(body) * 2 <= size and level < TEXT_LEVEL:
+        if thorough and codec.id == ZstdCodec.id and len(body) * 2 <= size and level < TEXT_LEVEL:
             body = ZstdCodec(TEXT_LEVEL).encode(mv, hint)[1]
             n = len(_header(codec.id, size, b"")) + len(body)
             if n < best_len:

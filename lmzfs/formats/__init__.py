@@ -1,19 +1,23 @@
 """Container parsers: split a model file into segments (header, tensors, padding) tiling it exactly.
 
 parse_file never refuses a file: anything unrecognised, or a recognised container whose header is
-malformed or hostile, comes back as one opaque segment (with the reason in FileLayout.error).
+malformed or hostile, or declares more tensors than its bytes justify (lmzfs.formats.bounds),
+comes back as one opaque segment (with the reason in FileLayout.error). Its layouts have runs of
+small tensors coalesced into one segment; the parse_* functions give every tensor its own.
 """
 from __future__ import annotations
 
 import os
 import struct
+from typing import BinaryIO
 
+from .bounds import coalesce
 from .gguf import parse_gguf
 from .safetensors import parse_safetensors
 from .segments import FileLayout, FormatError, Segment, opaque_layout
 from .torchzip import NotTorchZip, parse_torch_zip
 
-__all__ = ["FileLayout", "FormatError", "Segment", "opaque_layout", "parse_file",
+__all__ = ["FileLayout", "FormatError", "Segment", "opaque_layout", "parse_file", "parse_open_file",
            "parse_gguf", "parse_safetensors", "parse_torch_zip"]
 
 
@@ -34,16 +38,24 @@ def parse_file(path: str | os.PathLike) -> FileLayout:
     """Open path, detect its container format by magic bytes and return its layout."""
     p = os.fspath(path)
     with open(p, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        parser = _detect(f.read(16))
-        if parser is None:
-            return opaque_layout(size)
-        try:
-            layout = parser(p, f, size)
-        except NotTorchZip:
-            return opaque_layout(size)
-        except FormatError as exc:
-            return opaque_layout(size, error=str(exc))
+        return parse_open_file(p, f, os.fstat(f.fileno()).st_size)
+
+
+def parse_open_file(name: str, f: BinaryIO, size: int) -> FileLayout:
+    """The layout of the ``size`` bytes of the open file ``f``, read through f alone; ``name`` is
+    what messages call it."""
+    p = name
+    f.seek(0)
+    parser = _detect(f.read(16))
+    if parser is None:
+        return opaque_layout(size)
+    try:
+        layout = parser(p, f, size)
+    except NotTorchZip:
+        return opaque_layout(size)
+    except FormatError as exc:
+        return opaque_layout(size, error=str(exc))
+    layout = FileLayout(layout.format, layout.size, tuple(coalesce(list(layout.segments))), layout.error)
     try:
         layout.check_tiling()
     except AssertionError as exc:   # a parser bug must not make a file unstorable

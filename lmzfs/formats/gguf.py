@@ -12,6 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from .bounds import MAX_METADATA_ENTRIES, MAX_METADATA_ITEMS, too_many
 from .segments import FileLayout, FormatError, Segment
 
 MAGIC = b"GGUF"
@@ -61,6 +62,7 @@ class _Reader:
         self.buf = b""
         self.buf_pos = 0      # file offset of buf[0]
         self.pos = 0          # current file offset
+        self.items_left = MAX_METADATA_ITEMS   # strings and arrays walked one by one
         f.seek(0)
 
     def remaining(self) -> int:
@@ -106,6 +108,27 @@ class _Reader:
                                          f"{self.remaining()} bytes left")
         return n
 
+    def spend_items(self, n: int, what: str) -> None:
+        self.items_left -= n
+        if self.items_left < 0:
+            raise FormatError(self.path, f"{what}: the metadata holds more than {MAX_METADATA_ITEMS} strings "
+                                         f"and arrays, more than any model's vocabulary")
+
+    def skip_strings(self, count: int, what: str) -> None:
+        """Skip ``count`` length-prefixed strings: the hot loop of a vocabulary array, kept tight."""
+        self.spend_items(count, what)
+        unpack_len = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            i = self.pos - self.buf_pos
+            if i < 0 or i + 8 > len(self.buf):
+                self._fill(8, f"{what} length")
+                i = self.pos - self.buf_pos
+            (n,) = unpack_len(self.buf, i)
+            if n > self.limit - self.pos - 8:
+                raise FormatError(self.path, f"{what} length {n} at offset {self.pos} exceeds the "
+                                             f"{self.limit - self.pos - 8} bytes left")
+            self.pos += 8 + n
+
     def string(self, what: str) -> str:
         raw = self.take(self.string_len(what), what)
         try:
@@ -137,6 +160,10 @@ def _skip_value(r: _Reader, vtype: int, key: str, depth: int = 0) -> None:
         if count * least > r.remaining():
             raise FormatError(r.path, f"array {key!r} count {count} exceeds what the {r.remaining()} "
                                       f"bytes left could hold")
+        if etype == _STRING:
+            r.skip_strings(count, f"string in array {key!r}")
+            return
+        r.spend_items(count, f"array {key!r}")
         for _ in range(count):
             _skip_value(r, etype, key, depth + 1)
     else:
@@ -167,9 +194,9 @@ def _tensor_info(r: _Reader, size: int, index: int) -> _TensorInfo:
     n_dims = r.u32(f"tensor {name!r} n_dims")
     if n_dims > MAX_DIMS:
         raise FormatError(r.path, f"tensor {name!r} has {n_dims} dimensions, more than {MAX_DIMS}")
-    dims = [r.u64(f"tensor {name!r} dimension") for _ in range(n_dims)]
-    type_id = r.u32(f"tensor {name!r} type")
-    offset = r.u64(f"tensor {name!r} offset")
+    # dims, type and offset in one read: this runs once per tensor, tens of thousands of times
+    fields = struct.unpack(f"<{n_dims}QIQ", r.take(8 * n_dims + 12, f"tensor {name!r} dimensions, type and offset"))
+    dims, type_id, offset = list(fields[:n_dims]), fields[n_dims], fields[n_dims + 1]
     gtype = GGML_TYPES.get(type_id)
     if gtype is None:
         raise FormatError(r.path, f"tensor {name!r} has unknown ggml type {type_id}")
@@ -206,6 +233,7 @@ def parse_gguf(path: str, f: BinaryIO, size: int) -> FileLayout:
     if tensor_count * _MIN_TENSOR_INFO + kv_count * _MIN_KV > r.remaining():
         raise FormatError(path, f"{tensor_count} tensors and {kv_count} metadata entries cannot fit in "
                                 f"the {r.remaining()} header bytes left")
+    check_counts(path, tensor_count, kv_count, size)
 
     alignment = DEFAULT_ALIGNMENT
     keys: set[str] = set()
@@ -231,7 +259,20 @@ def parse_gguf(path: str, f: BinaryIO, size: int) -> FileLayout:
 
     header_end = r.pos
     data_start = -(-header_end // alignment) * alignment
+    why = too_many(tensor_count, size - data_start)    # now that the data section's size is known
+    if why:
+        raise FormatError(path, why)
     return FileLayout("gguf", size, tuple(_segments(path, size, infos, header_end, data_start, alignment)))
+
+
+def check_counts(path: str, tensor_count: int, kv_count: int, size: int) -> None:
+    """Refuse counts past the bounds before any entry is read (the data section's size is not yet
+    known: the whole file stands in for it)."""
+    if kv_count > MAX_METADATA_ENTRIES:
+        raise FormatError(path, f"{kv_count} metadata entries exceed the limit of {MAX_METADATA_ENTRIES}")
+    why = too_many(tensor_count, size)
+    if why:
+        raise FormatError(path, why)
 
 
 def _segments(path: str, size: int, infos: list[_TensorInfo], header_end: int, data_start: int,

@@ -12,9 +12,13 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from .bounds import tensor_limit, too_many
 from .segments import FileLayout, FormatError, Segment
 
 MAX_HEADER = 100 << 20   # the reference implementation refuses larger headers too
+VALUES_PER_TENSOR = 16    # JSON values a tensor entry may take: its keys, up to a dozen dims, offsets
+FREE_VALUES = 4096        # for __metadata__
+_SCAN_BLOCK = 8 << 20
 
 # Element sizes in bytes. Sub-byte dtypes (F4, F6_*) are absent on purpose: they are accepted
 # with itemsize 0 and no length check, like any dtype we do not know.
@@ -26,7 +30,7 @@ ITEMSIZE = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Tensor:
     name: str
     dtype: str
@@ -36,17 +40,19 @@ class _Tensor:
     itemsize: int
 
 
-def _is_int(v: object) -> bool:
-    # JSON true/false decode to bool, which is an int subclass; they are not offsets or dims.
-    return isinstance(v, int) and not isinstance(v, bool)
+def _ints(values: object, count: int | None = None) -> bool:
+    """Whether ``values`` is a list of non-negative ints (of ``count`` of them, if given). The
+    type test is exact: JSON true/false decode to bool, an int subclass; they are not dims."""
+    return (type(values) is list and (count is None or len(values) == count)
+            and all(type(v) is int for v in values) and min(values, default=0) >= 0)
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    d: dict = {}
-    for k, v in pairs:
-        if k in d:
-            raise ValueError(f"duplicate key {k!r}")
-        d[k] = v
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"duplicate key {dup!r}")
     return d
 
 
@@ -65,6 +71,7 @@ def _read_header(path: str, f: BinaryIO, size: int) -> tuple[int, dict]:
     text = f.read(n)
     if len(text) != n:
         raise FormatError(path, f"header truncated: read {len(text)} of {n} bytes")
+    _check_structure(path, text, size - 8 - n)
     try:
         header = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -72,6 +79,41 @@ def _read_header(path: str, f: BinaryIO, size: int) -> tuple[int, dict]:
     if not isinstance(header, dict):
         raise FormatError(path, f"header is a JSON {type(header).__name__}, not an object")
     return n, header
+
+
+def _check_structure(path: str, text: bytes, data_size: int) -> None:
+    """Refuse, before decoding anything, a header with more objects or values than the data area
+    can justify: what json.loads would build is bounded by the braces and commas outside strings."""
+    objects_allowed = tensor_limit(data_size) + 2          # the header itself and __metadata__
+    values_allowed = VALUES_PER_TENSOR * tensor_limit(data_size) + FREE_VALUES
+    objects, values = text.count(b"{"), text.count(b",")
+    if objects <= objects_allowed and values <= values_allowed:
+        return
+    objects, values = _outside_strings(text)    # braces and commas inside strings build nothing
+    if objects > objects_allowed:
+        raise FormatError(path, too_many(objects - 2, data_size, "tensor entries"))
+    if values > values_allowed:
+        raise FormatError(path, f"header holds {values} JSON values, more than the {values_allowed} its "
+                                f"{data_size}-byte data area allows")
+
+
+def _outside_strings(text: bytes) -> tuple[int, int]:
+    """The braces and commas of ``text`` outside JSON strings, counted in blocks with numpy so that
+    neither time nor memory depends on how many strings there are. Escape pairs are blanked
+    first (left to right, as JSON reads them), so every quote left opens or closes a string. In
+    text that is not JSON anyway the counts may be off, which cannot matter: it will not parse."""
+    import numpy as np
+    blank = text.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    objects = values = 0
+    inside = 0                                   # quotes seen so far, mod 2
+    for at in range(0, len(blank), _SCAN_BLOCK):
+        a = np.frombuffer(blank, np.uint8, min(_SCAN_BLOCK, len(blank) - at), at)
+        quotes = np.cumsum(a == ord('"'), dtype=np.uint8)   # parity survives the wrap at 256
+        outside = ((quotes + inside) & 1) == 0   # a closing quote itself counts as inside
+        objects += int(np.count_nonzero(outside & (a == ord("{"))))
+        values += int(np.count_nonzero(outside & (a == ord(","))))
+        inside = (inside + int(quotes[-1])) & 1
+    return objects, values
 
 
 def _check_metadata(path: str, meta: object) -> None:
@@ -88,9 +130,9 @@ def _tensor(path: str, name: str, info: object, data_size: int) -> _Tensor:
     dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(dtype, str) or not dtype:
         raise FormatError(path, f"tensor {name!r} has no string dtype")
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+    if not _ints(shape):
         raise FormatError(path, f"tensor {name!r} shape {shape!r} is not a list of non-negative ints")
-    if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs)):
+    if not (type(offs) is list and len(offs) == 2 and all(type(o) is int for o in offs)):
         raise FormatError(path, f"tensor {name!r} data_offsets {offs!r} is not a pair of ints")
     begin, end = offs
     if not 0 <= begin <= end <= data_size:
@@ -111,6 +153,9 @@ def parse_safetensors(path: str, f: BinaryIO, size: int) -> FileLayout:
     n, header = _read_header(path, f, size)
     base = 8 + n
     data_size = size - base
+    why = too_many(len(header) - ("__metadata__" in header), data_size)
+    if why:
+        raise FormatError(path, why)
     tensors: list[_Tensor] = []
     for name, info in header.items():
         if name == "__metadata__":

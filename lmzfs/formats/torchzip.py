@@ -12,6 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from .bounds import too_many
 from .segments import FileLayout, FormatError, Segment
 
 _EOCD_SIG = b"PK\x05\x06"
@@ -116,6 +117,9 @@ def _read_directory(path: str, f: BinaryIO, size: int) -> _Directory:
         raise FormatError(path, f"central directory of {cd_size} bytes exceeds {MAX_CENTRAL_DIR}")
     if count * _CDH_LEN > cd_size:
         raise FormatError(path, f"{count} entries cannot fit in a {cd_size}-byte central directory")
+    why = too_many(count, size, "zip entries")
+    if why:
+        raise FormatError(path, why)
     pieces.append(_Piece(cd_offset, cd_size, "header", what="central directory"))
     return _Directory(count, cd_offset, cd_size, tuple(pieces))
 
@@ -211,6 +215,12 @@ def _entry_pieces(path: str, f: BinaryIO, size: int, e: _Entry) -> list[_Piece]:
         out.append(_Piece(at, _descriptor_len(path, f, size, e, at), "header",
                           what=f"data descriptor of {e.name!r}"))
     return out
+
+
+def zip_entry_count(path: str, f: BinaryIO, size: int) -> int:
+    """How many entries the zip's directory declares, once its records are known to be in bounds;
+    FormatError otherwise. What a zip reader may be handed without reading a hostile directory."""
+    return _read_directory(path, f, size).count
 
 
 def parse_torch_zip(path: str, f: BinaryIO, size: int) -> FileLayout:

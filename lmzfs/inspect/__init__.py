@@ -3,8 +3,10 @@ would save on it. Reads headers with the bounded parsers of lmzfs.formats, disas
 without running them, and encodes a sample of chunks with the real codecs."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 
 from lmzfs.formats import parse_file
 from lmzfs.formats.segments import FileLayout
@@ -24,14 +26,19 @@ def inspect_file(path: str | os.PathLike, *, sha256: bool = False, sample_bytes:
                  workers: int | None = None) -> InspectReport:
     """Inspect one file. Never raises for a malformed file (that is reported); OSError if unreadable."""
     p = os.fspath(path)
-    if os.path.isdir(p):
-        raise IsADirectoryError(21, "is a directory; give a file", p)
-    with open(p, "rb") as f:
+    # O_NONBLOCK: a FIFO opens at once (and is refused) instead of waiting for a writer
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(21, "is a directory; give a file", p)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (fifo, socket or device)", p)
         head = f.read(16)
     layout = parse_file(p)
     info = container_info(p, layout, head)
     report = InspectReport(p, layout.format, layout.size, layout.error, details=info.details,
-                           issues=info.issues, pickles=info.pickles)
+                           issues=info.issues, pickles=info.pickles, unsafe_entries=info.unsafe_entries)
     _add_totals(report, layout, info)
     report.groups = predict(p, layout, sample_bytes, workers)
     report.archive_overhead_bytes = _PACK_HEADER_AND_TRAILER + _PACK_PER_CHUNK * sum(g.chunks for g in report.groups)

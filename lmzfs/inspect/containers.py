@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import zipfile
 from dataclasses import dataclass, field
@@ -24,10 +25,16 @@ from lmzfs.singlefile.format import HEADER_SIZE as ARCHIVE_HEADER_SIZE
 from lmzfs.singlefile.format import MAGIC as ARCHIVE_MAGIC
 from lmzfs.singlefile.format import Header as ArchiveHeader
 
-from .pickles import MAX_PICKLE_BYTES, PickleScan, scan_pickle
+from lmzfs.formats.torchzip import zip_entry_count
+
+from .pickles import MAX_PICKLE_BYTES, OpcodeBudget, PickleScan, scan_pickle, scan_pickle_stream
 
 _GGUF_SHOWN_KEYS = ("general.architecture", "general.name", "general.file_type", "general.quantization_version")
 _MAX_SHOWN_STRING = 200
+# Where a bare pickle (protocol 0 and 1 have no PROTO opcode to recognise them by) is expected:
+# torch.save's legacy format, pickle and joblib dumps.
+_PICKLE_SUFFIXES = (".bin", ".pkl", ".pickle", ".pt", ".pth", ".ckpt", ".joblib")
+_PROTO = 0x80
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,7 @@ class ContainerInfo:
     details: dict = field(default_factory=dict)       # format-specific, JSON-ready
     issues: list[str] = field(default_factory=list)   # loadable by us, but worth knowing
     pickles: list[PickleScan] = field(default_factory=list)
+    unsafe_entries: list[str] = field(default_factory=list)   # zip members an extractor would write elsewhere
 
 
 def safetensors_info(path: str, layout: FileLayout) -> ContainerInfo:
@@ -98,15 +106,17 @@ def gguf_info(path: str, layout: FileLayout) -> ContainerInfo:
 def zip_info(path: str, layout: FileLayout) -> ContainerInfo:
     """Entries and pickle imports of a zip (a PyTorch checkpoint, or a broken one)."""
     info = ContainerInfo()
+    budget = OpcodeBudget()
     try:
         with zipfile.ZipFile(path) as z:
             entries = z.infolist()
             info.details = {"entries": [{"name": e.filename, "size": e.file_size, "stored_size": e.compress_size,
                                          "method": "stored" if e.compress_type == zipfile.ZIP_STORED else
                                          f"compressed ({e.compress_type})"} for e in entries]}
+            info.unsafe_entries = [e.orig_filename for e in entries if unsafe_member_name(e.orig_filename)]
             for e in entries:
                 if e.filename.endswith(".pkl"):
-                    info.pickles.append(_scan_entry(z, e))
+                    info.pickles.append(_scan_entry(z, e, budget))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
         info.issues.append(f"zip structure unreadable: {exc}")
     storages = [s for s in layout.segments if s.kind == "tensor"]
@@ -114,7 +124,14 @@ def zip_info(path: str, layout: FileLayout) -> ContainerInfo:
     return info
 
 
-def _scan_entry(z: zipfile.ZipFile, e: zipfile.ZipInfo) -> PickleScan:
+def unsafe_member_name(name: str) -> bool:
+    """Whether extracting a zip member of this name could write outside the directory extracted
+    into: an absolute path, a drive letter, a backslash (a separator on Windows) or a '..' part."""
+    return (name.startswith("/") or "\\" in name or (len(name) > 1 and name[1] == ":")
+            or ".." in name.split("/"))
+
+
+def _scan_entry(z: zipfile.ZipFile, e: zipfile.ZipInfo, budget: OpcodeBudget) -> PickleScan:
     if e.file_size > MAX_PICKLE_BYTES:
         return PickleScan(e.filename, e.file_size, error=f"{e.file_size} bytes, more than the {MAX_PICKLE_BYTES} "
                                                          f"this scanner reads")
@@ -123,7 +140,24 @@ def _scan_entry(z: zipfile.ZipFile, e: zipfile.ZipInfo) -> PickleScan:
             data = f.read(MAX_PICKLE_BYTES + 1)   # never trust file_size to bound a decompressor
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
         return PickleScan(e.filename, e.file_size, error=f"cannot read the entry: {exc}")
-    return scan_pickle(data, e.filename)
+    return scan_pickle(data, e.filename, budget)
+
+
+def raw_pickle_info(path: str, head: bytes) -> ContainerInfo | None:
+    """The pickles of a file that is one (a legacy torch.save file, a .pkl), scanned like those
+    inside a zip; None when the file is not a pickle. A PROTO opcode at the start makes it one
+    whatever its name; with a pickle's file name, so does a first pickle of protocol 0 or 1 that
+    parses to its STOP or names an import before it breaks."""
+    proto = len(head) >= 2 and head[0] == _PROTO and 2 <= head[1] <= 5
+    if not proto and not path.lower().endswith(_PICKLE_SUFFIXES):
+        return None
+    with open(path, "rb") as f:
+        data = f.read(MAX_PICKLE_BYTES)
+    scan = scan_pickle_stream(data, os.path.basename(path))
+    if not proto and scan.error and not scan.imports:
+        return None
+    scan.size = os.path.getsize(path)
+    return ContainerInfo(details={"pickle": True}, pickles=[scan])
 
 
 def container_info(path: str, layout: FileLayout, head: bytes) -> ContainerInfo:
@@ -135,9 +169,16 @@ def container_info(path: str, layout: FileLayout, head: bytes) -> ContainerInfo:
     except (FormatError, ValueError, KeyError, OSError) as exc:   # the file changed since parse_file
         return ContainerInfo(issues=[f"header could not be re-read: {exc}"])
     if head.startswith(b"PK\x03\x04"):
+        try:
+            with open(path, "rb") as f:
+                zip_entry_count(path, f, layout.size)   # bounded, before zipfile reads every entry
+        except FormatError as exc:
+            return ContainerInfo(issues=[f"zip directory not read: {exc.reason}"])
         return zip_info(path, layout)
     if head.startswith(ARCHIVE_MAGIC):
         return _archive_info(path)
+    if layout.format == "opaque":
+        return raw_pickle_info(path, head) or ContainerInfo()
     return ContainerInfo()
 
 

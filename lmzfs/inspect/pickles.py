@@ -17,7 +17,7 @@ import pickletools
 from dataclasses import dataclass, field
 
 MAX_PICKLE_BYTES = 64 << 20
-MAX_OPCODES = 10_000_000
+MAX_OPCODES = 4_000_000     # over all of one file's pickles: a few seconds of disassembly
 
 _SAFE_MODULE_ROOTS = ("torch",)
 _SAFE_GLOBALS = frozenset(
@@ -62,13 +62,48 @@ def is_allowed(module: str, name: str) -> bool:
     return False
 
 
-def scan_pickle(data: bytes, entry: str) -> PickleScan:
+def scan_pickle(data: bytes, entry: str, budget: "OpcodeBudget | None" = None) -> PickleScan:
     """Every import the pickle in ``data`` would perform, and which of them are suspicious."""
     scan = PickleScan(entry, len(data))
     if len(data) > MAX_PICKLE_BYTES:
         scan.error = f"{len(data)} bytes, more than the {MAX_PICKLE_BYTES} this scanner reads"
         return scan
-    seen: set[str] = set()
+    _scan_one(memoryview(data), 0, scan, budget or OpcodeBudget())
+    return scan
+
+
+def scan_pickle_stream(data: bytes, entry: str, budget: "OpcodeBudget | None" = None) -> PickleScan:
+    """The imports of the pickles at the start of ``data``, back to back, as one scan: a legacy
+    torch.save file is five of them (magic number, protocol, system info, the object, storage
+    keys) before raw storage bytes, and unpickling it runs all five. A pickle after the first is
+    recognised by its PROTO opcode (protocol 2 and later); the scan stops at the first bytes that
+    are not one, and an error there is not the file's: those are its storages."""
+    view = memoryview(data)[:MAX_PICKLE_BYTES]
+    scan = PickleScan(entry, len(data))
+    budget = budget or OpcodeBudget()
+    pos = _scan_one(view, 0, scan, budget)
+    while pos is not None and pos + 1 < len(view) and view[pos] == 0x80 and 2 <= view[pos + 1] <= 5:
+        follow = PickleScan(entry, 0)
+        follow.imports, follow.suspicious = scan.imports, scan.suspicious
+        pos = _scan_one(view, pos, follow, budget)
+        scan.opcodes += follow.opcodes
+        if follow.error and budget.spent:
+            scan.error = follow.error
+            break
+    return scan
+
+
+@dataclass
+class OpcodeBudget:
+    """Opcodes left to disassemble for one inspected file, over all its pickles."""
+    left: int = MAX_OPCODES
+    spent: bool = False
+
+
+def _scan_one(data: memoryview, start: int, scan: PickleScan, budget: OpcodeBudget) -> int | None:
+    """Scan the pickle at data[start:] into ``scan``; the offset after its STOP, or None when it
+    has none (malformed, truncated, or the budget ran out: scan.error says which)."""
+    seen = set(scan.imports)
 
     def found(module: object, name: object) -> None:
         ok = isinstance(module, str) and isinstance(name, str)
@@ -82,10 +117,14 @@ def scan_pickle(data: bytes, entry: str) -> PickleScan:
 
     stack: list[object] = []
     memo: dict[int, object] = {}
+    stream = io.BytesIO(data)
+    stream.seek(start)
     try:
-        for op, arg, pos in pickletools.genops(io.BytesIO(data)):
+        for op, arg, pos in pickletools.genops(stream):
             scan.opcodes += 1
-            if scan.opcodes > MAX_OPCODES:
+            budget.left -= 1
+            if budget.left < 0:
+                budget.spent = True
                 raise ValueError(f"more than {MAX_OPCODES} opcodes")
             if op.name in ("GLOBAL", "INST"):
                 module, _, name = arg.partition(" ")
@@ -104,10 +143,11 @@ def scan_pickle(data: bytes, entry: str) -> PickleScan:
             else:
                 stack.extend(_MARK if a is pickletools.markobject else None for a in op.stack_after)
             if op.name == "STOP":
-                break
+                return stream.tell()
+        raise ValueError("no STOP opcode")
     except Exception as exc:   # genops raises several types on malformed input; none may escape
         scan.error = f"malformed pickle after {scan.opcodes} opcodes: {exc}"
-    return scan
+    return None
 
 
 def _apply_stack_effect(stack: list[object], op, pos: int) -> None:

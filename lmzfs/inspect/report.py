@@ -30,6 +30,7 @@ class InspectReport:
     details: dict = field(default_factory=dict)
     issues: list[str] = field(default_factory=list)
     pickles: list[PickleScan] = field(default_factory=list)
+    unsafe_entries: list[str] = field(default_factory=list)   # zip members named '../x', '/x', 'a\\b'
     groups: list[GroupPrediction] = field(default_factory=list)
     archive_overhead_bytes: int = 0         # what `lmz pack` adds: header, record headers, trailer
     sha256: str | None = None
@@ -40,7 +41,7 @@ class InspectReport:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and not self.suspicious
+        return self.error is None and not self.suspicious and not self.unsafe_entries
 
     @property
     def predicted_stored_bytes(self) -> int:
@@ -58,6 +59,7 @@ class InspectReport:
             "header_bytes": self.header_bytes, "padding_bytes": self.padding_bytes, "opaque_bytes": self.opaque_bytes,
             "details": self.details, "issues": self.issues,
             "pickles": [p.to_json() for p in self.pickles], "suspicious": self.suspicious,
+            "unsafe_entries": self.unsafe_entries,
             "prediction": {
                 "groups": {g.group: g.to_json() for g in self.groups},
                 "sampled_bytes": sum(g.sampled_bytes for g in self.groups),
@@ -99,6 +101,9 @@ class InspectReport:
         for p in self.pickles:
             for ref in p.suspicious:
                 lines.append(f"  SUSPICIOUS: {p.entry} imports {ref}; unpickling this file would import it")
+        for name in self.unsafe_entries:
+            lines.append(f"  UNSAFE: zip member {name!r} is absolute or climbs out ('..', '/', '\\'); "
+                         f"extracting this file would write outside its directory")
         lines += [f"  note: {i}" for i in self.issues]
         if self.sha256:
             lines.append(f"  sha256 {self.sha256}")

@@ -49,6 +49,7 @@ def group_of(seg: Segment) -> str:
 def predict(path: str | os.PathLike, layout: FileLayout, sample_bytes: int = SAMPLE_BYTES,
             workers: int | None = None) -> list[GroupPrediction]:
     """One prediction per group, largest group first."""
+    thorough = layout.error is None       # as `lmz add` codes a file whose header it refused
     by_group: dict[str, list[Segment]] = {}
     for seg in layout.segments:
         by_group.setdefault(group_of(seg), []).append(seg)
@@ -60,12 +61,12 @@ def predict(path: str | os.PathLike, layout: FileLayout, sample_bytes: int = SAM
             plans = list(plan_chunks(FileLayout(layout.format, layout.size, tuple(segs))))
             g = GroupPrediction(name, sum(p.length for p in plans), len(plans))
             if g.bytes <= sample_bytes:
-                sizes = pool.map(lambda p: _payload_size(f.fileno(), p), plans)
+                sizes = pool.map(lambda p: _payload_size(f.fileno(), p, thorough), plans)
                 g.sampled_bytes, g.predicted_stored_bytes = g.bytes, sum(sizes)
             else:
                 picks = _byte_spread(plans, g.bytes, sample_bytes)
                 unique = sorted(set(picks))
-                sizes = dict(zip(unique, pool.map(lambda i: _payload_size(f.fileno(), plans[i]), unique)))
+                sizes = dict(zip(unique, pool.map(lambda i: _payload_size(f.fileno(), plans[i], thorough), unique)))
                 g.sampled_bytes = sum(plans[i].length for i in unique)
                 mean_ratio = sum(sizes[i] / plans[i].length for i in picks) / len(picks)
                 g.predicted_stored_bytes = round(g.bytes * mean_ratio)
@@ -85,6 +86,6 @@ def _byte_spread(plans: list[ChunkPlan], total: int, sample_bytes: int) -> list[
     return [bisect.bisect_right(ends, (i + 0.5) * total / k) for i in range(k)]
 
 
-def _payload_size(fd: int, p: ChunkPlan) -> int:
+def _payload_size(fd: int, p: ChunkPlan, thorough: bool) -> int:
     data = os.pread(fd, p.length, p.offset)
-    return len(encode_chunk(data, p.hint).payload)
+    return len(encode_chunk(data, p.hint, fast=not thorough, thorough=thorough).payload)

@@ -10,7 +10,6 @@ import hashlib
 import mmap
 import os
 import sqlite3
-import stat
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,20 +21,15 @@ import xxhash
 
 from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, plan_chunks
 from lmzfs.codecs import encode_chunk
-from lmzfs.formats import parse_file
+from lmzfs.formats import parse_open_file
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
-from lmzfs.store.names import validate_file_path, validate_model_name
+from lmzfs.store.names import validate_model_name
 from lmzfs.store.packs import PackWriter
+from lmzfs.store.sources import SourceFile, SourceTree
 
 Progress = Callable[[int, int], None]     # (bytes done, bytes total)
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    rel: str          # path inside the model, "/"-separated
-    path: Path        # where to read it (a symlink's target, when it stays inside the source)
 
 
 @dataclass
@@ -47,6 +41,7 @@ class AddResult:
     new_payload_bytes: int = 0
     reused_chunks: int = 0
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)   # files stored as opaque bytes, and why
 
 
 @dataclass
@@ -72,41 +67,8 @@ class _FilePlan:
 
 
 def default_model_name(source: Path) -> str:
-    source = source.resolve()
-    return source.name if source.is_dir() else source.stem
-
-
-def collect_sources(source: Path) -> list[SourceFile]:
-    """The regular files to add, refusing anything that would read outside `source`."""
-    if not source.exists():
-        raise StoreError(f"{source}: no such file or directory")
-    if source.is_file():
-        return [SourceFile(validate_file_path(source.name), source)]
-    if not source.is_dir():
-        raise StoreError(f"{source}: not a regular file or directory")
-    root = source.resolve()
-    found: list[SourceFile] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            full = Path(dirpath) / name
-            rel = full.relative_to(root).as_posix()
-            st = os.lstat(full)
-            target = full
-            if stat.S_ISLNK(st.st_mode):
-                target = full.resolve()
-                if target != root and root not in target.parents:
-                    raise StoreError(f"{source}/{rel} is a symlink to {os.readlink(full)}, outside the added "
-                                     f"directory; copy the file in or add its target directory instead")
-                if target.is_dir():
-                    raise StoreError(f"{source}/{rel} is a symlink to a directory; only files are added")
-                st = os.stat(target)
-            if not stat.S_ISREG(st.st_mode):
-                raise StoreError(f"{source}/{rel} is not a regular file (fifo, socket or device); remove it first")
-            found.append(SourceFile(validate_file_path(rel), target))
-    if not found:
-        raise StoreError(f"{source}: no files to add")
-    return found
+    real = Path(os.path.realpath(source))     # never raises, even on a symlink loop
+    return real.name if real.is_dir() else real.stem
 
 
 def check_name_free(catalog: Catalog, name: str) -> None:
@@ -136,7 +98,13 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
         raise StoreError(f"chunk size {chunk_size} is outside {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE} bytes")
     name = validate_model_name(default_model_name(source) if name is None else name)
-    sources = collect_sources(source)
+    with SourceTree(source) as tree:
+        return _add_tree(store, tree, name, progress, workers, fast, chunk_size, segments)
+
+
+def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress | None, workers: int | None,
+              fast: bool, chunk_size: int, segments: bool) -> AddResult:
+    sources = tree.files
     store.create()
     store.check_format()
     started = time.monotonic()
@@ -145,7 +113,7 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
         try:
             check_name_free(catalog, name)
             result = AddResult(name)
-            total = sum(os.stat(s.path).st_size for s in sources)
+            total = sum(s.size for s in sources)
             writer = PackWriter(store, *catalog.pack_ids())
             try:
                 new: dict[bytes, _NewChunk] = {}
@@ -154,13 +122,13 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
                 workers = workers or os.cpu_count() or 2
                 with ThreadPoolExecutor(max_workers=workers) as pool:
                     for src in sources:
-                        plan = _add_file(src, catalog, writer, pool, 2 * workers + 2, fast, segments, chunk_size, new,
+                        plan = _add_file(tree, src, catalog, writer, pool, 2 * workers + 2, fast, segments, chunk_size, new,
                                          result, lambda n: progress and progress(done + n, total))
                         done += plan.size
                         plans.append(plan)
                 writer.sync()
                 try:
-                    _commit(catalog, name, str(source.resolve()), plans, new, writer)
+                    _commit(catalog, name, str(tree.resolved), plans, new, writer)
                 except sqlite3.Error as exc:
                     # e.g. a full disk: the transaction rolled back, so nothing of this add is
                     # visible; its pack bytes are garbage for `lmz gc`.
@@ -174,14 +142,18 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     return result
 
 
-def _add_file(src: SourceFile, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor, limit: int,
-              fast: bool, segments: bool, chunk_size: int, new: dict[bytes, _NewChunk], result: AddResult,
-              progress: Callable[[int], None]) -> _FilePlan:
-    with open(src.path, "rb") as f:
+def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor,
+              limit: int, fast: bool, segments: bool, chunk_size: int, new: dict[bytes, _NewChunk],
+              result: AddResult, progress: Callable[[int], None]) -> _FilePlan:
+    # The one descriptor the walk's file is read through: parsing, hashing and chunking alike.
+    with open(tree.open(src), "rb") as f:
         before = os.fstat(f.fileno())
-        layout = parse_file(src.path)
-        if layout.size != before.st_size:
-            raise StoreError(f"{src.path} changed size while being added")
+        layout = parse_open_file(src.shown, f, before.st_size)
+        # A header that is malformed or claims more than the file holds buys its bytes the quick
+        # codecs only: an input crafted to be slow to store gets no slow search.
+        hostile = layout.error is not None
+        if hostile:
+            result.warnings.append(f"{layout.error}; stored as opaque bytes")
         plan = _FilePlan(src.rel, before.st_size, before.st_mtime, "", layout.format)
         whole = hashlib.sha256()
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if before.st_size else None
@@ -211,8 +183,9 @@ def _add_file(src: SourceFile, catalog: Catalog, writer: PackWriter, pool: Threa
                 else:
                     pending.add(cid)
                     result.new_chunks += 1
-                    window.append((cid, cp.length, check, pool.submit(encode_chunk, bytes(data), cp.hint, fast=fast,
-                                                                     segments=segments)))
+                    window.append((cid, cp.length, check, pool.submit(encode_chunk, bytes(data), cp.hint,
+                                                                     fast=fast or hostile, segments=segments,
+                                                                     thorough=not hostile)))
                     drain(limit)
                 del data
                 progress(cp.offset + cp.length)
@@ -222,7 +195,7 @@ def _add_file(src: SourceFile, catalog: Catalog, writer: PackWriter, pool: Threa
                 mm.close()
         after = os.fstat(f.fileno())
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
-            raise StoreError(f"{src.path} changed while being added; try again when it is stable")
+            raise StoreError(f"{src.shown} changed while being added; nothing was added, try again when it is stable")
     plan.sha256 = whole.hexdigest()
     result.files += 1
     result.logical_bytes += plan.size

@@ -13,6 +13,7 @@ command reports it in one line and points at `lmz verify --repair`.
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Callable
 
 from lmzfs.store.catalogcopies import (content_digest, generation_of, list_copies, mark_copy_due, recorded_digest,
                                        write_copy)
-from lmzfs.store.layout import StoreError
+from lmzfs.store.layout import FILE_MODE, StoreError
 from lmzfs.store.packs import ChunkLocation
 
 CATALOG_VERSION = 2
@@ -167,6 +168,13 @@ class Catalog:
             raise CatalogDamaged(path, "it is missing")
         if readonly and not path.exists():
             raise StoreError(f"catalog {path} is missing")
+        if not readonly:
+            # SQLite would create the file by the umask (0644); its -wal and -shm files copy the
+            # catalog's mode, so creating it 0600 here keeps all three the owner's.
+            try:
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
+            except OSError as exc:
+                raise StoreError(f"catalog {path} cannot be opened: {exc.strerror or exc}") from None
         uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
         self.db = None
         try:

@@ -23,7 +23,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmzfs.store.layout import fsync_dir
+from lmzfs.store.layout import FILE_MODE, fsync_dir
 
 KEEP_COPIES = 3
 COPY_PREFIX = ".copy-"
@@ -116,6 +116,7 @@ def write_copy(db: sqlite3.Connection, catalog: Path) -> CatalogCopy:
     generation = generation_of(db)
     tmp = catalog.with_name(catalog.name + COPY_TMP_SUFFIX)
     tmp.unlink(missing_ok=True)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))   # the owner's, as the catalog
     dest = sqlite3.connect(tmp, isolation_level=None)
     try:
         db.backup(dest)

@@ -5,6 +5,10 @@
       catalog.sqlite      models, files, extents, chunks (SQLite, WAL)
       packs/pack-NNNNNNNN.lmzp   append-only chunk payloads
       lock                flock(2) target that serialises writers
+
+Only the owner may read a store: directories are created 0700 and files 0600, because packs and
+the catalog (which records source paths) would otherwise hand every local user what the mount
+refuses them. Other users see models only through a mount made with allow_other.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 STORE_FORMAT = "lmzfs-store"
 STORE_VERSION = 1
+DIR_MODE, FILE_MODE = 0o700, 0o600
 
 
 class StoreError(RuntimeError):
@@ -81,12 +86,21 @@ class StorePaths:
 
     def create(self) -> None:
         """Create an empty store directory (idempotent); the marker is written last, durably."""
-        self.packs.mkdir(parents=True, exist_ok=True)
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        for d in (self.root, self.packs):
+            try:
+                d.mkdir(mode=DIR_MODE)
+            except FileExistsError:
+                pass
         if self.exists():
             self.check_format()
             return
+        # A directory made beforehand (mkdir -p, a volume) becomes the owner's alone with its store.
+        os.chmod(self.root, DIR_MODE)
+        os.chmod(self.packs, DIR_MODE)
         tmp = self.root / "FORMAT.tmp"
-        with open(tmp, "w") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        with open(fd, "w") as f:
             f.write(f"{STORE_FORMAT} {STORE_VERSION}\n")
             f.flush()
             os.fsync(f.fileno())

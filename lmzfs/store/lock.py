@@ -5,7 +5,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from lmzfs.store.layout import StoreError
+from lmzfs.store.layout import FILE_MODE, StoreError
 
 
 class WriterLock:
@@ -15,7 +15,7 @@ class WriterLock:
         self._fd: int | None = None
 
     def __enter__(self) -> "WriterLock":
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if self._wait else fcntl.LOCK_NB))
         except BlockingIOError:

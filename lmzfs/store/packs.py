@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmzfs.store.layout import StorePaths, StoreError, fsync_dir
+from lmzfs.store.layout import FILE_MODE, StorePaths, StoreError, fsync_dir
 
 PACK_MAGIC = b"LMZPACK\x00"
 PACK_VERSION = 1
@@ -96,7 +96,7 @@ class PackWriter:
         pack_id = self._next_new
         while True:
             try:
-                fd = os.open(self._paths.pack(pack_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(self._paths.pack(pack_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
                 break
             except FileExistsError:
                 pack_id += 1
