@@ -94,6 +94,19 @@ def test_a_file_swapped_for_a_symlink_during_add_is_refused_and_nothing_outside_
     assert secret_bytes[:4096] not in all_pack_bytes(store)
 
 
+def test_a_file_cut_short_during_add_is_one_line_and_adds_nothing(tmp_path):
+    src = two_file_source(tmp_path)
+    store = StorePaths(tmp_path / "store")
+
+    def cut():
+        os.truncate(src / "a.bin", 1 << 20)       # under an mmap this killed the add with SIGBUS
+
+    exc = swap_during_add(store, src, cut)
+    assert isinstance(exc, StoreError)
+    assert str(exc) == f"{src}/a.bin was cut short while being added; nothing was added, try again when it is stable"
+    assert model_names(store) == []
+
+
 def test_a_file_swapped_for_a_fifo_during_add_is_refused_without_hanging(tmp_path):
     src = two_file_source(tmp_path)
     store = StorePaths(tmp_path / "store")

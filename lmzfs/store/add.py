@@ -7,7 +7,6 @@ before that commit leaves only dead bytes at the end of a pack, which `lmz gc` r
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import sqlite3
 import time
@@ -156,43 +155,43 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
             result.warnings.append(f"{layout.error}; stored as opaque bytes")
         plan = _FilePlan(src.rel, before.st_size, before.st_mtime, "", layout.format)
         whole = hashlib.sha256()
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if before.st_size else None
-        try:
-            window: deque[tuple[bytes, int, Future]] = deque()
+        # Read with pread, not mmap: a file cut short under an mmap kills the process with SIGBUS,
+        # where a short read is an error that names the file.
+        window: deque[tuple[bytes, int, Future]] = deque()
 
-            def drain(keep: int) -> None:
-                while len(window) > keep:
-                    cid, size, check, fut = window.popleft()
-                    encoded = fut.result()
-                    loc = writer.append(cid, encoded.payload)
-                    new[cid] = _NewChunk(cid, size, encoded.codec, loc.pack, loc.offset, loc.length, check)
-                    result.new_payload_bytes += loc.length
+        def drain(keep: int) -> None:
+            while len(window) > keep:
+                cid, size, check, fut = window.popleft()
+                encoded = fut.result()
+                loc = writer.append(cid, encoded.payload)
+                new[cid] = _NewChunk(cid, size, encoded.codec, loc.pack, loc.offset, loc.length, check)
+                result.new_payload_bytes += loc.length
 
-            pending: set[bytes] = set()
-            for cp in plan_chunks(layout, chunk_size):
-                data = memoryview(mm)[cp.offset:cp.offset + cp.length]
-                whole.update(data)
-                cid = hashlib.sha256(data).digest()
-                check = xxhash.xxh3_128_digest(data)
-                plan.extents.append((cp.offset, cid))
-                if cid in new or cid in pending:
-                    result.reused_chunks += 1
-                elif catalog.has_chunk(cid):
-                    result.reused_chunks += 1
-                    plan.checks[cid] = check    # fills in the checksum of a chunk stored without one
-                else:
-                    pending.add(cid)
-                    result.new_chunks += 1
-                    window.append((cid, cp.length, check, pool.submit(encode_chunk, bytes(data), cp.hint,
-                                                                     fast=fast or hostile, segments=segments,
-                                                                     thorough=not hostile)))
-                    drain(limit)
-                del data
-                progress(cp.offset + cp.length)
-            drain(0)
-        finally:
-            if mm is not None:
-                mm.close()
+        pending: set[bytes] = set()
+        for cp in plan_chunks(layout, chunk_size):
+            data = os.pread(f.fileno(), cp.length, cp.offset)
+            if len(data) != cp.length:
+                raise StoreError(f"{src.shown} was cut short while being added; nothing was added, "
+                                 "try again when it is stable")
+            whole.update(data)
+            cid = hashlib.sha256(data).digest()
+            check = xxhash.xxh3_128_digest(data)
+            plan.extents.append((cp.offset, cid))
+            if cid in new or cid in pending:
+                result.reused_chunks += 1
+            elif catalog.has_chunk(cid):
+                result.reused_chunks += 1
+                plan.checks[cid] = check    # fills in the checksum of a chunk stored without one
+            else:
+                pending.add(cid)
+                result.new_chunks += 1
+                window.append((cid, cp.length, check, pool.submit(encode_chunk, data, cp.hint,
+                                                                 fast=fast or hostile, segments=segments,
+                                                                 thorough=not hostile)))
+                drain(limit)
+            del data
+            progress(cp.offset + cp.length)
+        drain(0)
         after = os.fstat(f.fileno())
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
             raise StoreError(f"{src.shown} changed while being added; nothing was added, try again when it is stable")
