@@ -48,6 +48,12 @@ def _codec(e: Extent) -> Codec | None:
         return None
 
 
+def _slice(data: bytes, lo: int, hi: int) -> Buffer:
+    """[lo, hi) of a cached chunk: the chunk itself when that is all of it (a read of a whole
+    chunk then costs no copy), else a view."""
+    return data if lo == 0 and hi == len(data) else memoryview(data)[lo:hi]
+
+
 @dataclass(frozen=True)
 class PackHold:
     """The pack descriptors an open file holds while it is open (ChunkSource.hold/release)."""
@@ -136,7 +142,7 @@ class ChunkSource:
         never decodes, never waits."""
         data = self.cache.peek(e.chunk_id)
         if data is not None:
-            return memoryview(data)[lo:hi]
+            return _slice(data, lo, hi)
         found = self._part_starts(e, lo, hi)
         if found is None:
             return None
@@ -170,7 +176,7 @@ class ChunkSource:
             raise ValueError(f"range {lo}..{hi} outside the chunk's {e.size} bytes")
         data = self.cache.peek(e.chunk_id)
         if data is not None:
-            return memoryview(data)[lo:hi]
+            return _slice(data, lo, hi)
         if lone:
             found = self._part_starts(e, lo, hi)
             if found is not None and e.chunk_id not in self.cache:
@@ -183,7 +189,7 @@ class ChunkSource:
                     pass
             elif found is None:
                 return self._lent(e, lo, hi)
-        return memoryview(self.cache.get(e.chunk_id, lambda: self._decode(e)))[lo:hi]
+        return _slice(self.cache.get(e.chunk_id, lambda: self._decode(e)), lo, hi)
 
     def read_nowait(self, e: Extent, lo: int, hi: int, *, lone: bool = False,
                     idle: bool = False) -> Buffer | None:
