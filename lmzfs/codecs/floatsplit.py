@@ -177,14 +177,21 @@ def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np
     S = _row_scale(np.bincount(top >> k, minlength=2)[None, :], M_LOG)[0]
     B = _sign_mantissa(S, M)
     best = None
+    # Every candidate context count nb clips the previous exponent at nb - 1, so each one's
+    # counts are rows of one histogram of (previous exponent clipped at 15, exponent) over the
+    # elements after the first, with the lane starts (which take context c0) moved: one pass over
+    # the chunk instead of one per candidate, the same counts.
+    e = exp - emin
+    H = np.bincount(np.minimum(prev[1:], 15) * E + e[1:], minlength=16 * E).reshape(16, E)
+    inner = starts[starts > 0]
     for nb in (1, 4, 8, 12, 16):
         nb = min(nb, max(1, E))
         if nb > 1 and nb * (E * T2 + (1 << 10)) > _table_budget(n):
             break
-        ctx = np.minimum(prev, nb - 1)
-        c0 = int(np.bincount(ctx[1:], minlength=nb).argmax()) if n > 1 else 0
-        ctx[starts] = c0
-        cA = np.bincount(ctx * E + exp - emin, minlength=nb * E).reshape(nb, E)
+        cA = np.concatenate([H[:nb - 1], H[nb - 1:].sum(axis=0, keepdims=True)])
+        c0 = int(cA.sum(axis=1).argmax()) if n > 1 else 0
+        cA -= np.bincount(np.minimum(prev[inner], nb - 1) * E + e[inner], minlength=nb * E).reshape(nb, E)
+        cA[c0] += np.bincount(e[starts], minlength=E)
         cost = _cost(cA) + 1.3 * np.count_nonzero(cA)
         if best is None or cost < best[0]:
             best = (cost, nb, c0, cA)
@@ -403,10 +410,14 @@ def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
     nrows = int(r[-1]) + 1
     mean = np.bincount(r, weights=e, minlength=nrows) / np.maximum(np.bincount(r, minlength=nrows), 1)
     best = None
-    for K in (2, 4, 8):
-        cls = np.searchsorted(np.quantile(mean, np.linspace(0, 1, K + 1)[1:-1]), mean, side="right")
-        ctx = cls[r]
-        cA = np.bincount(ctx * E + e, minlength=K * E).reshape(K, E)
+    # The quartile and median cuts are among the eighth ones, so one quantile call, one class per
+    # row and one histogram serve all three K: a row's class among K is its class among 8 shifted,
+    # and K's counts are sums of 8's rows (the quantiles never decrease).
+    cls8 = np.searchsorted(np.quantile(mean, np.linspace(0, 1, 9)[1:-1]), mean, side="right")
+    cA8 = np.bincount(cls8[r] * E + e, minlength=8 * E).reshape(8, E)
+    for K, shift in ((2, 2), (4, 1), (8, 0)):
+        cls = cls8 >> shift
+        cA = cA8.reshape(K, 8 // K, E).sum(axis=1)
         cost = _cost(cA) + 1.3 * np.count_nonzero(cA) + nrows * np.log2(K) / 8 + 8
         if best is None or cost < best[0]:
             best = (cost, K, cls, cA)
