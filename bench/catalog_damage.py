@@ -27,11 +27,8 @@ COMMANDS = [["ls"], ["ls", "--json"], ["ls", "smollm2"], ["doctor"], ["verify", 
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def build_store(work: Path, models: list[str]) -> tuple[Path, dict[str, str]]:

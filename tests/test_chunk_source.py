@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
