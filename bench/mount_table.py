@@ -1,10 +1,9 @@
 """The mount table: reading a model through our mount vs lmzip's mount vs the plain file.
 
 Targets: the plain file in the page cache (the anchor of every ratio), our mount (`lmz --store S
-mount MNT --cache-size C`, once per decoder when `lmz mount --help` offers `--decoder`; then the
-stores `lmz add --fast`, `lmz add --chunk-size 256K`, `lmz add --segments` and `lmz add --fast
---chunk-size 256K` make,
-with the default decoder), and lmzip's mount. Every timed cold read gets a fresh mount, with the store's own files read into the
+mount MNT --cache-size C`, on the default store and on the stores `lmz add --fast`, `lmz add
+--chunk-size 256K`, `lmz add --segments` and `lmz add --fast --chunk-size 256K` make), and lmzip's
+mount. Every timed cold read gets a fresh mount, with the store's own files read into the
 page cache just before, so what is measured is decoding and serving, not the disk. Runs are
 interleaved over targets, and each ratio is taken within one run (target vs the plain file in
 that same run), then summarised over runs.
@@ -38,7 +37,6 @@ import gc
 import json
 import os
 import random
-import re
 import shutil
 import threading
 import time
@@ -80,17 +78,6 @@ class Session:
     pid: int | None = None
     ready_s: float | None = None
     stats: dict | None = None
-
-
-def our_decoders() -> list[str | None]:
-    """The --decoder choices of our mount ("auto" left out: it picks one of the others), or [None]
-    when it has no such option."""
-    text = help_text([common.LMZFS_CLI, "mount"]) or ""
-    m = re.search(r"--decoder\s+\{([^}]*)\}", text)
-    if not m:
-        return [None]
-    choices = [c.strip() for c in m.group(1).split(",") if c.strip() and c.strip() != "auto"]
-    return choices or [None]
 
 
 def make_variants(src: Path, dest: Path, count: int) -> list[Path]:
@@ -228,13 +215,9 @@ class MountBench:
         ours_small = lmzfs_store("--chunk-size", SMALL_CHUNKS)
         ours_fast_small = lmzfs_store("--fast", "--chunk-size", SMALL_CHUNKS)
         ours_seg = lmzfs_store("--segments")
-        decoders = our_decoders()
-        self.res["decoders"] = decoders
-        for dec in decoders:
-            extra = ["--cache-size", DEFAULT_CACHE] + (["--decoder", dec] if dec else [])
-            label = "lmzfs mount" + (f" (--decoder {dec})" if dec else "")
-            self.targets.append(Target(label, "ours", ours, extra, cache_size=DEFAULT_CACHE))
-        # the store `lmz add --fast` makes (zstd and byte grouping only), default decoder
+        self.targets.append(Target("lmzfs mount", "ours", ours, ["--cache-size", DEFAULT_CACHE],
+                                   cache_size=DEFAULT_CACHE))
+        # the store `lmz add --fast` makes (zstd and byte grouping only)
         self.targets.append(Target("lmzfs mount, `add --fast` store", "ours", ours_fast,
                                    ["--cache-size", DEFAULT_CACHE], cache_size=DEFAULT_CACHE))
         # the default codecs with smaller chunks: what a cache miss (a random read) costs less
@@ -272,7 +255,6 @@ class MountBench:
         if isinstance(ours_default.store, Path):
             try:
                 with self.session(ours_default) as s:
-                    self.res["default_decoder"] = (s.stats or {}).get("decoder")
                     self.res["default_cache_bytes"] = (s.stats or {}).get("cache", {}).get("capacity_bytes")
             except Exception as exc:
                 self.res["errors"].append(f"mount with default options: {describe(exc)}")
@@ -376,7 +358,7 @@ class MountBench:
                 raise ToolError(f"served {n}, {n2} and {n3} bytes of {self.astra.stat().st_size}")
             if i == 0 and t.tool is not None and sha256_file(p) != self.astra_sha256:
                 raise ToolError("served bytes differ from the original (SHA-256)")
-            return {"cold_s": cold, "warm_s": warm, "warm2_s": warm2, "ready_s": s.ready_s, "decoder": (s.stats or {}).get("decoder")}
+            return {"cold_s": cold, "warm_s": warm, "warm2_s": warm2, "ready_s": s.ready_s}
 
     def rand(self, t: Target, i: int) -> dict:
         size = self.astra.stat().st_size

@@ -116,14 +116,10 @@ def mount_md(m: dict) -> list[str]:
            + (" Before the first run every reader reads the file once through a fresh mount, not counted: "
               "right after the stores are built the host stays slower for a while."
               if m.get("warm_up_mbps") else ""), ""]
-    if m.get("default_decoder"):
-        cap = m.get("default_cache_bytes")
-        out += [f"With no options our mount uses the `{m['default_decoder']}` decoder"
-                + (f" and a {cap / MiB:.0f} MiB chunk cache" if cap else "") + " (its stats.json); "
+    cap = m.get("default_cache_bytes")
+    if cap:
+        out += [f"With no options our mount uses a {cap / MiB:.0f} MiB chunk cache (its stats.json); "
                 f"the rows below pass `--cache-size {m.get('default_cache', '')}` explicitly.", ""]
-    if m.get("decoders") == [None]:
-        out += ["`lmz mount --help` offers no `--decoder` option in this build, so one decoder was measured "
-                "(stats.json reports which).", ""]
 
     out += goals_md(m)
 
@@ -139,15 +135,13 @@ def mount_md(m: dict) -> list[str]:
             continue
         cold, warm = mbps(r.get("cold_s"), nbytes), mbps(r.get("warm_s"), nbytes)
         warm2 = mbps(r.get("warm2_s"), nbytes)     # absent from runs before the third read was added
-        dec = {d for d in r.get("decoder") or [] if d}
         rows.append([t["label"], cell(summ(cold)),
                      "1" if t["kind"] == "plain" else ratio(per_run(cold, p_cold, lambda a, b: a / b)),
                      cell(summ(warm)),
                      "1" if t["kind"] == "plain" else ratio(per_run(warm, p_cold, lambda a, b: a / b)),
                      "1" if t["kind"] == "plain" and warm2 else ratio(per_run(warm2, p_cold, lambda a, b: a / b)),
                      cell(summ(r.get("ready_s") or [])) if t["kind"] != "plain" else "—",
-                     "; ".join(x for x in [f"stats.json decoder: {', '.join(sorted(dec))}" if dec else "",
-                                           r.get("error") or ""] if x)])
+                     r.get("error") or ""])
     out += ["### Sequential read, 1 MiB reads", "",
             "cold: first read on a fresh mount; warm: the second read through the same mount; warm again: "
             "the third. × plain: MB/s over the plain file's page-cache read (first read) in the same run. "
@@ -297,7 +291,7 @@ def decode_bound_md(m: dict) -> list[str]:
                          + (f" ({fmt(cores['median'], 2)} cores busy)" if cores else ""))
     if not parts:
         return []
-    # the first of our rows is the default store with the default decoder, the one decoded here
+    # the first of our rows is the default store, the one decoded here
     label = next((t["label"] for t in m.get("targets", []) if t["kind"] == "ours"), None)
     ours = [v for v in mbps(m["seq"].get(label, {}).get("cold_s"), m["file"]["bytes"]) if v is not None]
     bound = [v for when in ("start", "end") for v in (db.get(when) or {}).get("mbps", [])]
