@@ -1,6 +1,6 @@
-"""The float encoders' output, pinned: speed work on an encoder must not change a single byte it
+"""The entropy-coded encoders' output, pinned: speed work on an encoder must not change a single byte it
 writes (stored bytes are compared across tools and runs in docs/results.md). The digests were
-recorded before the one-histogram model fit; a deliberate change of the encoded format or the
+recorded before the one-histogram model fit and the tails-only cost of entropy sections; a deliberate change of the encoded format or the
 model choice updates them in the same commit, and says so."""
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ def _cases():
     yield "f16-odd", "floatsplit", rng.normal(0, 1, 77_777).astype("<f2").tobytes() + b"x", \
         ChunkHint("F16", 2, shape=(77_777,))
     yield "bf16-seg", "floatseg", rows.tobytes(), ChunkHint("BF16", 2, shape=(512, 512))
+    rng = np.random.default_rng(2027)
+    cols = np.clip(rng.normal(0, 1, (2048, 256)) * np.linspace(1, 40, 256)[None, :], -127, 127).astype(np.int8)
+    yield "int8-cols", "entropy", cols.tobytes(), ChunkHint("I8", 1, shape=(2048, 256))
 
 
 PINNED = {
@@ -31,11 +34,12 @@ PINNED = {
     "f32-flat": "e095b574af8ba83b175ca3c14ecdb1a8ee73359b4aa0a7f50cd96bee4051d442",
     "f16-odd": "6782bc6aa2c895c707c1447ba545844c15a99ed965c39c9c3d6e19258469e0a7",
     "bf16-seg": "f25cc1529cbbfa257dde12ead1b6b6ba48a29704fb7c01aec6e588a5bc12623b",
+    "int8-cols": "b1bd2d78118b07f3328b266796f5f8416d9838f2b24b2b03a25a7e5b6d93740d",
 }
 
 
 @pytest.mark.parametrize("name,codec,data,hint", list(_cases()), ids=[c[0] for c in _cases()])
-def test_the_float_encoders_write_exactly_the_pinned_payload_and_it_decodes_back(name, codec, data, hint):
+def test_the_entropy_coded_encoders_write_exactly_the_pinned_payload_and_it_decodes_back(name, codec, data, hint):
     payload = encode_with(codec, data, hint)
     assert hashlib.sha256(payload).hexdigest() == PINNED[name]
     assert decode_chunk(payload, len(data)) == data

@@ -94,7 +94,6 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
     T, wp, _ = tans.layout(n, lanes, True)
     # choose g (bits lent per tail symbol) by the estimated cost of coding the tails on the marginal
     p = np.where(freqs > 0, freqs, 1) / (1 << R)
-    base_cost = -np.log2(p[c, sym])
     best_g, best_extra = 0, float(R) * wp
     for g in (1, 2, 3, 4, 5, 8):
         if (1 << g) > S:
@@ -105,7 +104,9 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
         idx, ok = _tails(n, lanes, k)
         pm = np.where(_marginal(freqs, g) > 0, _marginal(freqs, g), 1) / (1 << R)
         ti = idx[ok]
-        extra = float((-np.log2(pm[c[ti], sym[ti] >> g]) + g - base_cost[ti]).sum()) + (R - k * g) * wp
+        # only the tails' own costs differ (every other symbol costs the same either way)
+        base = -np.log2(p[c[ti], sym[ti]])
+        extra = float((-np.log2(pm[c[ti], sym[ti] >> g]) + g - base).sum()) + (R - k * g) * wp
         if extra < best_extra:
             best_g, best_extra = g, extra
     bb = None
