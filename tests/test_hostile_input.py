@@ -9,8 +9,6 @@ import pickle
 import stat
 import struct
 import threading
-import time
-import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from lmzfs.reader import Archive
 from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StoreError, StorePaths
-from lmzfs.testing.hostile import many_tensor_gguf, many_tensor_safetensors
+from lmzfs.testing.hostile import many_tensor_gguf, many_tensor_safetensors, within_bounds
 
 
 def model_names(store: StorePaths) -> list[str]:
@@ -181,17 +179,8 @@ def test_a_dangling_symlink_in_the_source_is_a_one_line_error(tmp_path, capsys):
 # -- headers that claim too much ----------------------------------------------------------------
 
 def parse_within(path: Path, seconds: float, peak_bytes: int):
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    try:
-        layout = parse_file(path)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    elapsed = time.perf_counter() - t0
-    assert elapsed < seconds, f"parsing took {elapsed:.1f} s"
-    assert peak < peak_bytes, f"parsing allocated {peak} bytes"
-    return layout
+    with within_bounds("parsing", seconds=seconds, peak_bytes=peak_bytes):
+        return parse_file(path)
 
 
 def test_a_safetensors_of_300k_one_byte_tensors_is_stored_opaque_within_bounds(tmp_path, capsys):

@@ -9,29 +9,39 @@ from __future__ import annotations
 import struct
 import time
 import tracemalloc
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from lmzfs.codecs import CodecError, decode_chunk
+
+
+@contextmanager
+def within_bounds(what: str, *, seconds: float, peak_bytes: int) -> Iterator[None]:
+    """The block finishes within ``seconds``, its Python allocations peaking below ``peak_bytes``
+    (AssertionError naming ``what`` otherwise)."""
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        yield
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    elapsed = time.perf_counter() - t0
+    assert elapsed < seconds, f"{what} took {elapsed:.2f} s"
+    assert peak < peak_bytes, f"{what} allocated {peak} bytes"
 
 
 def assert_rejected_quickly_and_small(payload: bytes, size: int, *, seconds: float, peak_bytes: int) -> None:
     """decode_chunk(payload, size) raises CodecError within ``seconds``, its Python allocations
     peaking below ``peak_bytes``."""
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    try:
+    with within_bounds(f"refusing a hostile {len(payload)}-byte payload", seconds=seconds, peak_bytes=peak_bytes):
         try:
             decode_chunk(payload, size)
         except CodecError:
             pass
         else:
             raise AssertionError(f"a hostile {len(payload)}-byte payload was decoded, not refused")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    elapsed = time.perf_counter() - t0
-    assert elapsed < seconds, f"refusing a hostile {len(payload)}-byte payload took {elapsed:.2f} s"
-    assert peak < peak_bytes, f"a hostile {len(payload)}-byte payload allocated {peak} bytes"
 
 
 def many_tensor_safetensors(path: Path, tensors: int, tensor_bytes: int = 1) -> Path:
