@@ -23,6 +23,11 @@ from lmzfs.store.chunksource import ChunkSource
 LONE_SLACK = 256 << 10
 
 
+def _within(e: Extent, offset: int, end: int) -> tuple[int, int]:
+    """The part of chunk e that the file range [offset, end) covers, in the chunk's own offsets."""
+    return max(offset, e.offset) - e.offset, min(end, e.offset + e.size) - e.offset
+
+
 class FileReader:
     def __init__(self, source: ChunkSource, prefetcher: Prefetcher | None, label: str, size: int,
                  extents: list[Extent]):
@@ -59,12 +64,10 @@ class FileReader:
         if not covering:
             return b""
         lone = self._lone(offset)
-        with self._located() as where:
-            pieces = []
-            for e in covering:
-                where[0] = e
-                lo, hi = max(offset, e.offset) - e.offset, min(end, e.offset + e.size) - e.offset
-                pieces.append(self._source.read(e, lo, hi, lone=lone))
+        pieces = []
+        for e in covering:
+            with self._located(e):
+                pieces.append(self._source.read(e, *_within(e, offset, end), lone=lone))
         return self._finish(offset, end, first, covering, pieces)
 
     def pread_nowait(self, offset: int, length: int, *, idle: bool = False) -> bytes | None:
@@ -80,8 +83,7 @@ class FileReader:
         pieces: list[Buffer | None] = []
         missing = -1
         for i, e in enumerate(covering):
-            lo, hi = max(offset, e.offset) - e.offset, min(end, e.offset + e.size) - e.offset
-            got = source.peek(e, lo, hi)
+            got = source.peek(e, *_within(e, offset, end))
             if got is None:
                 if missing >= 0:
                     return None         # a second miss: a thread decodes them
@@ -89,10 +91,8 @@ class FileReader:
             pieces.append(got)
         if missing >= 0:
             e = covering[missing]
-            lo, hi = max(offset, e.offset) - e.offset, min(end, e.offset + e.size) - e.offset
-            with self._located() as where:
-                where[0] = e
-                got = source.read_nowait(e, lo, hi, lone=lone, idle=idle and len(covering) == 1)
+            with self._located(e):
+                got = source.read_nowait(e, *_within(e, offset, end), lone=lone, idle=idle and len(covering) == 1)
             if got is None:
                 return None
             pieces[missing] = got
@@ -115,14 +115,12 @@ class FileReader:
         return last < 0 or not last - LONE_SLACK <= offset <= last + LONE_SLACK
 
     @contextmanager
-    def _located(self) -> Iterator[list]:
-        """Damage to a chunk is reported with this file and the chunk's offset in it."""
-        where: list[Extent | None] = [None]
+    def _located(self, e: Extent) -> Iterator[None]:
+        """Damage to chunk e is reported with this file and the chunk's offset in it."""
         try:
-            yield where
+            yield
         except CorruptChunk as exc:
-            at = f" at offset {where[0].offset}" if where[0] is not None else ""
-            raise CorruptChunk(f"{self.label}{at}: {exc.strerror}") from None
+            raise CorruptChunk(f"{self.label} at offset {e.offset}: {exc.strerror}") from None
 
     def _finish(self, offset: int, end: int, first: int, covering: list[Extent], pieces: list) -> bytes:
         out = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
