@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from lmzfs.codecs import (
     FORMAT_VERSION, MAGIC, REGISTRY, ChunkHint, CodecError, EncodedChunk, by_name, decode_chunk,
-    encode_chunk, encode_with, parse_payload,
+    encode_chunk, encode_delta_chunk, encode_with, parse_payload,
 )
 from lmzfs.codecs.base import get_varint, put_varint
 from lmzfs.testing import hostile
@@ -206,7 +206,7 @@ def test_header_overhead_is_a_few_bytes_for_small_chunks():
 
 def test_registry_ids_and_names_are_stable():
     assert {i: c.name for i, c in REGISTRY.items()} == {0: "raw", 1: "zstd", 2: "bytegroup", 3: "floatsplit",
-                                                      4: "entropy", 5: "ggufblocks", 6: "floatseg"}
+                                                      4: "entropy", 5: "ggufblocks", 6: "floatseg", 7: "xorzstd"}
     for name in CODEC_NAMES:
         assert REGISTRY[by_name(name).id] is by_name(name)
     with pytest.raises(KeyError):
@@ -298,7 +298,7 @@ def test_unknown_format_versions_codec_ids_and_bad_magic_raise():
     for version in (0, 2, 255):
         with pytest.raises(CodecError, match="version"):
             decode_chunk(payload[:2] + bytes([version]) + payload[3:], 29)
-    for codec_id in (7, 8, 255):
+    for codec_id in (9, 200, 255):
         with pytest.raises(CodecError, match="unknown codec id"):
             decode_chunk(payload[:3] + bytes([codec_id]) + payload[4:], 29)
     for magic in (b"lc", b"CL", b"\x00\x00"):
@@ -388,9 +388,10 @@ def test_committed_fixture_payloads_decode_to_their_committed_plain_bytes():
     for path in payloads:
         name, codec, _, _ = path.name.split(".")
         plain = (FIXTURES / f"{name}.plain").read_bytes()
+        ref = FIXTURES / f"{name}.ref"
         payload = path.read_bytes()
         assert codec_of(payload) == codec, path.name
-        assert decode_chunk(payload, len(plain)) == plain, path.name
+        assert decode_chunk(payload, len(plain), ref=ref.read_bytes() if ref.exists() else None) == plain, path.name
         seen.add(codec)
     assert seen == {c.name for c in REGISTRY.values()}
 
@@ -423,3 +424,21 @@ def test_malloc_tuning_applies_once_and_leaves_a_users_setting_alone(monkeypatch
     env["MALLOC_TRIM_THRESHOLD_"] = "1000"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_delta_payload_decodes_only_with_its_reference_of_the_right_size():
+    ref = bytes(range(256)) * 64
+    new = bytearray(ref)
+    new[100] ^= 0x5A
+    enc = encode_delta_chunk(bytes(new), ref, ChunkHint("I8", 1))
+    assert enc is not None and enc.codec == "xorzstd"
+    assert decode_chunk(enc.payload, len(new), ref=ref) == bytes(new)
+    with pytest.raises(CodecError, match="needs a reference chunk"):
+        decode_chunk(enc.payload, len(new))
+    with pytest.raises(CodecError, match="reference holds"):
+        decode_chunk(enc.payload, len(new), ref=ref[:-1])
+    plain = encode_chunk(ref, ChunkHint()).payload
+    with pytest.raises(CodecError, match="takes no reference chunk"):
+        decode_chunk(plain, len(ref), ref=ref)
+    with pytest.raises(ValueError, match="reference of"):
+        encode_delta_chunk(bytes(new), ref[:-1], ChunkHint("I8", 1))

@@ -15,32 +15,36 @@ from typing import Callable
 
 import numpy as np
 
-from .base import VARINT_MAX_BYTES, Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from .base import VARINT_MAX_BYTES, Buffer, ChunkHint, Codec, CodecError, DeltaCodec, get_varint, put_varint
 from .bytegroup import ELEMENT_SIZES, BytegroupCodec
 from .entropy import EntropyCodec
 from .floatseg import SEGMENT_LOG, FloatSegCodec
 from .floatsplit import FORMAT_OF, FloatSplitCodec
 from .ggufblocks import TYPE_OF, GgufBlocksCodec
 from .raw import RawCodec
+from .xordelta import XorZstdCodec
 from .zstd import DEFAULT_LEVEL, ZstdCodec
 
 __all__ = [
     "MAGIC", "FORMAT_VERSION", "REGISTRY", "Codec", "CodecError", "ChunkHint", "EncodedChunk",
-    "PayloadHeader", "by_name", "encode_chunk", "decode_chunk", "decode_chunk_segments", "decode_segments_from",
-    "parse_payload", "encode_with", "SEGMENT_BYTES",
+    "PayloadHeader", "DELTA_CODECS", "by_name", "encode_chunk", "decode_chunk", "decode_chunk_segments", "decode_segments_from",
+    "parse_payload", "encode_with", "encode_delta_chunk", "needs_reference", "encode_delta_with", "SEGMENT_BYTES",
 ]
 
 MAGIC = b"LC"
 FORMAT_VERSION = 1
 
 REGISTRY: dict[int, Codec] = {c.id: c for c in (RawCodec(), ZstdCodec(), BytegroupCodec(), FloatSplitCodec(),
-                                                 EntropyCodec(), GgufBlocksCodec(), FloatSegCodec())}
+                                                 EntropyCodec(), GgufBlocksCodec(), FloatSegCodec(),
+                                                 XorZstdCodec())}
+# The delta codecs (Codec.reference): encode_delta_chunk tries them, encode_chunk never does.
+DELTA_CODECS: tuple[DeltaCodec, ...] = tuple(c for c in REGISTRY.values() if c.reference)
 _BY_NAME: dict[str, Codec] = {c.name: c for c in REGISTRY.values()}
 assert len(_BY_NAME) == len(REGISTRY) and all(0 <= i <= 255 for i in REGISTRY)
 
 # Ties between equally small payloads go to the codec that decodes fastest.
 _DECODE_COST = {RawCodec.id: 0, ZstdCodec.id: 1, BytegroupCodec.id: 2, FloatSplitCodec.id: 3,
-                FloatSegCodec.id: 3, GgufBlocksCodec.id: 3, EntropyCodec.id: 4}
+                FloatSegCodec.id: 3, GgufBlocksCodec.id: 3, EntropyCodec.id: 4, XorZstdCodec.id: 2}
 # zstd at this level is also tried when level-DEFAULT already halves a chunk (text, metadata).
 TEXT_LEVEL = 19
 # tANS coders are only tried on chunks at least this long (below it their tables cost more).
@@ -155,6 +159,41 @@ def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DE
     return EncodedChunk(payload, REGISTRY[best_id].name)
 
 
+def encode_delta_with(codec: DeltaCodec | str, data: Buffer, ref: Buffer, hint: ChunkHint = ChunkHint()) -> bytes:
+    """The payload of ``data`` coded against ``ref`` under one given delta codec; for tests/fixtures."""
+    if isinstance(codec, str):
+        codec = by_name(codec)
+    mv, rv = _as_bytes_view(data), _as_bytes_view(ref)
+    got = codec.encode_delta(mv, rv, hint)
+    if got is None:
+        raise ValueError(f"{codec.name} does not code {hint.dtype or 'untyped'} chunks")
+    return _header(codec.id, len(mv), got[0]) + got[1]
+
+
+def encode_delta_chunk(data: Buffer, ref: Buffer, hint: ChunkHint = ChunkHint()) -> EncodedChunk | None:
+    """The smallest payload of ``data`` coded against ``ref`` (the plain bytes of another chunk of
+    the same size) under any delta codec that applies to the hint, or None if none applies.
+    Whether the delta is worth keeping (smaller than the chunk coded alone) is the caller's call."""
+    mv, rv = _as_bytes_view(data), _as_bytes_view(ref)
+    if len(mv) != len(rv):
+        raise ValueError(f"reference of {len(rv)} bytes for a chunk of {len(mv)}")
+    best: tuple[int, int, bytes] | None = None
+    for codec in DELTA_CODECS:
+        got = codec.encode_delta(mv, rv, hint)
+        if got is None:
+            continue
+        payload = _header(codec.id, len(mv), got[0]) + got[1]
+        if best is None or len(payload) < best[0] or \
+                (len(payload) == best[0] and _DECODE_COST[codec.id] < _DECODE_COST[best[1]]):
+            best = (len(payload), codec.id, payload)
+    return None if best is None else EncodedChunk(best[2], REGISTRY[best[1]].name)
+
+
+def needs_reference(payload: Buffer) -> bool:
+    """Whether a payload is coded against a reference chunk (its codec is a delta codec)."""
+    return REGISTRY[parse_payload(payload).codec_id].reference
+
+
 def parse_payload(payload: Buffer) -> PayloadHeader:
     """Split a payload into its header fields, params and body; CodecError if malformed."""
     mv = _as_bytes_view(payload)
@@ -180,8 +219,13 @@ def _header_fields(mv: memoryview) -> tuple[int, int, int, int, int]:
     return version, codec_id, size, pos, plen
 
 
-def decode_chunk(payload: Buffer, size: int, *, hash_checked: bool = False, copy: bool = True) -> Buffer:
+def decode_chunk(payload: Buffer, size: int, *, hash_checked: bool = False, copy: bool = True,
+                 ref: Buffer | None = None) -> Buffer:
     """Decode a payload that must hold exactly ``size`` plain bytes, or raise CodecError.
+
+    ref: the plain bytes of the reference chunk, for a payload of a delta codec, which needs it;
+    a payload of any other codec given one, or a delta payload given none, is refused (the store
+    and the payload disagree about what the chunk is).
 
     hash_checked=True: the caller checks a hash of the result (the store's SHA-256, a single-file
     record's CRC-32), so the codecs skip their own CRC-32 of it (a fifth of a float chunk's decode).
@@ -192,7 +236,12 @@ def decode_chunk(payload: Buffer, size: int, *, hash_checked: bool = False, copy
     if h.size != size:
         raise CodecError(f"payload records plain size {h.size}, expected {size}")
     codec = REGISTRY[h.codec_id]
-    out = (codec.decode if copy else codec.decode_buffer)(h.params, h.body, size, check=not hash_checked)
+    if codec.reference != (ref is not None):
+        raise CodecError(f"{codec.name} payload {'needs a' if codec.reference else 'takes no'} reference chunk")
+    if codec.reference:
+        out = codec.decode_delta(h.params, h.body, size, _as_bytes_view(ref), check=not hash_checked)
+    else:
+        out = (codec.decode if copy else codec.decode_buffer)(h.params, h.body, size, check=not hash_checked)
     if len(out) != size:  # codecs check this themselves; this is the last line of defence
         raise CodecError(f"{codec.name} decoded {len(out)} bytes, expected {size}")
     return out

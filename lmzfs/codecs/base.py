@@ -52,6 +52,9 @@ class Codec(ABC):
     # part_bytes: > 0 if a chunk decodes in parts of this many plain bytes, each on its own and
     # checked on its own (decode_parts); 0: only whole chunks decode.
     part_bytes: int = 0
+    # reference: chunks of this codec decode only given the plain bytes of another chunk
+    # (DeltaCodec); the store resolves that chunk first.
+    reference: bool = False
 
     @abstractmethod
     def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
@@ -79,6 +82,30 @@ class Codec(ABC):
 
     def __repr__(self) -> str:
         return f"<codec {self.name} id={self.id}>"
+
+
+class DeltaCodec(Codec):
+    """A codec whose chunks are coded against a *reference*: the plain bytes of another chunk of
+    the same size (the same tensor's chunk in another checkpoint). The store records which chunk
+    is the reference and hands its plain bytes to the decoder; nothing of it is in the payload.
+    A delta payload never decodes without its reference (encode/decode refuse)."""
+
+    reference = True
+
+    def encode(self, data: memoryview, hint: ChunkHint) -> tuple[bytes, bytes]:
+        raise CodecError(f"{self.name} codes a chunk against a reference: use encode_delta")
+
+    def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
+        raise CodecError(f"{self.name} payload decoded without its reference chunk")
+
+    @abstractmethod
+    def encode_delta(self, data: memoryview, ref: memoryview, hint: ChunkHint) -> tuple[bytes, bytes] | None:
+        """``(params, body)`` of ``data`` coded against ``ref`` (same length), or None if this
+        codec does not apply to the hint's dtype."""
+
+    @abstractmethod
+    def decode_delta(self, params: Buffer, body: Buffer, size: int, ref: Buffer, *, check: bool = True) -> bytes:
+        """Exactly ``size`` bytes from a payload and its reference (``size`` bytes), or CodecError."""
 
 
 # --- unsigned LEB128 varints, canonical (minimal) form only -----------------------------------
