@@ -12,7 +12,10 @@
    plain file.
 4. Codec speed per core (bench/codec_speed.py, in the project's venv): encode, decode and
    decode + SHA-256 CPU time of the chunks `lmz add` makes, compiled and numpy tANS loops.
-5. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
+5. Checkpoint chains (bench/chains_table.py): the quire releases and the training chains of
+   bench/trainchain.py added member by member, beside lmzip's archive of all members; reads of the
+   newest and oldest member through the mount beside a standalone copy.
+6. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
    JSON goes beside the Markdown (docs/results.json) unless told otherwise: it is committed with
    it, so that a later run of one section can be merged into it on any machine (bench/merge.py).
 
@@ -33,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import chains_table  # noqa: E402
 import common  # noqa: E402
 import compress_table  # noqa: E402
 import mount_table  # noqa: E402
@@ -118,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-compress", action="store_true")
     ap.add_argument("--skip-mount", action="store_true")
     ap.add_argument("--skip-codec-speed", action="store_true")
+    ap.add_argument("--skip-chains", action="store_true", help="leave out the checkpoint-chain table")
     ap.add_argument("--tmpdir", type=Path, help="where stores, archives and mounts go (default: system temp)")
     ap.add_argument("--no-freeze", action="store_true",
                     help="run the working tree's lmzfs as it is at each moment, instead of a copy frozen at the "
@@ -204,6 +209,8 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
     need = set()
     for w in wanted:
         need.update(CHAIN if w == "chain" else [w])
+    if not args.skip_chains:
+        need.update(CHAIN)
     if not args.skip_mount:
         need.update(["astra", "smollm2"])
     paths: dict[str, Path] = {}
@@ -232,6 +239,14 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         if not args.skip_codec_speed:
             res["codec_speed"] = codec_speed(common.LMZFS_FROZEN, [n for n in SINGLE if n in wanted and n in paths],
                                              args.runs, Path(tmp))
+            save()
+        if not args.skip_chains:
+            need_quire = all(n in paths for n in CHAIN)
+            try:
+                chains = ([chains_table.quire_chain(paths)] if need_quire else []) + chains_table.training_chains()
+                res["chains"] = chains_table.measure(chains, args.runs, Path(tmp) / "chains")
+            except Exception as exc:
+                res["chains"] = {"error": describe(exc)}
             save()
         if not args.skip_mount:
             work = Path(tmp) / "mount"
