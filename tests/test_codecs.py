@@ -206,7 +206,8 @@ def test_header_overhead_is_a_few_bytes_for_small_chunks():
 
 def test_registry_ids_and_names_are_stable():
     assert {i: c.name for i, c in REGISTRY.items()} == {0: "raw", 1: "zstd", 2: "bytegroup", 3: "floatsplit",
-                                                      4: "entropy", 5: "ggufblocks", 6: "floatseg", 7: "xorzstd"}
+                                                      4: "entropy", 5: "ggufblocks", 6: "floatseg", 7: "xorzstd",
+                                                      8: "ulpdelta"}
     for name in CODEC_NAMES:
         assert REGISTRY[by_name(name).id] is by_name(name)
     with pytest.raises(KeyError):

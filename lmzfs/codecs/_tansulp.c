@@ -1,0 +1,247 @@
+/* ulpdelta's element loops, compiled: the residuals of a chunk against its reference (encode),
+ * the reference's contexts, and the elements rebuilt from decoded symbols, stored bits and the
+ * reference (decode). The numpy paths in ulpdelta.py compute the same and stay the reference;
+ * the tests run both and compare payloads and bytes.
+ *
+ * Why C: in numpy each is a dozen whole-array passes over uint64 copies of the elements; here
+ * each is one pass with a running bit position.
+ *
+ * Keys (floating): non-negative x -> x | sign, negative x -> ~x (w bits); integers: the value.
+ * z = zigzag(key(x) - key(ref) mod 2**w); b = bit length of z; the symbol is z itself when
+ * b <= r + 1, else 2**(r+1) + (b - r - 2) * 2**r + the r bits below z's leading one, and the
+ * b - 1 - r bits under those are the element's stored bits, appended to a little-endian bit string.
+ *
+ * ulp_residuals(u, v, bits, floating, fshift, fbits, fkey, r, sym, field, raw) -> stored bit count
+ *   u, v:  n elements each (uint8, uint16 or uint32 little-endian by bits)
+ *   sym:   writable int64[n]; field: writable uint8[n], the reference's context field
+ *          ((key(v) if fkey else v) >> fshift) & (2**fbits - 1)
+ *   raw:   writable, at least n * bits / 8 + 8 bytes: the stored bits (the bytes past them are
+ *          left as they were)
+ * ulp_contexts(v, bits, floating, fshift, fbits, fkey, cmap, out) -> None
+ *   cmap:  uint8[2**fbits], each field value's context; out: writable uint8[n]
+ * ulp_apply(sym, v, raw, bits, floating, r, out) -> 0, or 1 when the stored bits are not exactly
+ *   the ones the symbols need (too few, too many bytes, or nonzero padding), 2 for a symbol out
+ *   of the alphabet
+ *   sym:   uint8[n]; raw: the stored bits; out: writable, n elements of v's type
+ */
+#include "_tansloop.h"
+#include <stdint.h>
+#include <string.h>
+
+struct ulp_format {
+    int bits, floating, fshift, fkey;
+    uint32_t mask, sign, fmask;
+};
+
+static inline uint32_t load(const uint8_t *p, Py_ssize_t i, int bits)
+{
+    if (bits == 8)
+        return p[i];
+    if (bits == 16) {
+        uint16_t x;
+        memcpy(&x, p + 2 * i, 2);
+        return x;
+    }
+    uint32_t x;
+    memcpy(&x, p + 4 * i, 4);
+    return x;
+}
+
+static inline void store(uint8_t *p, Py_ssize_t i, int bits, uint32_t x)
+{
+    if (bits == 8) {
+        p[i] = (uint8_t)x;
+    } else if (bits == 16) {
+        const uint16_t y = (uint16_t)x;
+        memcpy(p + 2 * i, &y, 2);
+    } else {
+        memcpy(p + 4 * i, &x, 4);
+    }
+}
+
+static inline uint32_t key_of(const struct ulp_format *f, uint32_t x)
+{
+    if (!f->floating)
+        return x;
+    return (x & f->sign) ? (~x & f->mask) : (x | f->sign);
+}
+
+static inline uint32_t unkey(const struct ulp_format *f, uint32_t k)
+{
+    if (!f->floating)
+        return k;
+    return (k & f->sign) ? (k ^ f->sign) : (~k & f->mask);
+}
+
+static inline uint32_t field_of(const struct ulp_format *f, uint32_t y)
+{
+    return ((f->fkey ? key_of(f, y) : y) >> f->fshift) & f->fmask;
+}
+
+static int format_of(struct ulp_format *f, int bits, int floating, int fshift, int fbits, int fkey)
+{
+    if ((bits != 8 && bits != 16 && bits != 32) || fshift < 0 || fbits < 1 || fbits > 8 || fshift + fbits > bits)
+        return -1;
+    f->bits = bits;
+    f->floating = floating;
+    f->fshift = fshift;
+    f->fkey = fkey;
+    f->mask = bits == 32 ? 0xFFFFFFFFu : (1u << bits) - 1;
+    f->sign = 1u << (bits - 1);
+    f->fmask = (1u << fbits) - 1;
+    return 0;
+}
+
+static inline int bit_length(uint32_t z)
+{
+    return z ? 32 - __builtin_clz(z) : 0;
+}
+
+PyObject *tans_ulp_residuals(PyObject *self, PyObject *args)
+{
+    Py_buffer u = {0}, v = {0}, sym = {0}, field = {0}, raw = {0};
+    int bits, floating, fshift, fbits, fkey, r;
+    if (!PyArg_ParseTuple(args, "y*y*iiiiiiw*w*w*", &u, &v, &bits, &floating, &fshift, &fbits, &fkey, &r, &sym,
+                          &field, &raw))
+        return NULL;
+    PyObject *result = NULL;
+    struct ulp_format f;
+    const Py_ssize_t n = bits > 0 ? u.len / (bits / 8) : 0;
+    if (format_of(&f, bits, floating, fshift, fbits, fkey) || r < 0 || r + 1 >= bits || u.len != v.len ||
+        u.len % (bits / 8) || sym.len != 8 * n || field.len != n || raw.len < n * (bits / 8) + 8) {
+        PyErr_SetString(PyExc_ValueError, "ulp_residuals: bad arguments");
+        goto done;
+    }
+    const uint8_t *restrict pu = u.buf, *restrict pv = v.buf;
+    int64_t *restrict ps = sym.buf;
+    uint8_t *restrict pf = field.buf, *restrict pr = raw.buf;
+    uint64_t acc = 0, total = 0;
+    int nacc = 0;
+    Py_ssize_t out = 0;
+    const uint32_t small = 1u << (r + 1), rmask = (1u << r) - 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint32_t x = load(pu, i, bits), y = load(pv, i, bits);
+        const uint32_t d = (key_of(&f, x) - key_of(&f, y)) & f.mask;
+        const uint32_t z = ((d << 1) & f.mask) ^ ((d >> (bits - 1)) ? f.mask : 0);
+        pf[i] = (uint8_t)field_of(&f, y);
+        if (z < small) {
+            ps[i] = z;
+            continue;
+        }
+        const int b = bit_length(z), extra = b - 1 - r;
+        ps[i] = small + ((int64_t)(b - r - 2) << r) + ((z >> extra) & rmask);
+        acc |= (uint64_t)(z & ((1u << extra) - 1)) << nacc;
+        nacc += extra;
+        total += extra;
+        while (nacc >= 8) {
+            pr[out++] = (uint8_t)acc;
+            acc >>= 8;
+            nacc -= 8;
+        }
+    }
+    if (nacc)
+        pr[out++] = (uint8_t)acc;
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromUnsignedLongLong(total);
+done:
+    PyBuffer_Release(&u);
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&sym);
+    PyBuffer_Release(&field);
+    PyBuffer_Release(&raw);
+    return result;
+}
+
+PyObject *tans_ulp_contexts(PyObject *self, PyObject *args)
+{
+    Py_buffer v = {0}, cmap = {0}, out = {0};
+    int bits, floating, fshift, fbits, fkey;
+    if (!PyArg_ParseTuple(args, "y*iiiiiy*w*", &v, &bits, &floating, &fshift, &fbits, &fkey, &cmap, &out))
+        return NULL;
+    PyObject *result = NULL;
+    struct ulp_format f;
+    const Py_ssize_t n = bits > 0 ? v.len / (bits / 8) : 0;
+    if (format_of(&f, bits, floating, fshift, fbits, fkey) || v.len % (bits / 8) || out.len != n ||
+        cmap.len != (Py_ssize_t)1 << fbits) {
+        PyErr_SetString(PyExc_ValueError, "ulp_contexts: bad arguments");
+        goto done;
+    }
+    const uint8_t *restrict pv = v.buf, *restrict cm = cmap.buf;
+    uint8_t *restrict po = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        po[i] = cm[field_of(&f, load(pv, i, bits))];
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&cmap);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* 8 bytes of the stored bits from byte `byte` on, zero past the end */
+static inline uint64_t read64(const uint8_t *s, Py_ssize_t len, uint64_t byte)
+{
+    uint64_t w = 0;
+    if (byte + 8 <= (uint64_t)len) {
+        memcpy(&w, s + byte, 8);
+    } else {
+        for (unsigned q = 0; q < 8 && byte + q < (uint64_t)len; q++)
+            w |= (uint64_t)s[byte + q] << (8 * q);
+    }
+    return w;
+}
+
+PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
+{
+    Py_buffer sym = {0}, v = {0}, raw = {0}, out = {0};
+    int bits, floating, r;
+    if (!PyArg_ParseTuple(args, "y*y*y*iiiw*", &sym, &v, &raw, &bits, &floating, &r, &out))
+        return NULL;
+    PyObject *result = NULL;
+    struct ulp_format f;
+    const Py_ssize_t n = sym.len;
+    if (format_of(&f, bits, floating, 0, 1, 0) || r < 0 || r + 1 >= bits || v.len != n * (bits / 8) ||
+        out.len != v.len) {
+        PyErr_SetString(PyExc_ValueError, "ulp_apply: bad arguments");
+        goto done;
+    }
+    const uint8_t *restrict ps = sym.buf, *restrict pv = v.buf, *restrict pr = raw.buf;
+    uint8_t *restrict po = out.buf;
+    const uint32_t small = 1u << (r + 1), rmask = (1u << r) - 1;
+    const uint32_t nsym = small + (uint32_t)(bits - r - 1) * (1u << r);
+    const Py_ssize_t rlen = raw.len;
+    uint64_t pos = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint32_t s = ps[i];
+        uint32_t z;
+        if (s < small) {
+            z = s;
+        } else if (s < nsym) {
+            const uint32_t q = s - small;
+            const int extra = (int)(q >> r) + 1;        /* b - 1 - r, b = r + 2 + (q >> r) */
+            const uint64_t w = read64(pr, rlen, pos >> 3) >> (pos & 7);
+            z = (((1u << r) | (q & rmask)) << extra) | (uint32_t)(w & ((1ull << extra) - 1));
+            pos += extra;
+        } else {
+            err = 2;
+            break;
+        }
+        const uint32_t d = (z >> 1) ^ ((z & 1) ? f.mask : 0);
+        store(po, i, bits, unkey(&f, (key_of(&f, load(pv, i, bits)) + d) & f.mask));
+    }
+    if (!err && (((pos + 7) >> 3) != (uint64_t)rlen || ((pos & 7) && (pr[rlen - 1] >> (pos & 7)))))
+        err = 1;
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLong(err);
+done:
+    PyBuffer_Release(&sym);
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&raw);
+    PyBuffer_Release(&out);
+    return result;
+}
