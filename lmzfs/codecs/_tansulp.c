@@ -33,7 +33,7 @@ struct ulp_format {
     uint32_t mask, sign, fmask;
 };
 
-static inline uint32_t load(const uint8_t *p, Py_ssize_t i, int bits)
+static inline __attribute__((always_inline)) uint32_t load(const uint8_t *p, Py_ssize_t i, int bits)
 {
     if (bits == 8)
         return p[i];
@@ -47,7 +47,7 @@ static inline uint32_t load(const uint8_t *p, Py_ssize_t i, int bits)
     return x;
 }
 
-static inline void store(uint8_t *p, Py_ssize_t i, int bits, uint32_t x)
+static inline __attribute__((always_inline)) void store(uint8_t *p, Py_ssize_t i, int bits, uint32_t x)
 {
     if (bits == 8) {
         p[i] = (uint8_t)x;
@@ -153,6 +153,15 @@ done:
     return result;
 }
 
+/* specialised by element width, as apply_loop below */
+static inline __attribute__((always_inline)) void
+contexts_loop(const uint8_t *restrict pv, const uint8_t *restrict cm, uint8_t *restrict po, Py_ssize_t n,
+              const struct ulp_format *f, const int bits)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        po[i] = cm[field_of(f, load(pv, i, bits))];
+}
+
 PyObject *tans_ulp_contexts(PyObject *self, PyObject *args)
 {
     Py_buffer v = {0}, cmap = {0}, out = {0};
@@ -170,8 +179,12 @@ PyObject *tans_ulp_contexts(PyObject *self, PyObject *args)
     const uint8_t *restrict pv = v.buf, *restrict cm = cmap.buf;
     uint8_t *restrict po = out.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        po[i] = cm[field_of(&f, load(pv, i, bits))];
+    if (bits == 16)
+        contexts_loop(pv, cm, po, n, &f, 16);
+    else if (bits == 32)
+        contexts_loop(pv, cm, po, n, &f, 32);
+    else
+        contexts_loop(pv, cm, po, n, &f, 8);
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
@@ -181,17 +194,44 @@ done:
     return result;
 }
 
-/* 8 bytes of the stored bits from byte `byte` on, zero past the end */
-static inline uint64_t read64(const uint8_t *s, Py_ssize_t len, uint64_t byte)
+/* 8 bytes of the stored bits from byte `byte` on, zero past the end (the last few elements) */
+static __attribute__((noinline)) uint64_t read64_tail(const uint8_t *s, Py_ssize_t len, uint64_t byte)
 {
     uint64_t w = 0;
-    if (byte + 8 <= (uint64_t)len) {
-        memcpy(&w, s + byte, 8);
-    } else {
-        for (unsigned q = 0; q < 8 && byte + q < (uint64_t)len; q++)
-            w |= (uint64_t)s[byte + q] << (8 * q);
-    }
+    for (unsigned q = 0; q < 8 && byte + q < (uint64_t)len; q++)
+        w |= (uint64_t)s[byte + q] << (8 * q);
     return w;
+}
+
+/* The rebuild, specialised by element width and keying so that the loop carries no mode tests
+ * and no branch per symbol: each symbol's stored-bit count and the bits of z above them come
+ * from two small tables. */
+static inline __attribute__((always_inline)) int
+apply_loop(const uint8_t *restrict ps, const uint8_t *restrict pv, const uint8_t *restrict pr, Py_ssize_t rlen,
+           uint8_t *restrict po, Py_ssize_t n, const uint8_t *restrict ex, const uint32_t *restrict top,
+           const int bits, const int floating, uint64_t *endpos)
+{
+    const uint32_t mask = bits == 32 ? 0xFFFFFFFFu : (1u << bits) - 1, sign = 1u << (bits - 1);
+    uint64_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint32_t s = ps[i];
+        const uint64_t byte = pos >> 3;
+        uint64_t w;
+        if (__builtin_expect(byte + 8 <= (uint64_t)rlen, 1))
+            memcpy(&w, pr + byte, 8);
+        else
+            w = read64_tail(pr, rlen, byte);
+        const int e = ex[s];
+        const uint32_t z = top[s] | (uint32_t)((w >> (pos & 7)) & ((1ull << e) - 1));
+        pos += e;
+        const uint32_t d = (z >> 1) ^ ((0u - (z & 1)) & mask);
+        const uint32_t y = load(pv, i, bits);
+        uint32_t k = floating ? y ^ (((0u - (y >> (bits - 1))) & mask) | sign) : y;
+        k = (k + d) & mask;
+        store(po, i, bits, floating ? k ^ (sign | (((k >> (bits - 1)) - 1u) & mask)) : k);
+    }
+    *endpos = pos;
+    return 0;
 }
 
 PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
@@ -213,29 +253,45 @@ PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
     const uint32_t small = 1u << (r + 1), rmask = (1u << r) - 1;
     const uint32_t nsym = small + (uint32_t)(bits - r - 1) * (1u << r);
     const Py_ssize_t rlen = raw.len;
+    uint8_t ex[256];
+    uint32_t top[256];
+    for (uint32_t s = 0; s < 256; s++) {
+        if (s < small) {
+            ex[s] = 0;
+            top[s] = s;
+        } else if (s < nsym) {
+            const uint32_t q = s - small;
+            ex[s] = (uint8_t)((q >> r) + 1);        /* b - 1 - r, b = r + 2 + (q >> r) */
+            top[s] = ((1u << r) | (q & rmask)) << ex[s];
+        } else {
+            ex[s] = 0;
+            top[s] = 0;
+        }
+    }
     uint64_t pos = 0;
     int err = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const uint32_t s = ps[i];
-        uint32_t z;
-        if (s < small) {
-            z = s;
-        } else if (s < nsym) {
-            const uint32_t q = s - small;
-            const int extra = (int)(q >> r) + 1;        /* b - 1 - r, b = r + 2 + (q >> r) */
-            const uint64_t w = read64(pr, rlen, pos >> 3) >> (pos & 7);
-            z = (((1u << r) | (q & rmask)) << extra) | (uint32_t)(w & ((1ull << extra) - 1));
-            pos += extra;
-        } else {
+    for (Py_ssize_t i = 0; i < n; i++)      /* a symbol outside the alphabet: refused before any work */
+        if (ps[i] >= nsym) {
             err = 2;
             break;
         }
-        const uint32_t d = (z >> 1) ^ ((z & 1) ? f.mask : 0);
-        store(po, i, bits, unkey(&f, (key_of(&f, load(pv, i, bits)) + d) & f.mask));
+    if (!err) {
+        if (bits == 16 && floating)
+            apply_loop(ps, pv, pr, rlen, po, n, ex, top, 16, 1, &pos);
+        else if (bits == 32 && floating)
+            apply_loop(ps, pv, pr, rlen, po, n, ex, top, 32, 1, &pos);
+        else if (bits == 8 && floating)
+            apply_loop(ps, pv, pr, rlen, po, n, ex, top, 8, 1, &pos);
+        else if (bits == 16)
+            apply_loop(ps, pv, pr, rlen, po, n, ex, top, 16, 0, &pos);
+        else if (bits == 32)
+            apply_loop(ps, pv, pr, rlen, po, n, ex, top, 32, 0, &pos);
+        else
+            apply_loop(ps, pv, pr, rlen, po, n, ex, top, 8, 0, &pos);
+        if (((pos + 7) >> 3) != (uint64_t)rlen || ((pos & 7) && (pr[rlen - 1] >> (pos & 7))))
+            err = 1;
     }
-    if (!err && (((pos + 7) >> 3) != (uint64_t)rlen || ((pos & 7) && (pr[rlen - 1] >> (pos & 7)))))
-        err = 1;
     Py_END_ALLOW_THREADS
     result = PyLong_FromLong(err);
 done:

@@ -55,7 +55,8 @@ MAX_CONTEXTS = 16
 MAX_SYMBOLS = 256        # the alphabet 2**(r+1) + (w-r-1) * 2**r of r refinement bits stays within a byte
 ROW_LOG = 12             # transmitted table rows are scaled to sum <= 2**ROW_LOG
 # Encoder choices (not needed to decode): the refinement bits per element width, and the
-# contexts tried. Measured on the BF16 and FP32 training chains (docs/results.md).
+# context counts tried; chosen with bench/delta_codecs.py on the chains of bench/trainchain.py
+# and the quire release pair (more refinement bits barely pay; fewer cost).
 REFINE_BITS = {8: 3, 16: 3, 32: 3}
 CONTEXT_COUNTS = (1, 2, 4, 6, 8, 12, 16)
 
