@@ -59,11 +59,12 @@ static inline __attribute__((always_inline)) void store(uint8_t *p, Py_ssize_t i
     }
 }
 
+/* without a branch: x XOR (all w bits when the sign is set, else the sign bit) */
 static inline uint32_t key_of(const struct ulp_format *f, uint32_t x)
 {
     if (!f->floating)
         return x;
-    return (x & f->sign) ? (~x & f->mask) : (x | f->sign);
+    return x ^ (((0u - (x >> (f->bits - 1))) & f->mask) | f->sign);
 }
 
 static inline uint32_t unkey(const struct ulp_format *f, uint32_t k)
@@ -97,6 +98,39 @@ static inline int bit_length(uint32_t z)
     return z ? 32 - __builtin_clz(z) : 0;
 }
 
+/* specialised by element width, as apply_loop below; returns the stored bit count */
+static inline __attribute__((always_inline)) uint64_t
+residuals_loop(const uint8_t *restrict pu, const uint8_t *restrict pv, int64_t *restrict ps, uint8_t *restrict pf,
+               uint8_t *restrict pr, Py_ssize_t n, const struct ulp_format *f, const int r, const int bits)
+{
+    /* a local copy: the byte stores below may alias *f for all the compiler knows */
+    const struct ulp_format fl = *f;
+    f = &fl;
+    uint64_t acc = 0, total = 0, out = 0;
+    int nacc = 0;
+    const int small_bits = r + 1;
+    const uint32_t small = 1u << small_bits, rmask = (1u << r) - 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint32_t x = load(pu, i, bits), y = load(pv, i, bits);
+        const uint32_t d = (key_of(f, x) - key_of(f, y)) & f->mask;
+        const uint32_t z = ((d << 1) & f->mask) ^ ((0u - (d >> (bits - 1))) & f->mask);
+        pf[i] = (uint8_t)field_of(f, y);
+        const int b = bit_length(z), big = b > small_bits;
+        const int extra = big ? b - 1 - r : 0;
+        ps[i] = big ? small + ((int64_t)(b - r - 2) << r) + ((z >> extra) & rmask) : z;
+        acc |= (uint64_t)(z & ((1u << extra) - 1)) << nacc;
+        nacc += extra;
+        total += extra;
+        memcpy(pr + out, &acc, 8);   /* the buffer has 8 bytes to spare; later stores overwrite the excess */
+        out += nacc >> 3;
+        acc >>= nacc & ~7;
+        nacc &= 7;
+    }
+    if (nacc)
+        pr[out++] = (uint8_t)acc;
+    return total;
+}
+
 PyObject *tans_ulp_residuals(PyObject *self, PyObject *args)
 {
     Py_buffer u = {0}, v = {0}, sym = {0}, field = {0}, raw = {0};
@@ -115,33 +149,14 @@ PyObject *tans_ulp_residuals(PyObject *self, PyObject *args)
     const uint8_t *restrict pu = u.buf, *restrict pv = v.buf;
     int64_t *restrict ps = sym.buf;
     uint8_t *restrict pf = field.buf, *restrict pr = raw.buf;
-    uint64_t acc = 0, total = 0;
-    int nacc = 0;
-    Py_ssize_t out = 0;
-    const uint32_t small = 1u << (r + 1), rmask = (1u << r) - 1;
+    uint64_t total = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const uint32_t x = load(pu, i, bits), y = load(pv, i, bits);
-        const uint32_t d = (key_of(&f, x) - key_of(&f, y)) & f.mask;
-        const uint32_t z = ((d << 1) & f.mask) ^ ((d >> (bits - 1)) ? f.mask : 0);
-        pf[i] = (uint8_t)field_of(&f, y);
-        if (z < small) {
-            ps[i] = z;
-            continue;
-        }
-        const int b = bit_length(z), extra = b - 1 - r;
-        ps[i] = small + ((int64_t)(b - r - 2) << r) + ((z >> extra) & rmask);
-        acc |= (uint64_t)(z & ((1u << extra) - 1)) << nacc;
-        nacc += extra;
-        total += extra;
-        while (nacc >= 8) {
-            pr[out++] = (uint8_t)acc;
-            acc >>= 8;
-            nacc -= 8;
-        }
-    }
-    if (nacc)
-        pr[out++] = (uint8_t)acc;
+    if (bits == 16)
+        total = residuals_loop(pu, pv, ps, pf, pr, n, &f, r, 16);
+    else if (bits == 32)
+        total = residuals_loop(pu, pv, ps, pf, pr, n, &f, r, 32);
+    else
+        total = residuals_loop(pu, pv, ps, pf, pr, n, &f, r, 8);
     Py_END_ALLOW_THREADS
     result = PyLong_FromUnsignedLongLong(total);
 done:
@@ -158,8 +173,9 @@ static inline __attribute__((always_inline)) void
 contexts_loop(const uint8_t *restrict pv, const uint8_t *restrict cm, uint8_t *restrict po, Py_ssize_t n,
               const struct ulp_format *f, const int bits)
 {
+    const struct ulp_format fl = *f;     /* as in residuals_loop */
     for (Py_ssize_t i = 0; i < n; i++)
-        po[i] = cm[field_of(f, load(pv, i, bits))];
+        po[i] = cm[field_of(&fl, load(pv, i, bits))];
 }
 
 PyObject *tans_ulp_contexts(PyObject *self, PyObject *args)

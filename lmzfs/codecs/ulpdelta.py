@@ -114,16 +114,16 @@ class Residuals:
 
 
 def residuals(u: np.ndarray, v: np.ndarray, fmt: ElementFormat, r: int) -> Residuals:
-    """Symbols, context fields and stored bits of elements u against reference elements v (uint64)."""
-    if tans._loop is not None and hasattr(tans._loop, "ulp_residuals"):
-        w = _UINT[fmt.bits]
+    """Symbols, context fields and stored bits of elements u against reference elements v (both
+    of the format's unsigned type)."""
+    if tans._loop is not None:
         sym = np.empty(len(u), dtype=np.int64)
         field = np.empty(len(u), dtype=np.uint8)
         raw = bytearray(len(u) * fmt.bits // 8 + 8)
-        nbits = tans._loop.ulp_residuals(np.ascontiguousarray(u, dtype=w), np.ascontiguousarray(v, dtype=w),
-                                         fmt.bits, fmt.floating, fmt.field_shift, fmt.field_bits,
+        nbits = tans._loop.ulp_residuals(u, v, fmt.bits, fmt.floating, fmt.field_shift, fmt.field_bits,
                                          fmt.field_of_key, r, sym, field, raw)
         return Residuals(sym, field.astype(np.int64), bytes(raw[:(nbits + 7) >> 3]), nbits)
+    u, v = u.astype(np.uint64), v.astype(np.uint64)
     mask = np.uint64((1 << fmt.bits) - 1)
     d = (_keys(u, fmt) - _keys(v, fmt)) & mask
     neg = d >> np.uint64(fmt.bits - 1)
@@ -263,8 +263,8 @@ class UlpDeltaCodec(DeltaCodec):
         if n == 0:
             return bytes((fid, r, 10, 1)) + put_varint(0) + crc.to_bytes(4, "little") + put_varint(0) + \
                 put_varint(0) + b"\x00", tail
-        u = np.frombuffer(data, dtype=_UINT[fmt.bits], count=n).astype(np.uint64)
-        v = np.frombuffer(ref, dtype=_UINT[fmt.bits], count=n).astype(np.uint64)
+        u = np.frombuffer(data, dtype=_UINT[fmt.bits], count=n)
+        v = np.frombuffer(ref, dtype=_UINT[fmt.bits], count=n)
         res = residuals(u, v, fmt, r)
         S = alphabet(fmt.bits, r)
         H = np.bincount(res.field * S + res.sym, minlength=(1 << fmt.field_bits) * S).reshape(-1, S)
@@ -346,7 +346,7 @@ class UlpDeltaCodec(DeltaCodec):
     @staticmethod
     def _decode_elements(body: memoryview, slen: int, rlen: int, m: int, n: int, tab: tans.Tables, lanes: int,
                          v: np.ndarray, cmap: np.ndarray, fmt: ElementFormat, r: int, S: int) -> np.ndarray:
-        compiled = tans._loop is not None and hasattr(tans._loop, "ulp_apply")
+        compiled = tans._loop is not None
         if compiled:
             ctx = np.empty(n, dtype=np.uint8)
             tans._loop.ulp_contexts(v, fmt.bits, fmt.floating, fmt.field_shift, fmt.field_bits, fmt.field_of_key,
