@@ -13,7 +13,8 @@ previous file's chunk at the same offset with each delta codec; other chunks cou
 Reported per step: plain bytes, weights (elements of the paired tensors), the payload bytes of
 each way and its bits per weight, and "best": per chunk the smaller of coded alone and the best
 delta, which is what a store keeps. With --speed, decode MB/s per core (CPU seconds of this one
-thread, best of three) of each delta codec and of the standalone payloads of the same chunks.
+thread, best of three) of each delta codec and of the standalone payloads of the same chunks. Last, the chain's totals: every file coded alone, and
+the first coded alone with each later one as its per-chunk best against its predecessor.
 """
 from __future__ import annotations
 
@@ -114,17 +115,24 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.files) < 2:
         print("delta_codecs: give at least two files (a chain)", file=sys.stderr)
         return 2
+    from lmzfs.codecs import encode_chunk
     rows = []
     prev = _chunks(args.files[0])
-    first_alone = None
+    first = {"file": str(args.files[0]), "plain": sum(len(d) for d, _ in prev.values()),
+             "alone": sum(len(encode_chunk(d, h).payload) for d, h in prev.values())}
+    print(json.dumps(first), flush=True)
     for path in args.files[1:]:
         cur = _chunks(path)
         row = {"file": str(path), **measure_step(prev, cur, args.speed)}
         rows.append(row)
         print(json.dumps(row), flush=True)
         prev = cur
+    total = {"chain_plain": first["plain"] + sum(r["plain"] for r in rows),
+             "chain_alone": first["alone"] + sum(r["alone"] for r in rows),
+             "chain_first_alone_then_best_delta": first["alone"] + sum(r["best"] for r in rows)}
+    print(json.dumps(total), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        args.json.write_text(json.dumps({"first": first, "steps": rows, "total": total}, indent=1) + "\n")
     return 0
 
 

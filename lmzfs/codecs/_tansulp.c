@@ -287,11 +287,11 @@ PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
     uint64_t pos = 0;
     int err = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)      /* a symbol outside the alphabet: refused before any work */
-        if (ps[i] >= nsym) {
-            err = 2;
-            break;
-        }
+    uint8_t most = 0;      /* a symbol outside the alphabet is refused before any work (a max vectorises) */
+    for (Py_ssize_t i = 0; i < n; i++)
+        most = ps[i] > most ? ps[i] : most;
+    if (n && most >= nsym)
+        err = 2;
     if (!err) {
         if (bits == 16 && floating)
             apply_loop(ps, pv, pr, rlen, po, n, ex, top, 16, 1, &pos);

@@ -199,28 +199,33 @@ def choose_contexts(H: np.ndarray) -> Choice:
     (field, symbol): adjacent ranges are merged greedily where merging costs the fewest bits,
     and the context count with the smallest estimated size (symbols plus tables) is kept."""
     used = np.flatnonzero(H.sum(axis=1))
-    starts = [int(used[0])] if len(used) else [0]
-    rows = [H[used[0]]] if len(used) else [H[0]]
-    for f in used[1:]:
-        starts.append(int(f))
-        rows.append(H[f])
-    rows = [r.astype(np.int64) for r in rows]
+    if not len(used):
+        used = np.zeros(1, dtype=np.int64)
+    starts = [int(f) for f in used]
+    rows = [H[f].astype(np.int64) for f in used]
+    h = [float(x) for x in _entropy_bytes(np.stack(rows))]
+    nnz = [int(np.count_nonzero(r)) for r in rows]
+    # merged[i]: the bytes of ranges i and i + 1 coded with one table
+    merged = [float(x) for x in _entropy_bytes(np.stack(rows[:-1]) + np.stack(rows[1:]))] if len(rows) > 1 else []
     best: Choice | None = None
     while True:
         K = len(rows)
         if K <= MAX_CONTEXTS and K in CONTEXT_COUNTS or K == 1:
-            R = np.stack(rows)
-            cost = float(_entropy_bytes(R).sum()) + 1.3 * np.count_nonzero(R) + 2 * K
+            cost = sum(h) + 1.3 * sum(nnz) + 2 * K
             if best is None or cost < best.cost:
-                best = Choice(starts[1:], R, cost)
+                best = Choice(starts[1:], np.stack(rows), cost)
         if K == 1:
             break
-        R = np.stack(rows)
-        h = _entropy_bytes(R)
-        merged = _entropy_bytes(R[:-1] + R[1:])
-        i = int(np.argmin(merged - h[:-1] - h[1:]))
+        gain = np.asarray(merged) - np.asarray(h[:-1]) - np.asarray(h[1:])
+        i = int(np.argmin(gain))
         rows[i:i + 2] = [rows[i] + rows[i + 1]]
-        del starts[i + 1]
+        h[i:i + 2] = [merged[i]]
+        nnz[i:i + 2] = [int(np.count_nonzero(rows[i]))]
+        del starts[i + 1], merged[i]
+        if i > 0:
+            merged[i - 1] = float(_entropy_bytes(rows[i - 1] + rows[i]))
+        if i < len(rows) - 1:
+            merged[i] = float(_entropy_bytes(rows[i] + rows[i + 1]))
     return best
 
 
