@@ -12,7 +12,9 @@ only. z is coded as one tANS symbol, its bit length b and the ``r`` bits below i
 is chosen by a field of the reference element, which the decoder holds: the exponent field of a
 float (an update moves a weight by about the same amount whatever its size, so the smaller its
 exponent, the more units in the last place it moves), the key of a byte-wide integer, grouped
-into at most MAX_CONTEXTS ranges of field values chosen per chunk. Tables are static per chunk.
+into at most MAX_CONTEXTS ranges of field values chosen per chunk. Block-quantised chunks (GGUF
+blocks) are coded as their bytes (format U8): a release's quants and scales mostly move by a
+few steps, which a residual codes in fewer bits than their XOR. Tables are static per chunk.
 The stored bits ride in the tANS lanes' end states first (bits back), as floatsplit's do;
 trailing bytes that are not a whole element are stored as they are. A CRC-32 of the plain
 chunk guards everything. Layout: docs/format.md, codec 8.
@@ -255,6 +257,10 @@ class UlpDeltaCodec(DeltaCodec):
 
     def encode_delta(self, data: memoryview, ref: memoryview, hint: ChunkHint) -> tuple[bytes, bytes] | None:
         fid = FORMAT_OF.get((hint.dtype or "").upper())
+        if fid is None and hint.block_bytes > 0:
+            # block-quantised (GGUF) chunks: their bytes as uint8, scales and packed quants alike;
+            # encode_delta_chunk keeps xorzstd where that is smaller
+            fid = FORMAT_OF["U8"]
         if fid is None:
             return None
         if len(ref) != len(data):
