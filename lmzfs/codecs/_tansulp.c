@@ -219,35 +219,57 @@ static __attribute__((noinline)) uint64_t read64_tail(const uint8_t *s, Py_ssize
     return w;
 }
 
-/* The rebuild, specialised by element width and keying so that the loop carries no mode tests
+/* The rebuild, specialised by element width and keying so that the loops carry no mode tests
  * and no branch per symbol: each symbol's stored-bit count and the bits of z above them come
- * from two small tables. */
-static inline __attribute__((always_inline)) int
+ * from two small tables. It runs in blocks: first each element's z (the one serial part, a
+ * running bit position), then the ZigZag, key and sum over the block, which the compiler
+ * vectorises. */
+#define APPLY_BLOCK 1024
+/* element loads and stores that may be unaligned (a reference can start at any byte) */
+typedef uint16_t __attribute__((aligned(1))) u16u;
+typedef uint32_t __attribute__((aligned(1))) u32u;
+#define APPLY_KEYS(T, W)                                                                        \
+    do {                                                                                        \
+        const T *restrict vv = (const T *)(pv + (W / 8) * i0);                                  \
+        T *restrict oo = (T *)(po + (W / 8) * i0);                                              \
+        for (Py_ssize_t j = 0; j < m; j++) {                                                    \
+            const uint32_t z = zb[j], y = vv[j];                                                \
+            const uint32_t d = (z >> 1) ^ ((0u - (z & 1)) & mask);                              \
+            uint32_t k = floating ? y ^ (((0u - (y >> (W - 1))) & mask) | sign) : y;            \
+            k = (k + d) & mask;                                                                 \
+            oo[j] = (T)(floating ? k ^ (sign | (((k >> (W - 1)) - 1u) & mask)) : k);            \
+        }                                                                                       \
+    } while (0)
+static inline __attribute__((always_inline)) void
 apply_loop(const uint8_t *restrict ps, const uint8_t *restrict pv, const uint8_t *restrict pr, Py_ssize_t rlen,
            uint8_t *restrict po, Py_ssize_t n, const uint8_t *restrict ex, const uint32_t *restrict top,
            const int bits, const int floating, uint64_t *endpos)
 {
     const uint32_t mask = bits == 32 ? 0xFFFFFFFFu : (1u << bits) - 1, sign = 1u << (bits - 1);
+    uint32_t zb[APPLY_BLOCK];
     uint64_t pos = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const uint32_t s = ps[i];
-        const uint64_t byte = pos >> 3;
-        uint64_t w;
-        if (__builtin_expect(byte + 8 <= (uint64_t)rlen, 1))
-            memcpy(&w, pr + byte, 8);
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += APPLY_BLOCK) {
+        const Py_ssize_t m = n - i0 < APPLY_BLOCK ? n - i0 : APPLY_BLOCK;
+        for (Py_ssize_t j = 0; j < m; j++) {
+            const uint32_t s = ps[i0 + j];
+            const uint64_t byte = pos >> 3;
+            uint64_t w;
+            if (__builtin_expect(byte + 8 <= (uint64_t)rlen, 1))
+                memcpy(&w, pr + byte, 8);
+            else
+                w = read64_tail(pr, rlen, byte);
+            const int e = ex[s];
+            zb[j] = top[s] | (uint32_t)((w >> (pos & 7)) & ((1ull << e) - 1));
+            pos += e;
+        }
+        if (bits == 16)
+            APPLY_KEYS(u16u, 16);
+        else if (bits == 32)
+            APPLY_KEYS(u32u, 32);
         else
-            w = read64_tail(pr, rlen, byte);
-        const int e = ex[s];
-        const uint32_t z = top[s] | (uint32_t)((w >> (pos & 7)) & ((1ull << e) - 1));
-        pos += e;
-        const uint32_t d = (z >> 1) ^ ((0u - (z & 1)) & mask);
-        const uint32_t y = load(pv, i, bits);
-        uint32_t k = floating ? y ^ (((0u - (y >> (bits - 1))) & mask) | sign) : y;
-        k = (k + d) & mask;
-        store(po, i, bits, floating ? k ^ (sign | (((k >> (bits - 1)) - 1u) & mask)) : k);
+            APPLY_KEYS(uint8_t, 8);
     }
     *endpos = pos;
-    return 0;
 }
 
 PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
