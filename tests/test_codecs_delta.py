@@ -268,3 +268,20 @@ def test_ulpdelta_writes_exactly_the_pinned_payloads(name, data, reference, hint
     payload = encode_delta_with("ulpdelta", data, reference, hint)
     assert decode_chunk(payload, len(data), ref=reference) == data
     assert hashlib.sha256(payload).hexdigest() == PINNED[name]
+
+
+def test_threads_decoding_ulpdelta_payloads_at_once_each_get_their_own_bytes():
+    from concurrent.futures import ThreadPoolExecutor
+    pairs = []
+    for seed in range(6):
+        new, ref = _weights_pair(30000, seed=seed)
+        data, reference = (_bf16(new), _bf16(ref)) if seed % 2 else (new.tobytes(), ref.tobytes())
+        hint = ChunkHint("BF16", 2) if seed % 2 else ChunkHint("F32", 4)
+        pairs.append((encode_delta_with("ulpdelta", data, reference, hint), data, reference))
+
+    def work(i: int) -> bool:
+        payload, data, reference = pairs[i % len(pairs)]
+        return all(decode_chunk(payload, len(data), ref=reference) == data for _ in range(5))
+
+    with ThreadPoolExecutor(6) as pool:
+        assert all(pool.map(work, range(12)))
