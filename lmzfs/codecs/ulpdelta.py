@@ -359,7 +359,10 @@ class UlpDeltaCodec(DeltaCodec):
                          v: np.ndarray, cmap: np.ndarray, fmt: ElementFormat, r: int, S: int) -> np.ndarray:
         compiled = tans._loop is not None
         if compiled:
-            ctx = np.empty(n, dtype=np.uint8)
+            # the contexts live in the output's first n bytes: dead once the symbols are decoded,
+            # and the output's pages are then already mapped when the rebuild writes them
+            out = np.empty(n, dtype=_UINT[fmt.bits])
+            ctx = out.view(np.uint8)[:n]
             tans._loop.ulp_contexts(v, fmt.bits, fmt.floating, fmt.field_shift, fmt.field_bits, fmt.field_of_key,
                                     cmap, ctx)
         else:
@@ -370,7 +373,6 @@ class UlpDeltaCodec(DeltaCodec):
         raw[:m] = _bits_back_bytes(fin, tab.R, m)
         raw[m:] = np.frombuffer(body, dtype=np.uint8, count=rlen - m, offset=slen)
         if compiled:
-            out = np.empty(n, dtype=_UINT[fmt.bits])
             err = tans._loop.ulp_apply(sym, v, raw, fmt.bits, fmt.floating, r, out)
             if err:
                 raise CodecError("ulpdelta: stored bits do not match the symbols")
