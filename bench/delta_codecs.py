@@ -19,6 +19,7 @@ the first coded alone with each later one as its per-chunk best against its pred
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 import time
@@ -37,14 +38,20 @@ def _chunks(path: Path) -> dict:
             names[seg.offset] = seg
     data = path.read_bytes()
     seg_at = sorted(names)
-    import bisect
+    # the n-th segment of a (name, dtype, length): coalesced runs of small tensors can share a name
+    nth, seen = {}, {}
+    for off in seg_at:
+        seg = names[off]
+        k = (seg.name, seg.dtype, seg.length)
+        nth[off] = seen[k] = seen.get(k, -1) + 1
     for p in plan_chunks(layout):
         key = None
         i = bisect.bisect_right(seg_at, p.offset) - 1
         if p.hint.dtype and i >= 0:
             seg = names[seg_at[i]]
-            key = (seg.name, seg.dtype, seg.length, p.offset - seg.offset)
+            key = (seg.name, seg.dtype, seg.length, nth[seg.offset], p.offset - seg.offset)
         out[key if key else ("@", p.offset)] = (data[p.offset:p.offset + p.length], p.hint)
+    assert sum(len(d) for d, _ in out.values()) == len(data), f"{path}: chunks lost in pairing"
     return out
 
 

@@ -10,7 +10,9 @@ AdamW on the running interpreter's standard-library .py sources, read in sorted 
 saves a checkpoint every `--every` steps as OUT/bf16/step-NNNN/model.safetensors and
 OUT/fp32/step-NNNN/model.safetensors (the same weights, rounded to BF16 in the first). Checkpoints
 of one run are what delta coding across `lmz add`s is for: no tensor is byte-identical between two
-of them, yet every tensor is close to its predecessor.
+of them, yet every tensor is close to its predecessor. From each FP32 checkpoint it also writes
+GGUF files quantised with gguf-py, OUT/q4_1/step-NNNN/model.gguf and OUT/q8_0/... (matrices in
+the block type, other tensors F32).
 
 Deterministic: fixed seeds, two threads, deterministic algorithms; the batches are drawn from a
 seeded generator. Cached: OUT/settings.json records the settings and the training text's digest,
@@ -158,6 +160,48 @@ def train(out: Path, s: Settings, text: bytes) -> None:
             save({n: t.to(torch.bfloat16) for n, t in state.items()}, bf)
 
 
+GGUF_TYPES = ("Q4_1", "Q8_0")     # the block types gguf-py quantises, of the two kinds GGUF models ship
+
+
+def write_gguf_chains(out: Path, s: Settings) -> None:
+    """OUT/q4_1/step-NNNN/model.gguf and OUT/q8_0/...: each FP32 checkpoint quantised by gguf-py
+    (matrices whose rows are whole blocks; the other tensors stay F32), so that block-quantised
+    deltas are measured on real checkpoints too. Derived, so cached by their own marker."""
+    import gguf
+    import importlib.metadata
+    from safetensors.numpy import load_file
+
+    version = importlib.metadata.version("gguf")
+    marker = out / "gguf-settings.json"
+    want = {"gguf": version, "types": list(GGUF_TYPES), "chain": asdict(s)}
+    dirs = checkpoint_dirs(out, s)
+    paths = [out / t.lower() / fp.name / "model.gguf" for t in GGUF_TYPES for _, _, fp in dirs]
+    if marker.exists() and json.loads(marker.read_text()) == want and all(p.exists() for p in paths):
+        return
+    marker.unlink(missing_ok=True)
+    for qt in GGUF_TYPES:
+        kind = getattr(gguf.GGMLQuantizationType, qt)
+        block = gguf.GGML_QUANT_SIZES[kind][0]
+        for _, _, fp in dirs:
+            tensors = load_file(str(fp / "model.safetensors"))
+            path = out / qt.lower() / fp.name / "model.gguf"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".gguf.tmp")
+            w = gguf.GGUFWriter(str(tmp), "bytetransformer")
+            w.add_name(f"trainchain {fp.name} {qt}")
+            for name, t in sorted(tensors.items()):
+                if t.ndim == 2 and t.shape[-1] % block == 0:
+                    w.add_tensor(name, gguf.quants.quantize(t, kind), raw_dtype=kind)
+                else:
+                    w.add_tensor(name, t)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+            os.replace(tmp, path)
+    marker.write_text(json.dumps(want, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path.home() / ".cache" / "lmzfs" / "chains")
@@ -177,13 +221,16 @@ def main(argv: list[str] | None = None) -> int:
             and all((d / "model.safetensors").exists() for _, bf, fp in dirs for d in (bf, fp)))
     if done:
         print(f"trainchain: {out} already holds this chain", file=sys.stderr)
-        return 0
-    marker.unlink(missing_ok=True)
-    train(out, s, text)
-    out.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(asdict(s), indent=1) + "\n")
+    else:
+        marker.unlink(missing_ok=True)
+        train(out, s, text)
+        out.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(asdict(s), indent=1) + "\n")
+    write_gguf_chains(out, s)
     for step, bf, fp in dirs:
         print(f"{bf / 'model.safetensors'}\n{fp / 'model.safetensors'}")
+        for qt in GGUF_TYPES:
+            print(out / qt.lower() / fp.name / "model.gguf")
     return 0
 
 
