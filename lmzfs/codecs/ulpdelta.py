@@ -115,10 +115,17 @@ class Residuals:
     raw_bits: int
 
 
+def _compiled_loops():
+    """The compiled tANS module if it has ulpdelta's loops (a build older than them does not:
+    then the numpy paths run), else None. Looked up per call, as tans._loop may be swapped."""
+    loop = tans._loop
+    return loop if loop is not None and hasattr(loop, "ulp_apply") else None
+
+
 def residuals(u: np.ndarray, v: np.ndarray, fmt: ElementFormat, r: int) -> Residuals:
     """Symbols, context fields and stored bits of elements u against reference elements v (both
     of the format's unsigned type)."""
-    if tans._loop is not None:
+    if _compiled_loops() is not None:
         sym = np.empty(len(u), dtype=np.int64)
         field = np.empty(len(u), dtype=np.uint8)
         raw = bytearray(len(u) * fmt.bits // 8 + 8)
@@ -357,7 +364,7 @@ class UlpDeltaCodec(DeltaCodec):
     @staticmethod
     def _decode_elements(body: memoryview, slen: int, rlen: int, m: int, n: int, tab: tans.Tables, lanes: int,
                          v: np.ndarray, cmap: np.ndarray, fmt: ElementFormat, r: int, S: int) -> np.ndarray:
-        compiled = tans._loop is not None
+        compiled = _compiled_loops() is not None
         if compiled:
             # the contexts live in the output's first n bytes: dead once the symbols are decoded,
             # and the output's pages are then already mapped when the rebuild writes them
