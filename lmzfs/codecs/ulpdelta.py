@@ -110,7 +110,7 @@ def _context_map(cuts: list[int], field_bits: int) -> np.ndarray:
 class Residuals:
     """What the encoder derives from a chunk and its reference, before any choice of tables."""
     sym: np.ndarray        # int64 symbol per element
-    field: np.ndarray      # the reference's context field per element
+    field: np.ndarray      # the reference's context field per element (uint8)
     raw: bytes             # the stored bits, a little-endian bit string padded to whole bytes
     raw_bits: int
 
@@ -131,7 +131,7 @@ def residuals(u: np.ndarray, v: np.ndarray, fmt: ElementFormat, r: int) -> Resid
         raw = bytearray(len(u) * fmt.bits // 8 + 8)
         nbits = tans._loop.ulp_residuals(u, v, fmt.bits, fmt.floating, fmt.field_shift, fmt.field_bits,
                                          fmt.field_of_key, r, sym, field, raw)
-        return Residuals(sym, field.astype(np.int64), bytes(raw[:(nbits + 7) >> 3]), nbits)
+        return Residuals(sym, field, bytes(raw[:(nbits + 7) >> 3]), nbits)
     u, v = u.astype(np.uint64), v.astype(np.uint64)
     mask = np.uint64((1 << fmt.bits) - 1)
     d = (_keys(u, fmt) - _keys(v, fmt)) & mask
@@ -146,7 +146,7 @@ def residuals(u: np.ndarray, v: np.ndarray, fmt: ElementFormat, r: int) -> Resid
     sym = np.where(small, z.astype(np.int64), (1 << (r + 1)) + ((b - r - 2) << r) + lead)
     low = z & ((np.uint64(1) << extra.astype(np.uint64)) - np.uint64(1))
     raw, nbits = pack_fields(low, extra)
-    return Residuals(sym, _fields(v, fmt), raw, nbits)
+    return Residuals(sym, _fields(v, fmt).astype(np.uint8), raw, nbits)
 
 
 def pack_fields(values: np.ndarray, widths: np.ndarray) -> tuple[bytes, int]:
@@ -285,7 +285,7 @@ class UlpDeltaCodec(DeltaCodec):
         v = np.frombuffer(ref, dtype=_UINT[fmt.bits], count=n)
         res = residuals(u, v, fmt, r)
         S = alphabet(fmt.bits, r)
-        H = np.bincount(res.field * S + res.sym, minlength=(1 << fmt.field_bits) * S).reshape(-1, S)
+        H = np.bincount(res.field.astype(np.int64) * S + res.sym, minlength=(1 << fmt.field_bits) * S).reshape(-1, S)
         choice = choose_contexts(H)
         counts = _row_scale(choice.counts, ROW_LOG)
         R = _table_log(n, S)
