@@ -124,7 +124,9 @@ def test_encode_delta_chunk_keeps_the_smallest_payload_of_the_codecs_that_apply(
     cases = [(_bf16(new), _bf16(ref), ChunkHint("BF16", 2)), (new.tobytes(), ref.tobytes(), ChunkHint("F32", 4)),
              (bytes(300), bytes(300), ChunkHint("I8", 1)), (bytes(range(256)) * 8, bytes(range(256)) * 8, ChunkHint("U8", 1))]
     for data, reference, hint in cases:
-        sizes = {c.name: len(encode_delta_with(c, data, reference, hint)) for c in DELTA_CODECS}
+        sizes = {c.name: len(encode_delta_with(c, data, reference, hint)) for c in DELTA_CODECS
+                 if c.encode_delta(memoryview(data), memoryview(reference), hint) is not None}
+        assert {"xorzstd", "ulpdelta"} <= set(sizes)
         best = encode_delta_chunk(data, reference, hint)
         assert len(best.payload) == min(sizes.values()), hint
         assert decode_chunk(best.payload, len(data), ref=reference) == data
@@ -142,7 +144,7 @@ def test_dtypes_ulpdelta_does_not_code_fall_back_to_xorzstd_without_an_error(hin
     assert best.codec == "xorzstd" and decode_chunk(best.payload, len(data), ref=reference) == data
 
 
-def test_block_quantised_chunks_are_coded_as_bytes_and_the_smaller_of_the_two_deltas_is_kept():
+def test_ulpdelta_codes_block_quantised_chunks_as_bytes_and_the_smallest_delta_is_kept():
     rng = np.random.default_rng(8)
     blocks = rng.integers(0, 256, (2000, 34), dtype=np.uint8)
     moved = blocks.copy()
@@ -152,7 +154,8 @@ def test_block_quantised_chunks_are_coded_as_bytes_and_the_smaller_of_the_two_de
     ulp = encode_delta_with("ulpdelta", data, reference, hint)
     assert parse_payload(ulp).params[0] == 6          # the uint8 element format
     assert len(ulp) < len(encode_delta_with("xorzstd", data, reference, hint))
-    assert encode_delta_chunk(data, reference, hint).payload == ulp
+    best = encode_delta_chunk(data, reference, hint)
+    assert len(best.payload) == min(len(ulp), len(encode_delta_with("blockdelta", data, reference, hint)))
     assert decode_chunk(ulp, len(data), ref=reference) == data
     same = encode_delta_chunk(reference, reference, hint)
     assert decode_chunk(same.payload, len(reference), ref=reference) == reference
