@@ -261,7 +261,7 @@ def _pinned_cases():
 PINNED = {
     "bf16-step": "c13fd76a46c21c387397e3df93cfca6f0d84c5a59991fe6df077164fac60de1c",
     "f32-step": "f062538a9d3f4abfc892e5127971bce8d5940d2bfbfb189832f02d86f74e344f",
-    "int8-release": "046ba9689cb25acfe95195e477657837991cd5cbb86ef63c1cb884ca36312471",
+    "int8-release": "722530742169760b45d7321d97ae5510e6bd69dbbaf706c1e3d9dec3e2418d32",
 }
 
 

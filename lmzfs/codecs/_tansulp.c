@@ -19,10 +19,11 @@
  *          left as they were)
  * ulp_contexts(v, bits, floating, fshift, fbits, fkey, cmap, out) -> None
  *   cmap:  uint8[2**fbits], each field value's context; out: writable uint8[n]
- * ulp_apply(sym, v, raw, bits, floating, r, out) -> 0, or 1 when the stored bits are not exactly
- *   the ones the symbols need (too few, too many bytes, or nonzero padding), 2 for a symbol out
- *   of the alphabet
- *   sym:   uint8[n]; raw: the stored bits; out: writable, n elements of v's type
+ * ulp_apply(sym, v, raw, rlen, bits, floating, r, out) -> 0, or 1 when the stored bits are not
+ *   exactly the ones the symbols need (too few, too many bytes, or nonzero padding), 2 for a
+ *   symbol out of the alphabet
+ *   sym:   uint8[n]; raw: the rlen bytes of stored bits and at least 8 more (read, never used);
+ *   out:   writable, n elements of v's type
  */
 #include "_tansloop.h"
 #include <stdint.h>
@@ -210,15 +211,6 @@ done:
     return result;
 }
 
-/* 8 bytes of the stored bits from byte `byte` on, zero past the end (the last few elements) */
-static __attribute__((noinline)) uint64_t read64_tail(const uint8_t *s, Py_ssize_t len, uint64_t byte)
-{
-    uint64_t w = 0;
-    for (unsigned q = 0; q < 8 && byte + q < (uint64_t)len; q++)
-        w |= (uint64_t)s[byte + q] << (8 * q);
-    return w;
-}
-
 /* The rebuild, specialised by element width and keying so that the loops carry no mode tests
  * and no branch per symbol: each symbol's stored-bit count and the bits of z above them come
  * from two small tables. It runs in blocks: first each element's z (the one serial part, a
@@ -253,15 +245,17 @@ apply_loop(const uint8_t *restrict ps, const uint8_t *restrict pv, const uint8_t
         for (Py_ssize_t j = 0; j < m; j++) {
             const uint32_t s = ps[i0 + j];
             const uint64_t byte = pos >> 3;
+            if (__builtin_expect(byte > (uint64_t)rlen, 0)) {     /* past the stored bits */
+                *endpos = UINT64_MAX;
+                return;
+            }
             uint64_t w;
-            if (__builtin_expect(byte + 8 <= (uint64_t)rlen, 1))
-                memcpy(&w, pr + byte, 8);
-            else
-                w = read64_tail(pr, rlen, byte);
+            memcpy(&w, pr + byte, 8);        /* the buffer holds 8 bytes past rlen */
             const int e = ex[s];
             zb[j] = top[s] | (uint32_t)((w >> (pos & 7)) & ((1ull << e) - 1));
             pos += e;
         }
+
         if (bits == 16)
             APPLY_KEYS(u16u, 16);
         else if (bits == 32)
@@ -276,13 +270,14 @@ PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
 {
     Py_buffer sym = {0}, v = {0}, raw = {0}, out = {0};
     int bits, floating, r;
-    if (!PyArg_ParseTuple(args, "y*y*y*iiiw*", &sym, &v, &raw, &bits, &floating, &r, &out))
+    Py_ssize_t rlen;
+    if (!PyArg_ParseTuple(args, "y*y*y*niiiw*", &sym, &v, &raw, &rlen, &bits, &floating, &r, &out))
         return NULL;
     PyObject *result = NULL;
     struct ulp_format f;
     const Py_ssize_t n = sym.len;
     if (format_of(&f, bits, floating, 0, 1, 0) || r < 0 || r + 1 >= bits || v.len != n * (bits / 8) ||
-        out.len != v.len) {
+        out.len != v.len || rlen < 0 || raw.len < rlen + 8) {
         PyErr_SetString(PyExc_ValueError, "ulp_apply: bad arguments");
         goto done;
     }
@@ -290,7 +285,6 @@ PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
     uint8_t *restrict po = out.buf;
     const uint32_t small = 1u << (r + 1), rmask = (1u << r) - 1;
     const uint32_t nsym = small + (uint32_t)(bits - r - 1) * (1u << r);
-    const Py_ssize_t rlen = raw.len;
     uint8_t ex[256];
     uint32_t top[256];
     for (uint32_t s = 0; s < 256; s++) {
@@ -327,7 +321,7 @@ PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
             apply_loop(ps, pv, pr, rlen, po, n, ex, top, 32, 0, &pos);
         else
             apply_loop(ps, pv, pr, rlen, po, n, ex, top, 8, 0, &pos);
-        if (((pos + 7) >> 3) != (uint64_t)rlen || ((pos & 7) && (pr[rlen - 1] >> (pos & 7))))
+        if (pos == UINT64_MAX || ((pos + 7) >> 3) != (uint64_t)rlen || ((pos & 7) && (pr[rlen - 1] >> (pos & 7))))
             err = 1;
     }
     Py_END_ALLOW_THREADS

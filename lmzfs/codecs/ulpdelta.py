@@ -61,6 +61,7 @@ ROW_LOG = 12             # transmitted table rows are scaled to sum <= 2**ROW_LO
 # and the quire release pair (more refinement bits barely pay; fewer cost).
 REFINE_BITS = {8: 3, 16: 3, 32: 3}
 CONTEXT_COUNTS = (1, 2, 4, 6, 8, 12, 16)
+LANE_FLOOR = 64       # at least this many lanes (or n): fewer decode one symbol after another
 
 
 def alphabet(bits: int, r: int) -> int:
@@ -291,7 +292,7 @@ class UlpDeltaCodec(DeltaCodec):
         R = _table_log(n, S)
         tab = _tables(counts, R)
         ctx = _context_map(choice.cuts, fmt.field_bits)[res.field]
-        lanes = max(1, min(tans.lanes_for(n, 32), res.raw_bits // R))
+        lanes = min(n, max(LANE_FLOOR, min(tans.lanes_for(n, 32), res.raw_bits // R)))
         wp = tans.layout(n, lanes, True)[1]
         raw = np.frombuffer(res.raw, dtype=np.uint8)
         m = min(len(raw), wp * R // 8)
@@ -376,14 +377,15 @@ class UlpDeltaCodec(DeltaCodec):
             ctx = cmap[_fields(v.astype(np.uint64), fmt)]
         sym, fin = tans.decode(body[:slen], n, tab, lanes, ctx=ctx, values=np.arange(S, dtype=np.uint8),
                                interleaved=True)
-        raw = np.empty(rlen, dtype=np.uint8)
+        raw = np.zeros(rlen + 8, dtype=np.uint8)      # 8 bytes of slack for the compiled loop's reads
         raw[:m] = _bits_back_bytes(fin, tab.R, m)
-        raw[m:] = np.frombuffer(body, dtype=np.uint8, count=rlen - m, offset=slen)
+        raw[m:rlen] = np.frombuffer(body, dtype=np.uint8, count=rlen - m, offset=slen)
         if compiled:
-            err = tans._loop.ulp_apply(sym, v, raw, fmt.bits, fmt.floating, r, out)
+            err = tans._loop.ulp_apply(sym, v, raw, rlen, fmt.bits, fmt.floating, r, out)
             if err:
                 raise CodecError("ulpdelta: stored bits do not match the symbols")
             return out
+        raw = raw[:rlen]
         extra = symbol_tables(fmt.bits, r)[0][sym.astype(np.int64)]
         nbits = int(extra.sum())
         if (nbits + 7) >> 3 != rlen or (nbits & 7 and rlen and raw[-1] >> (nbits & 7)):
