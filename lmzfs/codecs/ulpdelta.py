@@ -61,6 +61,7 @@ ROW_LOG = 12             # transmitted table rows are scaled to sum <= 2**ROW_LO
 # and the quire release pair (more refinement bits barely pay; fewer cost).
 REFINE_BITS = {8: 3, 16: 3, 32: 3}
 CONTEXT_COUNTS = (1, 2, 4, 6, 8, 12, 16)
+MERGE_FROM = 48          # more field values in use are grouped into this many ranges first
 LANE_FLOOR = 64       # at least this many lanes (or n): fewer decode one symbol after another
 
 
@@ -208,11 +209,19 @@ def choose_contexts(H: np.ndarray) -> Choice:
     """Ranges of field values (at most MAX_CONTEXTS) for the contexts, from the histogram H of
     (field, symbol): adjacent ranges are merged greedily where merging costs the fewest bits,
     and the context count with the smallest estimated size (symbols plus tables) is kept."""
-    used = np.flatnonzero(H.sum(axis=1))
+    counts = H.sum(axis=1)
+    used = np.flatnonzero(counts)
     if not len(used):
         used = np.zeros(1, dtype=np.int64)
+    if len(used) > MERGE_FROM:
+        # first group the field values into MERGE_FROM ranges of about equal element counts, so
+        # the greedy merge (a few numpy calls a step) starts from few ranges
+        cum = np.cumsum(counts[used])
+        group = np.minimum((cum - counts[used]) * MERGE_FROM // cum[-1], MERGE_FROM - 1)
+        used = used[np.flatnonzero(np.diff(group, prepend=-1))]
+    bounds = list(used[1:]) + [len(H)]
     starts = [int(f) for f in used]
-    rows = [H[f].astype(np.int64) for f in used]
+    rows = [H[a:b].sum(axis=0).astype(np.int64) for a, b in zip(used, bounds)]
     h = [float(x) for x in _entropy_bytes(np.stack(rows))]
     nnz = [int(np.count_nonzero(r)) for r in rows]
     # merged[i]: the bytes of ranges i and i + 1 coded with one table
