@@ -144,19 +144,21 @@ def test_dtypes_ulpdelta_does_not_code_fall_back_to_xorzstd_without_an_error(hin
     assert best.codec == "xorzstd" and decode_chunk(best.payload, len(data), ref=reference) == data
 
 
-def test_ulpdelta_codes_block_quantised_chunks_as_bytes_and_the_smallest_delta_is_kept():
+def test_ulpdelta_codes_block_chunks_without_a_layout_as_bytes_and_leaves_the_others_to_blockdelta():
     rng = np.random.default_rng(8)
     blocks = rng.integers(0, 256, (2000, 34), dtype=np.uint8)
     moved = blocks.copy()
     moved[:, 2:] = (moved[:, 2:].astype(np.int16) + rng.integers(-2, 3, (2000, 32))).astype(np.uint8)
-    hint = ChunkHint("Q8_0", 0, 34)
     data, reference = moved.tobytes(), blocks.tobytes()
+    hint = ChunkHint("IQ4_NL", 0, 34)        # a GGUF block type with no codec 5 layout
     ulp = encode_delta_with("ulpdelta", data, reference, hint)
     assert parse_payload(ulp).params[0] == 6          # the uint8 element format
     assert len(ulp) < len(encode_delta_with("xorzstd", data, reference, hint))
-    best = encode_delta_chunk(data, reference, hint)
-    assert len(best.payload) == min(len(ulp), len(encode_delta_with("blockdelta", data, reference, hint)))
+    assert encode_delta_chunk(data, reference, hint).payload == ulp
     assert decode_chunk(ulp, len(data), ref=reference) == data
+    with pytest.raises(ValueError, match="does not code"):
+        encode_delta_with("ulpdelta", data, reference, ChunkHint("Q8_0", 0, 34))
+    assert encode_delta_chunk(data, reference, ChunkHint("Q8_0", 0, 34)).codec == "blockdelta"
     same = encode_delta_chunk(reference, reference, hint)
     assert decode_chunk(same.payload, len(reference), ref=reference) == reference
 

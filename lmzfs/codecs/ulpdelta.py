@@ -13,8 +13,9 @@ is chosen by a field of the reference element, which the decoder holds: the expo
 float (an update moves a weight by about the same amount whatever its size, so the smaller its
 exponent, the more units in the last place it moves), the key of a byte-wide integer, grouped
 into at most MAX_CONTEXTS ranges of field values chosen per chunk. Block-quantised chunks (GGUF
-blocks) are coded as their bytes (format U8): a release's quants and scales mostly move by a
-few steps, which a residual codes in fewer bits than their XOR. Tables are static per chunk.
+blocks) of types without a known block layout are coded as their bytes (format U8): a release's
+quants and scales mostly move by a few steps, which a residual codes in fewer bits than their
+XOR (blockdelta, codec 9, codes the types with a layout field by field). Tables are static per chunk.
 The stored bits ride in the tANS lanes' end states first (bits back), as floatsplit's do;
 trailing bytes that are not a whole element are stored as they are. A CRC-32 of the plain
 chunk guards everything. Layout: docs/format.md, codec 8.
@@ -29,6 +30,7 @@ import numpy as np
 from . import tans, uintlist
 from .base import Buffer, ChunkHint, CodecError, DeltaCodec, get_varint, put_varint
 from .floatsplit import _bits_back_bytes, _bits_back_values, _row_scale
+from .ggufblocks import TYPE_OF as BLOCK_LAYOUTS
 
 
 @dataclass(frozen=True)
@@ -274,9 +276,10 @@ class UlpDeltaCodec(DeltaCodec):
 
     def encode_delta(self, data: memoryview, ref: memoryview, hint: ChunkHint) -> tuple[bytes, bytes] | None:
         fid = FORMAT_OF.get((hint.dtype or "").upper())
-        if fid is None and hint.block_bytes > 0:
-            # block-quantised (GGUF) chunks: their bytes as uint8, scales and packed quants alike;
-            # encode_delta_chunk keeps xorzstd where that is smaller
+        if fid is None and hint.block_bytes > 0 and (hint.dtype or "").upper() not in BLOCK_LAYOUTS:
+            # block-quantised (GGUF) chunks of a type without a known layout: their bytes as
+            # uint8, scales and packed quants alike (blockdelta codes the others field by field,
+            # always smaller); encode_delta_chunk keeps xorzstd where that is smaller
             fid = FORMAT_OF["U8"]
         if fid is None:
             return None
