@@ -16,12 +16,14 @@ from typing import Callable
 import numpy as np
 
 from .base import VARINT_MAX_BYTES, Buffer, ChunkHint, Codec, CodecError, DeltaCodec, get_varint, put_varint
+from .blockdelta import BlockDeltaCodec
 from .bytegroup import ELEMENT_SIZES, BytegroupCodec
 from .entropy import EntropyCodec
 from .floatseg import SEGMENT_LOG, FloatSegCodec
 from .floatsplit import FORMAT_OF, FloatSplitCodec
 from .ggufblocks import TYPE_OF, GgufBlocksCodec
 from .raw import RawCodec
+from .ulpdelta import UlpDeltaCodec
 from .xordelta import XorZstdCodec
 from .zstd import DEFAULT_LEVEL, ZstdCodec
 
@@ -36,7 +38,7 @@ FORMAT_VERSION = 1
 
 REGISTRY: dict[int, Codec] = {c.id: c for c in (RawCodec(), ZstdCodec(), BytegroupCodec(), FloatSplitCodec(),
                                                  EntropyCodec(), GgufBlocksCodec(), FloatSegCodec(),
-                                                 XorZstdCodec())}
+                                                 XorZstdCodec(), UlpDeltaCodec(), BlockDeltaCodec())}
 # The delta codecs (Codec.reference): encode_delta_chunk tries them, encode_chunk never does.
 DELTA_CODECS: tuple[DeltaCodec, ...] = tuple(c for c in REGISTRY.values() if c.reference)
 _BY_NAME: dict[str, Codec] = {c.name: c for c in REGISTRY.values()}
@@ -44,7 +46,8 @@ assert len(_BY_NAME) == len(REGISTRY) and all(0 <= i <= 255 for i in REGISTRY)
 
 # Ties between equally small payloads go to the codec that decodes fastest.
 _DECODE_COST = {RawCodec.id: 0, ZstdCodec.id: 1, BytegroupCodec.id: 2, FloatSplitCodec.id: 3,
-                FloatSegCodec.id: 3, GgufBlocksCodec.id: 3, EntropyCodec.id: 4, XorZstdCodec.id: 2}
+                FloatSegCodec.id: 3, GgufBlocksCodec.id: 3, EntropyCodec.id: 4, XorZstdCodec.id: 2,
+                UlpDeltaCodec.id: 4, BlockDeltaCodec.id: 4}
 # zstd at this level is also tried when level-DEFAULT already halves a chunk (text, metadata).
 TEXT_LEVEL = 19
 # tANS coders are only tried on chunks at least this long (below it their tables cost more).

@@ -397,6 +397,9 @@ static PyMethodDef methods[] = {
     {"tail_symbols", tans_tail_symbols, METH_VARARGS, "symbol sections' tail symbols; see _tanstails.c."},
     {"vector_isa", tans_vector_isa, METH_VARARGS, "vector_isa([name]) -> the vector loop in use; see _tansvec.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
+    {"ulp_residuals", tans_ulp_residuals, METH_VARARGS, "ulpdelta's residuals of a chunk; see _tansulp.c."},
+    {"ulp_contexts", tans_ulp_contexts, METH_VARARGS, "ulpdelta's reference contexts; see _tansulp.c."},
+    {"ulp_apply", tans_ulp_apply, METH_VARARGS, "ulpdelta's elements from symbols and stored bits; see _tansulp.c."},
     {"copy_bytes", tans_copy_bytes, METH_O, "A buffer's bytes, copied without Python's lock; see _tanscopy.c."},
     {NULL, NULL, 0, NULL},
 };

@@ -83,5 +83,9 @@ PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_symbols(PyObject *self, PyObject *args);
 PyObject *tans_encode(PyObject *self, PyObject *args);
+/* ulpdelta's element loops (_tansulp.c) */
+PyObject *tans_ulp_residuals(PyObject *self, PyObject *args);
+PyObject *tans_ulp_contexts(PyObject *self, PyObject *args);
+PyObject *tans_ulp_apply(PyObject *self, PyObject *args);
 
 #endif
