@@ -121,6 +121,42 @@ def cmd_gc(args) -> int:
     return 0
 
 
+def cmd_rewrite(args) -> int:
+    from lmzfs.store.rewritecompact import compact_store
+    from lmzfs.store.rewriterecode import recode_store
+    store = _store(args)
+    progress = ProgressLine(f"rewrite {args.rewrite}")
+    try:
+        if args.rewrite == "compact":
+            r = compact_store(store, min_dead=args.min_dead / 100, everything=args.all, progress=progress)
+        else:
+            r = recode_store(store, args.model, progress=progress)
+    finally:
+        progress.finish()
+    if args.json:
+        print(json.dumps({"pass": r.name, "chunks_examined": r.chunks_examined, "chunks_changed": r.chunks_changed,
+                          "chunks_dropped": r.chunks_dropped, "packs_written": r.packs_written,
+                          "packs_deleted": r.packs_deleted, "base": r.base,
+                          "payload_bytes_before": r.before.payload, "payload_bytes_after": r.after.payload,
+                          "pack_bytes_before": r.before.packs, "pack_bytes_after": r.after.packs,
+                          "seconds": round(r.seconds, 3)}, indent=1))
+        return 0
+    what = (f"moved {r.chunks_changed} chunk(s) into {r.packs_written} new pack(s), deleted {r.packs_deleted} "
+            f"pack(s), dropped {r.chunks_dropped} unused chunk(s)" if r.name == "compact" else
+            f"recoded {r.chunks_changed} of {r.chunks_examined} chunk(s)"
+            + (f" against {printable(r.base)}" if r.base else ""))
+    print(f"rewrite {r.name}: {what}; stored payload {_before_after(r.before.payload, r.after.payload)}, "
+          f"packs on disk {_before_after(r.before.packs, r.after.packs)}, {r.seconds:.1f} s")
+    if r.name != "compact" and r.chunks_changed:
+        print("the payloads replaced are dead pack space until `lmz rewrite compact` (or `lmz gc`)")
+    return 0
+
+
+def _before_after(before: int, after: int) -> str:
+    change = f" ({100 * (after - before) / before:+.2f}%)" if before and after != before else ""
+    return f"{human_bytes(before)} -> {human_bytes(after)}{change}"
+
+
 def cmd_verify(args) -> int:
     from lmzfs.store.verify import verify_store
     damaged_chunks = 0
@@ -278,6 +314,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("rm", cmd_rm, "remove models from the store (space returns with `lmz gc`)")
     sp.add_argument("models", nargs="+", metavar="MODEL")
     cmd("gc", cmd_gc, "reclaim space of removed models and interrupted adds")
+    sp = cmd("rewrite", cmd_rewrite, "rewrite how chunks are stored, offline and atomically; no served byte "
+                                     "changes (docs/operations.md)")
+    passes = sp.add_subparsers(dest="rewrite", required=True, metavar="PASS")
+
+    def rewrite_pass(name, help_):
+        pp = passes.add_parser(name, parents=[store_opt], help=help_, description=help_)
+        pp.add_argument("--json", action="store_true", help="print one JSON object")
+        return pp
+
+    pp = rewrite_pass("compact", "repack live chunks into new packs and delete dead pack space")
+    pp.add_argument("--all", action="store_true", help="rewrite every pack, not only those with dead bytes")
+    pp.add_argument("--min-dead", type=float, default=10.0, metavar="PCT",
+                    help="rewrite a pack once more than PCT%% of its bytes are dead (default 10)")
+    pp = rewrite_pass("recode", "code chunks again with the best codecs; keep a payload only where smaller")
+    pp.add_argument("model", nargs="?", metavar="MODEL", help="only this model's chunks (default: every model's)")
     sp = cmd("verify", cmd_verify, "decode and check every chunk and file; exit 1 if anything is damaged")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--repair", action="store_true",
