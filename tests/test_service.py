@@ -415,7 +415,7 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     doc = json.loads(out)
     assert status == 0 and doc["ok"] and doc["problems"] == []
     assert doc["store"]["quick_check"] == "ok" and doc["store"]["models"] == 1 and doc["store"]["files"] == 2
-    assert doc["store"]["catalog_version"] == "2" and doc["store"]["chunks_checked_by_sha256"] == 0
+    assert doc["store"]["catalog_version"] == "3" and doc["store"]["chunks_checked_by_sha256"] == 0
     assert doc["store"]["packs"] == {"referenced": 1, "missing": [], "damaged": []}
     assert doc["fuse"]["dev_fuse"]["openable"] and doc["versions"]["libfuse"]
     assert doc["versions"]["tans_decoder"] == "compiled"

@@ -54,6 +54,21 @@ class _NewChunk:
     xxh3: bytes           # XXH3-128 of the plain bytes: what reads check
 
 
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    dtype: str
+    shape: str           # dimensions, comma-separated
+    offset: int          # of its data in the file
+    size: int
+
+
+def tensors_of(layout) -> list[_Tensor]:
+    """The named, typed tensors of a parsed file, as the catalog's tensors table keeps them."""
+    return [_Tensor(seg.name, seg.dtype, ",".join(str(d) for d in seg.shape or ()), seg.offset, seg.length)
+            for seg in layout.segments if seg.kind == "tensor" and seg.name is not None and seg.dtype]
+
+
 @dataclass
 class _FilePlan:
     rel: str
@@ -63,6 +78,7 @@ class _FilePlan:
     format: str
     extents: list[tuple[int, bytes]] = field(default_factory=list)   # (plain offset, chunk id)
     checks: dict[bytes, bytes] = field(default_factory=dict)    # chunk id -> XXH3-128, of reused chunks
+    tensors: list[_Tensor] = field(default_factory=list)
 
 
 def default_model_name(source: Path) -> str:
@@ -153,7 +169,7 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
         hostile = layout.error is not None
         if hostile:
             result.warnings.append(f"{layout.error}; stored as opaque bytes")
-        plan = _FilePlan(src.rel, before.st_size, before.st_mtime, "", layout.format)
+        plan = _FilePlan(src.rel, before.st_size, before.st_mtime, "", layout.format, tensors=tensors_of(layout))
         whole = hashlib.sha256()
         # Read with pread, not mmap: a file cut short under an mmap kills the process with SIGBUS,
         # where a short read is an error that names the file.
@@ -216,6 +232,8 @@ def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
                                  (model_id, p.rel, p.size, p.mtime, p.sha256, p.format)).lastrowid
             db.executemany("INSERT INTO extents (file, seq, offset, chunk) VALUES (?,?,?,?)",
                            [(file_id, i, off, cid) for i, (off, cid) in enumerate(p.extents)])
+            db.executemany("INSERT OR IGNORE INTO tensors (file, name, dtype, shape, offset, size) VALUES (?,?,?,?,?,?)",
+                           [(file_id, t.name, t.dtype, t.shape, t.offset, t.size) for t in p.tensors])
             for _, cid in p.extents:
                 refs[cid] = refs.get(cid, 0) + 1
         db.executemany("UPDATE chunks SET refs = refs + ? WHERE id = ?", [(n, cid) for cid, n in refs.items()])
