@@ -138,7 +138,7 @@ _NUM = (int, float)
 _MODEL_TYPES = (int, str, _NUM, str)
 _FILE_TYPES = (int, str, str, int, _NUM, str, str)
 _EXTENT_TYPES = (int, int, bytes, str, int, int, int, (bytes, type(None)), (bytes, type(None)))
-_CHUNK_TYPES = (int, bytes, str, int, int, int, (bytes, type(None)), (bytes, type(None)))
+_CHUNK_TYPES = (bytes, int, str, int, int, int, (bytes, type(None)), (bytes, type(None)))
 
 
 @dataclass(frozen=True)
