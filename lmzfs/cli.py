@@ -16,7 +16,7 @@ from lmzfs.printable import printable
 from lmzfs.progress import ProgressLine, human_bytes
 from lmzfs.singlefile.errors import SingleFileError
 from lmzfs.servicecli import add_commands as add_service_commands
-from lmzfs.servicecli import add_mount_arguments, cmd_mount, cmd_umount   # mount, umount, doctor, stats
+from lmzfs.servicecli import add_mount_arguments, cmd_mount, cmd_umount, positive_int   # mount, umount, doctor, stats
 from lmzfs.store.layout import StoreError, StorePaths
 
 
@@ -122,15 +122,21 @@ def cmd_gc(args) -> int:
 
 
 def cmd_rewrite(args) -> int:
+    from lmzfs.store.rewriteanchor import anchor_store
     from lmzfs.store.rewritecompact import compact_store
+    from lmzfs.store.rewritedelta import delta_store
     from lmzfs.store.rewriterecode import recode_store
     store = _store(args)
     progress = ProgressLine(f"rewrite {args.rewrite}")
     try:
         if args.rewrite == "compact":
             r = compact_store(store, min_dead=args.min_dead / 100, everything=args.all, progress=progress)
-        else:
+        elif args.rewrite == "recode":
             r = recode_store(store, args.model, progress=progress)
+        elif args.rewrite == "delta":
+            r = delta_store(store, args.model, args.base, depth_cap=args.depth_cap, progress=progress)
+        else:
+            r = anchor_store(store, args.model, progress=progress)
     finally:
         progress.finish()
     if args.json:
@@ -147,6 +153,8 @@ def cmd_rewrite(args) -> int:
             + (f" against {printable(r.base)}" if r.base else ""))
     print(f"rewrite {r.name}: {what}; stored payload {_before_after(r.before.payload, r.after.payload)}, "
           f"packs on disk {_before_after(r.before.packs, r.after.packs)}, {r.seconds:.1f} s")
+    for note in r.notes:
+        print(printable(note))
     if r.name != "compact" and r.chunks_changed:
         print("the payloads replaced are dead pack space until `lmz rewrite compact` (or `lmz gc`)")
     return 0
@@ -329,6 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rewrite a pack once more than PCT%% of its bytes are dead (default 10)")
     pp = rewrite_pass("recode", "code chunks again with the best codecs; keep a payload only where smaller")
     pp.add_argument("model", nargs="?", metavar="MODEL", help="only this model's chunks (default: every model's)")
+    pp = rewrite_pass("delta", "code a stored model as deltas against another, per chunk where smaller")
+    pp.add_argument("model", metavar="MODEL")
+    pp.add_argument("--base", metavar="MODEL", help="the model to code against (default: the stored model "
+                                                    "whose tensors pair with most of MODEL's, same family first)")
+    pp.add_argument("--depth-cap", type=positive_int, default=None, metavar="N",
+                    help="no read follows more than N references (default 4)")
+    pp = rewrite_pass("anchor", "store a model's delta chunks alone again, so it needs no other model")
+    pp.add_argument("model", metavar="MODEL")
     sp = cmd("verify", cmd_verify, "decode and check every chunk and file; exit 1 if anything is damaged")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--repair", action="store_true",

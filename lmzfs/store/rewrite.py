@@ -147,6 +147,8 @@ class RowChange:
     old: ChunkLocation
     new: ChunkLocation
     codec: str
+    old_base: bytes | None = None       # the reference it was coded against
+    new_base: bytes | None = None       # the one it is coded against now
 
 
 def _checked(job: RecodeJob, encode: Encode, archive: Archive) -> tuple[RecodeJob, Recoding | None]:
@@ -155,6 +157,8 @@ def _checked(job: RecodeJob, encode: Encode, archive: Archive) -> tuple[RecodeJo
     ref = plain_bytes(archive, job.reference) if job.reference is not None else None
     got = encode(job, plain, ref)
     if got is not None:
+        if got.base is not None and got.base is not job.reference:
+            raise AssertionError("a pass coded a chunk against a reference its job does not name")
         uses = ref if got.base is not None else None
         back = decode_chunk(got.payload, e.size, ref=uses)
         if hashlib.sha256(back).digest() != e.chunk_id:
@@ -189,7 +193,9 @@ def recode_chunks(store: StorePaths, catalog: Catalog, archive: Archive, jobs: l
             if writer is None:
                 writer = PackWriter(store, *catalog.pack_ids())
             loc = writer.append(e.chunk_id, got.payload)
-            changes.append(RowChange(e.chunk_id, e.location, loc, got.codec))
+            changes.append(RowChange(e.chunk_id, e.location, loc, got.codec,
+                                     None if e.base is None else e.base.chunk_id,
+                                     None if got.base is None else got.base.chunk_id))
 
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmz-rewrite") as pool:
@@ -213,16 +219,26 @@ def recode_chunks(store: StorePaths, catalog: Catalog, archive: Archive, jobs: l
 
 
 def switch_rows(tx: sqlite3.Connection, changes: list[RowChange]) -> None:
-    """Inside a write transaction: point each chunk at its new payload, refusing (and so rolling
-    back) if some row no longer sits where the pass read it."""
+    """Inside a write transaction: point each chunk at its new payload and reference, refusing
+    (and so rolling back) if some row is no longer as the pass read it. A reference counts the
+    chunks coded against it (chunks.refs): the old one loses one, the new one gains one."""
+    refs: dict[bytes, int] = {}
     for c in changes:
-        n = tx.execute("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ? "
-                       "WHERE id = ? AND pack = ? AND offset = ? AND length = ?",
-                       (c.codec, c.new.pack, c.new.offset, c.new.length,
-                        c.chunk_id, c.old.pack, c.old.offset, c.old.length)).rowcount
+        n = tx.execute("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ?, base = ? "
+                       "WHERE id = ? AND pack = ? AND offset = ? AND length = ? AND base IS ?",
+                       (c.codec, c.new.pack, c.new.offset, c.new.length, c.new_base,
+                        c.chunk_id, c.old.pack, c.old.offset, c.old.length, c.old_base)).rowcount
         if n != 1:
             raise StoreError(f"the rewrite stopped and nothing changed: chunk {c.chunk_id.hex()[:16]} "
-                             f"is no longer where it was read; run `lmz verify`")
+                             f"is no longer as it was read; run `lmz verify`")
+        if c.old_base != c.new_base:
+            for base, step in ((c.old_base, -1), (c.new_base, 1)):
+                if base is not None:
+                    refs[base] = refs.get(base, 0) + step
+    for base, step in refs.items():
+        if step and tx.execute("UPDATE chunks SET refs = refs + ? WHERE id = ?", (step, base)).rowcount != 1:
+            raise StoreError(f"the rewrite stopped and nothing changed: reference chunk {base.hex()[:16]} "
+                             f"is not in the catalog; run `lmz verify`")
 
 
 def commit_changes(catalog: Catalog, changes: list[RowChange], writer: PackWriter) -> None:

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 
 from lmzfs.store.catalog import Catalog
+# gc's own rule for what is garbage (cascading down chains), so that compact and gc agree on it
+from lmzfs.store.gc import _dead_chunks as dead_chunks
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
 from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation, PackDamaged, PackWriter, read_payload
 from lmzfs.store.rewrite import Progress, RewriteResult, measure, packs_on_disk, writing
@@ -30,11 +32,6 @@ class _Move:
     chunk_id: bytes
     old: ChunkLocation
     new: ChunkLocation
-
-
-def _collectable(db) -> set[bytes]:
-    """The chunks nothing uses: no extent points at them."""
-    return {cid for (cid,) in db.execute("SELECT id FROM chunks WHERE refs <= 0")}
 
 
 def _locality_order(db, wanted: set[bytes]) -> list[bytes]:
@@ -70,7 +67,7 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
              progress: Progress | None, result: RewriteResult) -> None:
     db = catalog.db
     on_disk = packs_on_disk(store)
-    dead = _collectable(db)
+    dead, lost = dead_chunks(db)
     rows = {cid: ChunkLocation(p, o, n) for cid, p, o, n in db.execute("SELECT id, pack, offset, length FROM chunks")
             if cid not in dead}
     live_bytes: dict[int, int] = {}
@@ -115,8 +112,8 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
             writer.sync()
         with catalog.transaction() as tx:
             _move_rows(tx, changes)
-            if dead:
-                tx.executemany("DELETE FROM chunks WHERE id = ? AND refs <= 0", [(cid,) for cid in dead])
+            tx.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in dead])
+            tx.executemany("UPDATE chunks SET refs = refs - ? WHERE id = ?", [(n, b) for b, n in lost.items()])
             if writer is not None:
                 Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
             elif last in delete or last in rewrite:
