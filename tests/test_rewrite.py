@@ -1,4 +1,4 @@
-"""The rewrite passes (`lmz rewrite compact|recode`): what each does to the bytes, that no served
+"""The rewrite passes (`lmz rewrite compact|recode|delta|anchor`): what each does to the bytes, that no served
 byte changes (through a real mount too, with a file held open across the pass), and that a pass
 killed with kill -9 anywhere leaves the previous state readable and verifiable.
 
@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lmzfs.cli import main as lmz
@@ -26,8 +27,11 @@ from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
+from lmzfs.store.rewriteanchor import anchor_store
 from lmzfs.store.rewritecompact import compact_store
+from lmzfs.store.rewritedelta import delta_store
 from lmzfs.store.rewriterecode import recode_store
+from lmzfs.store.gc import collect_garbage
 from lmzfs.store.verify import verify_store
 from lmzfs.testing.mount import mounted
 from lmzfs.testing.synthetic import small_model
@@ -72,6 +76,52 @@ def rows(store: StorePaths) -> list[tuple]:
     cat = Catalog(store.catalog, readonly=True)
     try:
         return sorted(cat.db.execute("SELECT * FROM chunks").fetchall())
+    finally:
+        cat.close()
+
+
+def checkpoints(d: Path, n: int, seed: int = 0, mib: int = 2) -> list[Path]:
+    """N checkpoints of one run: FP32 weights, each a small step from the one before."""
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(mib << 18, dtype=np.float32)
+    out = []
+    for i in range(n):
+        step = d / f"step{i}"
+        step.mkdir(parents=True)
+        save_file({"w": w, "b": np.arange(384, dtype=np.float32) + i}, str(step / "model.safetensors"))
+        (step / "config.json").write_text(json.dumps({"step": i}))
+        out.append(step)
+        w = w + rng.standard_normal(w.size, dtype=np.float32) * np.float32(1e-3) * np.abs(w)
+    return out
+
+
+def chunk_rows(store: StorePaths, model: str) -> dict[int, tuple]:
+    """(size, codec, length, refs, base) of each chunk of MODEL's model.safetensors, by plain offset."""
+    cat = Catalog(store.catalog, readonly=True)
+    try:
+        return {off: row for off, *row in cat.db.execute(
+            "SELECT e.offset, c.size, c.codec, c.length, c.refs, c.base FROM extents e JOIN chunks c ON c.id = e.chunk "
+            "JOIN files f ON f.id = e.file JOIN models m ON m.id = f.model "
+            "WHERE m.name = ? AND f.path = 'model.safetensors'", (model,))}
+    finally:
+        cat.close()
+
+
+def chunk_ids(store: StorePaths, model: str) -> dict[int, bytes]:
+    cat = Catalog(store.catalog, readonly=True)
+    try:
+        return dict(cat.db.execute(
+            "SELECT e.offset, e.chunk FROM extents e JOIN files f ON f.id = e.file JOIN models m ON m.id = f.model "
+            "WHERE m.name = ? AND f.path = 'model.safetensors'", (model,)))
+    finally:
+        cat.close()
+
+
+def deepest_chain(store: StorePaths) -> int:
+    cat = Catalog(store.catalog, readonly=True)
+    try:
+        return max(len(e.chain()) - 1 for f in cat.files() for e in cat.extents(f.id))
     finally:
         cat.close()
 
@@ -185,6 +235,127 @@ def test_lmz_rewrite_prints_the_bytes_before_and_after_and_refuses_an_unknown_mo
     assert capsys.readouterr().err.startswith("lmz: no lmzfs store at ")
 
 
+# -- delta and anchor ------------------------------------------------------------------------------
+
+def test_delta_codes_a_checkpoint_against_its_predecessor_smaller_and_its_base_survives_rm(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    a, b = checkpoints(tmp_path, 2)
+    add_model(store, a, "run/a")
+    add_model(store, b, "run/b")
+    alone = chunk_rows(store, "run/b")
+    r = delta_store(store, "run/b", "run/a")
+    assert (r.base, r.after.payload, r.after.packs) == ("run/a", live_payload(store), pack_bytes(store))
+    assert r.after.payload < r.before.payload
+    now, refs = chunk_rows(store, "run/b"), chunk_ids(store, "run/a")
+    # The weight chunks are deltas against run/a's chunk at the same offset, each smaller than alone;
+    # run/a's chunks count the reference.
+    deltas = {off for off, row in now.items() if row[4] is not None}
+    assert deltas and r.chunks_changed == len(deltas)
+    for off in deltas:
+        assert now[off][4] == refs[off] and now[off][2] < alone[off][2]
+        assert chunk_rows(store, "run/a")[off][3] == 2
+    assert served(store) == originals(**{"run/a": a, "run/b": b})
+    remove_models(store, ["run/a"])
+    collect_garbage(store)
+    compact_store(store, everything=True)
+    assert served(store) == originals(**{"run/b": b})
+    assert verify_store(store).ok
+
+
+def test_delta_without_base_picks_the_nearest_checkpoint_and_keeps_every_chain_within_the_cap(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    steps = checkpoints(tmp_path, 4, mib=1)
+    for i, d in enumerate(steps):
+        add_model(store, d, f"run/step{i}")
+    bases = [delta_store(store, f"run/step{i}", depth_cap=2).base for i in (1, 2, 3)]
+    assert bases == ["run/step0", "run/step1", "run/step1"]     # step2 is at depth 2 already
+    assert deepest_chain(store) == 2
+    assert served(store) == originals(**{f"run/step{i}": d for i, d in enumerate(steps)})
+    assert verify_store(store).ok
+
+
+def test_delta_never_makes_a_loop_and_says_why_it_left_chunks_alone(tmp_path, store_dir, capsys):
+    store = StorePaths(store_dir)
+    a, b = checkpoints(tmp_path, 2, mib=1)
+    add_model(store, a, "a")
+    add_model(store, b, "b")
+    delta_store(store, "b", "a")
+    looping = sum(1 for row in chunk_rows(store, "b").values() if row[4] is not None)
+    r = delta_store(store, "a", "b")
+    assert r.notes == [f"{looping} paired chunk(s) left as they are: coding them against b would loop a chain "
+                       f"or take it past the depth cap of 4"]
+    assert deepest_chain(store) == 1
+    assert served(store) == originals(a=a, b=b)
+    state = rows(store)
+    with pytest.raises(StoreError, match="no other stored model can be a base for 'a'"):
+        delta_store(store, "a", depth_cap=1)
+    assert lmz(["--store", str(store_dir), "rewrite", "delta", "a", "--base", "a"]) == 2
+    assert capsys.readouterr().err == "lmz: 'a' cannot be coded against itself; name another model with --base\n"
+    assert lmz(["--store", str(store_dir), "rewrite", "delta", "a", "--base", "zz"]) == 2
+    assert capsys.readouterr().err == "lmz: no model named 'zz' (see `lmz ls`)\n"
+    assert rows(store) == state
+
+
+def model_chunks(store: StorePaths, model: str) -> set[bytes]:
+    cat = Catalog(store.catalog, readonly=True)
+    try:
+        return {cid for (cid,) in cat.db.execute("SELECT e.chunk FROM extents e JOIN files f ON f.id = e.file "
+                                                 "JOIN models m ON m.id = f.model WHERE m.name = ?", (model,))}
+    finally:
+        cat.close()
+
+
+def test_anchor_stores_a_model_alone_again_and_it_outlives_its_former_base_and_gc(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    a, b = checkpoints(tmp_path, 2)
+    add_model(store, a, "a")
+    add_model(store, b, "b")
+    alone, base_rows = chunk_rows(store, "b"), chunk_rows(store, "a")
+    delta_store(store, "b", "a")
+    deltas = sum(1 for row in chunk_rows(store, "b").values() if row[4] is not None)
+    r = anchor_store(store, "b")
+    assert r.chunks_changed == deltas > 0
+    assert chunk_rows(store, "b") == alone        # as its add stored it: alone, the same codecs and sizes
+    assert chunk_rows(store, "a") == base_rows    # the references it counted are gone
+    assert r.after.payload > r.before.payload and r.after.payload == live_payload(store)
+    remove_models(store, ["a"])
+    collect_garbage(store)
+    assert {row[0] for row in rows(store)} == model_chunks(store, "b")
+    assert served(store) == originals(b=b)
+    assert verify_store(store).ok
+
+
+def test_anchor_of_a_middle_checkpoint_leaves_the_one_coded_against_it_reading_right(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    steps = checkpoints(tmp_path, 3, mib=1)
+    for i, d in enumerate(steps):
+        add_model(store, d, f"s{i}")
+    delta_store(store, "s1", "s0")
+    delta_store(store, "s2", "s1")
+    anchor_store(store, "s1")
+    assert all(row[4] is None for row in chunk_rows(store, "s1").values())
+    assert any(row[4] is not None for row in chunk_rows(store, "s2").values())
+    remove_models(store, ["s0", "s1"])
+    collect_garbage(store)
+    assert served(store) == originals(s2=steps[2])
+    assert deepest_chain(store) == 1
+    assert verify_store(store).ok
+
+
+def test_recode_keeps_each_delta_on_its_own_reference_or_codes_it_alone(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    a, b = checkpoints(tmp_path, 2, mib=1)
+    add_model(store, a, "a", fast=True)
+    add_model(store, b, "b", fast=True)
+    delta_store(store, "b", "a")
+    refs = chunk_ids(store, "a")
+    r = recode_store(store)
+    assert r.chunks_changed > 0 and r.after.payload < r.before.payload
+    assert all(row[4] in (None, refs[off]) for off, row in chunk_rows(store, "b").items())
+    assert served(store) == originals(a=a, b=b)
+    assert verify_store(store).ok
+
+
 # -- kill -9 ---------------------------------------------------------------------------------------
 
 # Runs one pass through the CLI and stops it at a stage: after the Nth payload appended, inside
@@ -218,7 +389,9 @@ print("DONE", flush=True)
 
 
 def _fast_store_with_garbage(tmp_path: Path, store: StorePaths) -> dict[str, str]:
-    a, b, c = (small_model(tmp_path / n, seed=20 + i, mib=2) for i, n in enumerate("abc"))
+    """Two checkpoints of a run stored with the quick codecs, and the dead chunks of a removed model."""
+    a, b = checkpoints(tmp_path / "run", 2, mib=3)
+    c = small_model(tmp_path / "c", seed=20, mib=2)
     add_model(store, a, "a", fast=True)
     add_model(store, c, "c", fast=True)
     add_model(store, b, "b", fast=True)
@@ -226,7 +399,16 @@ def _fast_store_with_garbage(tmp_path: Path, store: StorePaths) -> dict[str, str
     return originals(a=a, b=b)
 
 
-PASSES = {"compact": ["compact", "--all"], "recode": ["recode"]}
+PASSES = {"compact": ["compact", "--all"], "recode": ["recode"], "delta": ["delta", "b", "--base", "a"],
+          "anchor": ["anchor", "b"]}
+
+
+def _store_for(tmp_path: Path, store: StorePaths, name: str) -> dict[str, str]:
+    """The store a pass is killed in: every pass but delta finds b coded against a already."""
+    want = _fast_store_with_garbage(tmp_path, store)
+    if name != "delta":
+        delta_store(store, "b", "a")
+    return want
 
 
 def _state(store: StorePaths) -> tuple:
@@ -254,7 +436,7 @@ def _check_intact(store: StorePaths, want: dict[str, str], states: tuple) -> Non
 def test_a_pass_killed_at_a_stage_leaves_the_previous_or_the_new_state_and_a_rerun_completes(
         tmp_path, store_dir, name, stage, capsys):
     store = StorePaths(store_dir)
-    want = _fast_store_with_garbage(tmp_path, store)
+    want = _store_for(tmp_path, store, name)
     before, (after, packs_after) = _state(store), _after_unkilled(tmp_path, store, PASSES[name])
     capsys.readouterr()
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(store_dir), stage, *PASSES[name]],
@@ -278,7 +460,7 @@ def test_a_pass_killed_at_a_stage_leaves_the_previous_or_the_new_state_and_a_rer
 def test_a_pass_killed_after_random_delays_leaves_a_readable_store_each_time_and_a_rerun_completes(
         tmp_path, store_dir, name, capsys):
     store = StorePaths(store_dir)
-    want = _fast_store_with_garbage(tmp_path, store)
+    want = _store_for(tmp_path, store, name)
     before, (after, packs_after) = _state(store), _after_unkilled(tmp_path, store, PASSES[name])
     capsys.readouterr()
     def command(root: Path) -> list[str]:
@@ -323,8 +505,8 @@ def test_a_mount_serves_the_same_bytes_during_and_after_every_pass_and_a_file_op
                     for p in sorted(fs.mountpoint.rglob("*")) if p.is_file()}
 
         assert through_mount() == want
-        path = fs.mountpoint / "a" / "model.safetensors"
-        expect = (tmp_path / "a" / "model.safetensors").read_bytes()
+        path = fs.mountpoint / "b" / "model.safetensors"     # the file whose chunks every pass rewrites
+        expect = (tmp_path / "run" / "step1" / "model.safetensors").read_bytes()
         fd = os.open(path, os.O_RDONLY)
         stop = threading.Event()
         wrong: list[int] = []
@@ -342,7 +524,7 @@ def test_a_mount_serves_the_same_bytes_during_and_after_every_pass_and_a_file_op
         reader = threading.Thread(target=keep_reading)
         reader.start()
         try:
-            for argv in (["recode"], ["compact", "--all"]):
+            for argv in (["delta", "b"], ["recode"], ["anchor", "b"], ["compact", "--all"]):
                 n = reads[0]
                 assert lmz(["--store", str(store_dir), "rewrite", *argv]) == 0
                 assert reads[0] > n

@@ -111,7 +111,7 @@ def choose_base(catalog: Catalog, files: dict[str, list[StoredFile]], model: str
                 limits: ChainLimits) -> str | None:
     """The model whose tensors pair with most of MODEL's bytes (counting only pairs the chains
     allow); ties go to one of the same family (the name up to its last '/'), then to the one
-    added closest in time to MODEL, an earlier one before a later."""
+    added last before MODEL (its predecessor in a run), else the first added after it."""
     family = model.rpartition("/")[0]
     added = {m.name: m.added for m in catalog.models()}
     mine = files[model]
@@ -123,7 +123,7 @@ def choose_base(catalog: Catalog, files: dict[str, list[StoredFile]], model: str
                      if limits.allows(p.chunk.chunk_id, p.reference.chunk_id))
         if paired:
             gap = added.get(name, 0.0) - added.get(model, 0.0)
-            key = (paired, name.rpartition("/")[0] == family, -abs(gap), gap < 0)
+            key = (paired, name.rpartition("/")[0] == family, gap < 0, -abs(gap))
             if best is None or key > best[0]:
                 best = (key, name)
     return None if best is None else best[1]
