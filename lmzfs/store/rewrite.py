@@ -29,8 +29,8 @@ from typing import Callable, Iterator
 
 from lmzfs.codecs import decode_chunk
 from lmzfs.errors import CorruptChunk
-from lmzfs.reader.archive import Archive
 from lmzfs.store.catalog import Catalog, Extent
+from lmzfs.store.chunksource import ChunkSource
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.packs import ChunkLocation, PackWriter
@@ -100,18 +100,17 @@ def writing(store: StorePaths) -> Iterator[Catalog]:
 
 
 @contextmanager
-def store_reader(store: StorePaths) -> Iterator[Archive]:
-    """A reader of the store for a pass: a small cache, no read-ahead."""
-    archive = Archive(store.root, cache_bytes=READ_CACHE_BYTES, workers=0)
+def store_reader(store: StorePaths) -> Iterator[ChunkSource]:
+    """The pass's own reader of chunks: a small cache, every read checked as the mount's are."""
+    source = ChunkSource(store, READ_CACHE_BYTES)
     try:
-        yield archive
+        yield source
     finally:
-        archive.close()
+        source.close()
 
 
-def plain_bytes(archive: Archive, extent: Extent) -> bytes:
+def plain_bytes(source: ChunkSource, extent: Extent) -> bytes:
     """A chunk's plain bytes, checked as every read is; a damaged chunk stops the pass."""
-    source = archive.source
     try:
         hold = source.hold([extent])
         try:
@@ -151,10 +150,10 @@ class RowChange:
     new_base: bytes | None = None       # the one it is coded against now
 
 
-def _checked(job: RecodeJob, encode: Encode, archive: Archive) -> tuple[RecodeJob, Recoding | None]:
+def _checked(job: RecodeJob, encode: Encode, source: ChunkSource) -> tuple[RecodeJob, Recoding | None]:
     e = job.chunk.extent
-    plain = plain_bytes(archive, e)
-    ref = plain_bytes(archive, job.reference) if job.reference is not None else None
+    plain = plain_bytes(source, e)
+    ref = plain_bytes(source, job.reference) if job.reference is not None else None
     got = encode(job, plain, ref)
     if got is not None:
         if got.base is not None and got.base is not job.reference:
@@ -167,7 +166,7 @@ def _checked(job: RecodeJob, encode: Encode, archive: Archive) -> tuple[RecodeJo
     return job, got
 
 
-def recode_chunks(store: StorePaths, catalog: Catalog, archive: Archive, jobs: list[RecodeJob],
+def recode_chunks(store: StorePaths, catalog: Catalog, source: ChunkSource, jobs: list[RecodeJob],
                   encode: Encode, result: RewriteResult, progress: Progress | None = None,
                   workers: int | None = None) -> None:
     """Run `encode` on every job (in parallel), append the payloads it returns, make them durable,
@@ -201,7 +200,7 @@ def recode_chunks(store: StorePaths, catalog: Catalog, archive: Archive, jobs: l
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmz-rewrite") as pool:
             try:
                 for job in jobs:
-                    window.append(pool.submit(_checked, job, encode, archive))
+                    window.append(pool.submit(_checked, job, encode, source))
                     drain(2 * workers + 2)
                 drain(0)
             finally:

@@ -30,10 +30,10 @@ def anchor_store(store: StorePaths, model: str, *, progress: Progress | None = N
         if catalog.model(model) is None:
             raise StoreError(f"no model named {model!r} (see `lmz ls`)")
         result = RewriteResult("anchor", measure(store, catalog), measure(store, catalog))
-        with store_reader(store) as archive:
-            chunks = chunks_of(scan_models(archive, {model}))
+        with store_reader(store) as source:
+            chunks = chunks_of(scan_models(catalog, source, {model}))
             jobs = [RecodeJob(c) for c in chunks.values() if c.extent.base is not None]
-            recode_chunks(store, catalog, archive, jobs, alone, result, progress, workers)
+            recode_chunks(store, catalog, source, jobs, alone, result, progress, workers)
         result.after = measure(store, catalog)
     result.seconds = time.monotonic() - started
     return result

@@ -147,9 +147,9 @@ def delta_store(store: StorePaths, model: str, base: str | None = None, *, depth
         if base == model:
             raise StoreError(f"{model!r} cannot be coded against itself; name another model with --base")
         result = RewriteResult("delta", measure(store, catalog), measure(store, catalog))
-        with store_reader(store) as archive:
+        with store_reader(store) as source:
             by_model: dict[str, list[StoredFile]] = {}
-            for f in scan_models(archive, None if base is None else {model, base}):
+            for f in scan_models(catalog, source, None if base is None else {model, base}):
                 by_model.setdefault(f.model, []).append(f)
             limits = ChainLimits.of(catalog, DEFAULT_DEPTH_CAP if depth_cap is None else depth_cap)
             base = base if base is not None else choose_base(catalog, by_model, model, limits)
@@ -174,7 +174,7 @@ def delta_store(store: StorePaths, model: str, base: str | None = None, *, depth
                 result.notes.append(f"{len({p.chunk.chunk_id for p in pairs}) - len(jobs)} paired chunk(s) left as "
                                     f"they are: coding them against {base} would loop a chain or take it past "
                                     f"the depth cap of {limits.cap}")
-            recode_chunks(store, catalog, archive, jobs, smaller_delta, result, progress, workers)
+            recode_chunks(store, catalog, source, jobs, smaller_delta, result, progress, workers)
         result.after = measure(store, catalog)
     result.seconds = time.monotonic() - started
     return result

@@ -52,12 +52,12 @@ def recode_store(store: StorePaths, model: str | None = None, *, progress: Progr
         if model is not None and catalog.model(model) is None:
             raise StoreError(f"no model named {model!r} (see `lmz ls`)")
         result = RewriteResult("recode", measure(store, catalog), measure(store, catalog))
-        with store_reader(store) as archive:
-            chunks = chunks_of(scan_models(archive, None if model is None else {model}))
+        with store_reader(store) as source:
+            chunks = chunks_of(scan_models(catalog, source, None if model is None else {model}))
             if model is None:
                 chunks = with_references(chunks)
             jobs = [RecodeJob(c, c.extent.base) for c in chunks.values() if c.extent.size]
-            recode_chunks(store, catalog, archive, jobs, smallest, result, progress, workers)
+            recode_chunks(store, catalog, source, jobs, smallest, result, progress, workers)
         result.after = measure(store, catalog)
     result.seconds = time.monotonic() - started
     return result

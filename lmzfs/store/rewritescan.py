@@ -15,9 +15,10 @@ from lmzfs.chunker import BLOCK_BYTES
 from lmzfs.codecs.base import ChunkHint
 from lmzfs.formats import parse_open_file
 from lmzfs.formats.segments import FileLayout, Segment
-from lmzfs.reader.archive import Archive
-from lmzfs.reader.filereader import FileReader
-from lmzfs.store.catalog import Extent
+from lmzfs.errors import CorruptChunk
+from lmzfs.store.catalog import Catalog, Extent, FileRow
+from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.layout import StoreError
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,13 @@ class StoredFile:
 
 
 class _StoredBytes(io.RawIOBase):
-    """A stored file as a seekable binary file, read through its FileReader (for the parsers)."""
+    """A stored file as a seekable binary file read through the chunk source (for the parsers)."""
 
-    def __init__(self, reader: FileReader):
-        self._reader = reader
+    def __init__(self, source: ChunkSource, extents: tuple[Extent, ...], size: int):
+        self._source = source
+        self._extents = extents
+        self._starts = [e.offset for e in extents]
+        self._size = size
         self._pos = 0
 
     def readable(self) -> bool:
@@ -65,16 +69,23 @@ class _StoredBytes(io.RawIOBase):
         return self._pos
 
     def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._reader.size}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(0, base + pos)
         return self._pos
 
     def readinto(self, buf) -> int:
-        n = max(0, min(len(buf), self._reader.size - self._pos))
-        if n:
-            buf[:n] = self._reader.pread(self._pos, n)
-            self._pos += n
-        return n
+        end = min(self._pos + len(buf), self._size)
+        got = 0
+        i = bisect.bisect_right(self._starts, self._pos) - 1
+        while self._pos < end:
+            e = self._extents[i]
+            lo, hi = self._pos - e.offset, min(end, e.offset + e.size) - e.offset
+            piece = self._source.read(e, lo, hi)
+            buf[got:got + len(piece)] = piece
+            got += len(piece)
+            self._pos += len(piece)
+            i += 1
+        return got
 
 
 def hint_of(layout: FileLayout, starts: list[int], offset: int, size: int) -> ChunkHint:
@@ -91,12 +102,19 @@ def hint_of(layout: FileLayout, starts: list[int], offset: int, size: int) -> Ch
     return replace(hint, offset=offset - seg.offset) if hint.dtype else hint
 
 
-def scan_file(archive: Archive, entry) -> StoredFile:
+def scan_file(catalog: Catalog, source: ChunkSource, row: FileRow) -> StoredFile:
     """Parse one stored file's container through the store and pair its chunks with its tensors."""
-    with archive.open(entry) as reader:
-        extents = reader.extents
-        layout = parse_open_file(f"{entry.model}/{entry.path}", io.BufferedReader(_StoredBytes(reader), 1 << 16),
-                                 entry.size)
+    extents = tuple(catalog.extents(row.id))
+    if sum(e.size for e in extents) != row.size or any(a.offset + a.size != b.offset for a, b in zip(extents, extents[1:])):
+        raise StoreError(f"{row.model}/{row.path}: its extents do not tile the file; run `lmz verify`")
+    hold = source.hold(list(extents))
+    try:
+        layout = parse_open_file(f"{row.model}/{row.path}",
+                                 io.BufferedReader(_StoredBytes(source, extents, row.size), 1 << 16), row.size)
+    except CorruptChunk as exc:
+        raise StoreError(f"the rewrite stopped and nothing changed: {exc.strerror}; run `lmz verify`") from exc
+    finally:
+        source.release(hold)
     starts = [s.offset for s in layout.segments]
     hints = tuple(hint_of(layout, starts, e.offset, e.size) for e in extents)
     tensors = []
@@ -110,14 +128,12 @@ def scan_file(archive: Archive, entry) -> StoredFile:
                 break
             inside.append((e.offset - seg.offset, e))
         tensors.append(TensorChunks(seg.name, seg.dtype, seg.shape, seg.length, tuple(inside)))
-    return StoredFile(entry.model, entry.path, layout.format, tuple(extents), tuple(tensors), hints,
-                      layout.error is not None)
+    return StoredFile(row.model, row.path, layout.format, extents, tuple(tensors), hints, layout.error is not None)
 
 
-def scan_models(archive: Archive, models: set[str] | None) -> list[StoredFile]:
+def scan_models(catalog: Catalog, source: ChunkSource, models: set[str] | None) -> list[StoredFile]:
     """Every file of these models (None: of every model), in model and path order."""
-    return [scan_file(archive, e) for e in sorted(archive.files(), key=lambda e: (e.model, e.path))
-            if models is None or e.model in models]
+    return [scan_file(catalog, source, f) for f in catalog.files() if models is None or f.model in models]
 
 
 def chunks_of(files: list[StoredFile]) -> dict[bytes, StoredChunk]:
