@@ -33,13 +33,15 @@ def _store(args) -> StorePaths:
 
 
 def cmd_add(args) -> int:
+    from lmzfs.config import resolve
     from lmzfs.store.add import add_model
     store = _store(args)
     src = Path(args.path)
+    depth = resolve(store=args.store).chain_depth
     progress = ProgressLine(f"adding {printable(args.name or src.name)}")
     try:
         r = add_model(store, src, args.name, progress=progress, fast=args.fast, chunk_size=args.chunk_size,
-                      segments=args.segments)
+                      segments=args.segments, base=args.base, delta=args.delta, chain_depth=depth)
     finally:
         progress.finish()
     for warning in r.warnings:
@@ -48,7 +50,27 @@ def cmd_add(args) -> int:
     print(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
           f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved), {r.reused_chunks} chunk(s) already "
           f"in the store, {r.seconds:.1f} s")
+    print(printable(_chain_line(r)))
     return 0
+
+
+def _chain_line(r) -> str:
+    """What `lmz add` did about deltas: the base it paired with and what recoding it saved."""
+    if not r.delta:
+        return "deltas: none (--no-delta): stored standalone, no other model changed"
+    if r.base is None:
+        return ("deltas: none: no stored model has tensors of the same names, dtypes and shapes covering half "
+                "of this model's (models stored before catalog version 3 have no tensor list); stored standalone")
+    b, t = r.base, r.recoded
+    how = "given by --base" if b.explicit else "chosen: the same family or most recent of the stored models that match"
+    line = (f"deltas: base {b.model} ({how}; {human_bytes(b.matched_bytes)} of {human_bytes(b.tensor_bytes)} "
+            f"of tensors match); this model is stored whole, and {t.chunks} chunk(s) of {b.model} were recoded "
+            f"as deltas against it: {human_bytes(t.bytes_before)} -> {human_bytes(t.bytes_after)}, "
+            f"{human_bytes(t.bytes_before - t.bytes_after)} saved")
+    if t.reanchored:
+        line += (f"; {t.reanchored} chunk(s) re-anchored to keep chains within the depth cap "
+                 f"({human_bytes(t.reanchor_before)} -> {human_bytes(t.reanchor_after)})")
+    return line
 
 
 def cmd_ls(args) -> int:
@@ -316,6 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="code float chunks over 256 KiB in 256 KiB segments that a lone small read "
                          "decodes alone: random 4 KiB reads miss faster, sequential reads and model "
                          "loads are slower (docs/operations.md); no effect with --fast")
+    chains = sp.add_mutually_exclusive_group()
+    chains.add_argument("--base", metavar="MODEL",
+                        help="pair with this stored model: its chunks of the same tensors are recoded as deltas "
+                             "against the new model's (default: the stored model of the same family, else the "
+                             "most recent, whose tensors match; docs/operations.md, Checkpoint chains)")
+    chains.add_argument("--no-delta", dest="delta", action="store_false",
+                        help="store the model standalone and change no other model")
+    sp.set_defaults(delta=True)
     sp = cmd("ls", cmd_ls, "list models (or one model's files) with logical and stored sizes")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--json", action="store_true")

@@ -497,6 +497,52 @@ class Catalog:
             out[f.path] = cost
         return out
 
+    # -- tensors and chains (version 3) ------------------------------------------------------
+    @_guarded
+    def tensors(self, model: str | None = None) -> list[tuple[str, str, float, TensorRow]]:
+        """(model, file path, model added, tensor) for every tensor row, or one model's; empty
+        before version 3."""
+        if not self.has_base and not self._schema_state()[2]:
+            return []
+        q = ("SELECT m.name, f.path, m.added, t.file, t.name, t.dtype, t.shape, t.offset, t.size FROM tensors t "
+             "JOIN files f ON f.id = t.file JOIN models m ON m.id = f.model")
+        rows = self.db.execute(q + " WHERE m.name = ? ORDER BY f.path, t.offset", (model,)) if model is not None \
+            else self.db.execute(q + " ORDER BY m.name, f.path, t.offset")
+        return [(m, p, added, TensorRow(*_typed(r, (int, str, str, str, int, int))))
+                for m, p, added, *r in rows]
+
+    @_guarded
+    def chunk_base(self, chunk_id: bytes) -> tuple[bool, bytes | None]:
+        """(whether the chunk is in the catalog, the id of its base or None)."""
+        if not self.has_base:
+            return self.has_chunk(chunk_id), None
+        row = self.db.execute("SELECT base FROM chunks WHERE id=?", (chunk_id,)).fetchone()
+        return (False, None) if row is None else (True, row[0])
+
+    @_guarded
+    def dependants(self, chunk_id: bytes) -> list[bytes]:
+        """The chunks coded against this one."""
+        if not self.has_base:
+            return []
+        return [r[0] for r in self.db.execute("SELECT id FROM chunks WHERE base=? ORDER BY id", (chunk_id,))]
+
+    @_guarded
+    def model_dependencies(self) -> dict[str, list[str | None]]:
+        """model -> the models whose chunks its chunks are coded against (None: chunks kept only
+        as references, their models removed), sorted; models without references are left out."""
+        if not self.has_base:
+            return {}
+        out: dict[str, set[str | None]] = {}
+        rows = self.db.execute(
+            "SELECT DISTINCT m.name, m2.name FROM models m JOIN files f ON f.model = m.id "
+            "JOIN extents e ON e.file = f.id JOIN chunks c ON c.id = e.chunk "
+            "LEFT JOIN extents e2 ON e2.chunk = c.base LEFT JOIN files f2 ON f2.id = e2.file "
+            "LEFT JOIN models m2 ON m2.id = f2.model WHERE c.base IS NOT NULL")
+        for name, other in rows:
+            if other != name:
+                out.setdefault(name, set()).add(other)
+        return {n: sorted(deps, key=lambda d: (d is None, d or "")) for n, deps in out.items()}
+
     # -- chunks -----------------------------------------------------------------------------
     @_guarded
     def has_chunk(self, chunk_id: bytes) -> bool:
