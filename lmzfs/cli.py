@@ -156,7 +156,9 @@ def cmd_rewrite(args) -> int:
         elif args.rewrite == "recode":
             r = recode_store(store, args.model, progress=progress)
         elif args.rewrite == "delta":
-            r = delta_store(store, args.model, args.base, depth_cap=args.depth_cap, progress=progress)
+            from lmzfs.config import resolve
+            depth = args.depth_cap if args.depth_cap is not None else resolve(store=args.store).chain_depth
+            r = delta_store(store, args.model, args.base, depth_cap=depth, progress=progress)
         else:
             r = anchor_store(store, args.model, progress=progress)
     finally:
@@ -372,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--base", metavar="MODEL", help="the model to code against (default: the stored model "
                                                     "whose tensors pair with most of MODEL's, same family first)")
     pp.add_argument("--depth-cap", type=positive_int, default=None, metavar="N",
-                    help="no read follows more than N references (default 4)")
+                    help="no read follows more than N references (default: the config's chain_depth, 4)")
     pp = rewrite_pass("anchor", "store a model's delta chunks alone again, so it needs no other model")
     pp.add_argument("model", metavar="MODEL")
     sp = cmd("verify", cmd_verify, "decode and check every chunk and file; exit 1 if anything is damaged")

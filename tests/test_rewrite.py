@@ -131,8 +131,8 @@ def deepest_chain(store: StorePaths) -> int:
 def test_compact_after_a_removal_leaves_exactly_the_packs_a_fresh_store_of_the_rest_has(tmp_path, store_dir):
     store = StorePaths(store_dir)
     a, b = small_model(tmp_path / "a", seed=1, mib=2), small_model(tmp_path / "b", seed=2, mib=2)
-    add_model(store, a, "a")
-    add_model(store, b, "b")
+    add_model(store, a, "a", delta=False)
+    add_model(store, b, "b", delta=False)
     remove_models(store, ["a"])
     before = pack_bytes(store)
     r = compact_store(store)
@@ -140,7 +140,7 @@ def test_compact_after_a_removal_leaves_exactly_the_packs_a_fresh_store_of_the_r
     assert (r.before.payload, r.after.payload) == (live_payload(store), live_payload(store))
     assert r.chunks_dropped > 0 and r.packs_deleted == 1 and r.packs_written == 1
     fresh = StorePaths(tmp_path / "fresh")
-    add_model(fresh, b, "b")
+    add_model(fresh, b, "b", delta=False)
     assert pack_bytes(store) == pack_bytes(fresh) < before
     assert served(store) == originals(b=b)
     assert verify_store(store).ok
@@ -149,8 +149,8 @@ def test_compact_after_a_removal_leaves_exactly_the_packs_a_fresh_store_of_the_r
 def test_compact_leaves_a_pack_whose_dead_share_is_below_the_threshold_unless_all(tmp_path, store_dir):
     store = StorePaths(store_dir)
     big, small = small_model(tmp_path / "big", seed=3, mib=4), small_model(tmp_path / "small", seed=4, mib=0)
-    add_model(store, big, "big")
-    add_model(store, small, "small")      # appended to the same pack
+    add_model(store, big, "big", delta=False)
+    add_model(store, small, "small", delta=False)      # appended to the same pack
     remove_models(store, ["small"])
     names, size = pack_names(store), pack_bytes(store)
     unused = sum(1 for row in rows(store) if row[6] == 0)
@@ -169,7 +169,7 @@ def test_compact_leaves_a_pack_whose_dead_share_is_below_the_threshold_unless_al
 def test_compact_deletes_what_a_killed_add_left_behind(tmp_path, store_dir):
     store = StorePaths(store_dir)
     a = small_model(tmp_path / "a", seed=5, mib=2)
-    add_model(store, a, "a")
+    add_model(store, a, "a", delta=False)
     size = pack_bytes(store)
     (store.packs / "pack-00000009.lmzp").write_bytes(b"LMZPACK\x00" + bytes(8) + os.urandom(5000))
     r = compact_store(store)
@@ -182,11 +182,11 @@ def test_compact_deletes_what_a_killed_add_left_behind(tmp_path, store_dir):
 def test_recode_of_a_fast_store_stores_what_a_default_add_stores_and_the_same_bytes(tmp_path, store_dir):
     store = StorePaths(store_dir)
     a, b = small_model(tmp_path / "a", seed=6, mib=2), small_model(tmp_path / "b", seed=7, mib=2)
-    add_model(store, a, "a", fast=True)
-    add_model(store, b, "b", fast=True)
+    add_model(store, a, "a", fast=True, delta=False)
+    add_model(store, b, "b", fast=True, delta=False)
     fresh = StorePaths(tmp_path / "fresh")
-    add_model(fresh, a, "a")
-    add_model(fresh, b, "b")
+    add_model(fresh, a, "a", delta=False)
+    add_model(fresh, b, "b", delta=False)
     r = recode_store(store)
     assert r.after.payload == live_payload(fresh) < r.before.payload
     assert r.after.payload == live_payload(store) and r.after.packs == pack_bytes(store)
@@ -202,8 +202,8 @@ def test_recode_of_a_fast_store_stores_what_a_default_add_stores_and_the_same_by
 def test_recode_of_one_model_leaves_the_others_chunks_as_they_were(tmp_path, store_dir):
     store = StorePaths(store_dir)
     a, b = small_model(tmp_path / "a", seed=8, mib=2), small_model(tmp_path / "b", seed=9, mib=2)
-    add_model(store, a, "a", fast=True)
-    add_model(store, b, "b", fast=True)
+    add_model(store, a, "a", fast=True, delta=False)
+    add_model(store, b, "b", fast=True, delta=False)
     cat = Catalog(store.catalog, readonly=True)
     try:
         b_rows = sorted(cat.db.execute("SELECT c.* FROM chunks c WHERE c.id IN (SELECT e.chunk FROM extents e "
@@ -220,7 +220,7 @@ def test_recode_of_one_model_leaves_the_others_chunks_as_they_were(tmp_path, sto
 def test_lmz_rewrite_prints_the_bytes_before_and_after_and_refuses_an_unknown_model(tmp_path, store_dir, capsys):
     a = small_model(tmp_path / "a", seed=10, mib=1)
     store = StorePaths(store_dir)
-    add_model(store, a, "a", fast=True)
+    add_model(store, a, "a", fast=True, delta=False)
     assert lmz(["--store", str(store_dir), "rewrite", "recode", "nope"]) == 2
     assert capsys.readouterr().err == "lmz: no model named 'nope' (see `lmz ls`)\n"
     before = (live_payload(store), pack_bytes(store))
@@ -240,8 +240,8 @@ def test_lmz_rewrite_prints_the_bytes_before_and_after_and_refuses_an_unknown_mo
 def test_delta_codes_a_checkpoint_against_its_predecessor_smaller_and_its_base_survives_rm(tmp_path, store_dir):
     store = StorePaths(store_dir)
     a, b = checkpoints(tmp_path, 2)
-    add_model(store, a, "run/a")
-    add_model(store, b, "run/b")
+    add_model(store, a, "run/a", delta=False)
+    add_model(store, b, "run/b", delta=False)
     alone = chunk_rows(store, "run/b")
     r = delta_store(store, "run/b", "run/a")
     assert (r.base, r.after.payload, r.after.packs) == ("run/a", live_payload(store), pack_bytes(store))
@@ -266,7 +266,7 @@ def test_delta_without_base_picks_the_nearest_checkpoint_and_keeps_every_chain_w
     store = StorePaths(store_dir)
     steps = checkpoints(tmp_path, 4, mib=1)
     for i, d in enumerate(steps):
-        add_model(store, d, f"run/step{i}")
+        add_model(store, d, f"run/step{i}", delta=False)
     bases = [delta_store(store, f"run/step{i}", depth_cap=2).base for i in (1, 2, 3)]
     assert bases == ["run/step0", "run/step1", "run/step1"]     # step2 is at depth 2 already
     assert deepest_chain(store) == 2
@@ -277,8 +277,8 @@ def test_delta_without_base_picks_the_nearest_checkpoint_and_keeps_every_chain_w
 def test_delta_never_makes_a_loop_and_says_why_it_left_chunks_alone(tmp_path, store_dir, capsys):
     store = StorePaths(store_dir)
     a, b = checkpoints(tmp_path, 2, mib=1)
-    add_model(store, a, "a")
-    add_model(store, b, "b")
+    add_model(store, a, "a", delta=False)
+    add_model(store, b, "b", delta=False)
     delta_store(store, "b", "a")
     looping = sum(1 for row in chunk_rows(store, "b").values() if row[4] is not None)
     r = delta_store(store, "a", "b")
@@ -308,8 +308,8 @@ def model_chunks(store: StorePaths, model: str) -> set[bytes]:
 def test_anchor_stores_a_model_alone_again_and_it_outlives_its_former_base_and_gc(tmp_path, store_dir):
     store = StorePaths(store_dir)
     a, b = checkpoints(tmp_path, 2)
-    add_model(store, a, "a")
-    add_model(store, b, "b")
+    add_model(store, a, "a", delta=False)
+    add_model(store, b, "b", delta=False)
     alone, base_rows = chunk_rows(store, "b"), chunk_rows(store, "a")
     delta_store(store, "b", "a")
     deltas = sum(1 for row in chunk_rows(store, "b").values() if row[4] is not None)
@@ -329,7 +329,7 @@ def test_anchor_of_a_middle_checkpoint_leaves_the_one_coded_against_it_reading_r
     store = StorePaths(store_dir)
     steps = checkpoints(tmp_path, 3, mib=1)
     for i, d in enumerate(steps):
-        add_model(store, d, f"s{i}")
+        add_model(store, d, f"s{i}", delta=False)
     delta_store(store, "s1", "s0")
     delta_store(store, "s2", "s1")
     anchor_store(store, "s1")
@@ -342,11 +342,30 @@ def test_anchor_of_a_middle_checkpoint_leaves_the_one_coded_against_it_reading_r
     assert verify_store(store).ok
 
 
+def test_a_chain_lmz_add_made_is_undone_by_anchor_and_made_again_by_delta(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    s0, s1 = checkpoints(tmp_path, 2)
+    add_model(store, s0, "run/s0")
+    add_model(store, s1, "run/s1")              # recodes run/s0 as deltas against run/s1
+    by_add = chunk_rows(store, "run/s0")
+    assert any(row[4] is not None for row in by_add.values())
+    anchor_store(store, "run/s0")
+    assert all(row[4] is None for row in chunk_rows(store, "run/s0").values())
+    remove_models(store, ["run/s1"])
+    collect_garbage(store)
+    assert served(store) == originals(**{"run/s0": s0})
+    add_model(store, s1, "run/s1", delta=False)
+    assert delta_store(store, "run/s0").base == "run/s1"
+    assert chunk_rows(store, "run/s0") == by_add
+    assert served(store) == originals(**{"run/s0": s0, "run/s1": s1})
+    assert verify_store(store).ok
+
+
 def test_recode_keeps_each_delta_on_its_own_reference_or_codes_it_alone(tmp_path, store_dir):
     store = StorePaths(store_dir)
     a, b = checkpoints(tmp_path, 2, mib=1)
-    add_model(store, a, "a", fast=True)
-    add_model(store, b, "b", fast=True)
+    add_model(store, a, "a", fast=True, delta=False)
+    add_model(store, b, "b", fast=True, delta=False)
     delta_store(store, "b", "a")
     refs = chunk_ids(store, "a")
     r = recode_store(store)
@@ -392,9 +411,9 @@ def _fast_store_with_garbage(tmp_path: Path, store: StorePaths) -> dict[str, str
     """Two checkpoints of a run stored with the quick codecs, and the dead chunks of a removed model."""
     a, b = checkpoints(tmp_path / "run", 2, mib=3)
     c = small_model(tmp_path / "c", seed=20, mib=2)
-    add_model(store, a, "a", fast=True)
-    add_model(store, c, "c", fast=True)
-    add_model(store, b, "b", fast=True)
+    add_model(store, a, "a", fast=True, delta=False)
+    add_model(store, c, "c", fast=True, delta=False)
+    add_model(store, b, "b", fast=True, delta=False)
     remove_models(store, ["c"])
     return originals(a=a, b=b)
 

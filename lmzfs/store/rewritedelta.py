@@ -7,10 +7,15 @@ is coded against the tensor of BASE with the same name, dtype and shape, chunk b
 same offset in the tensor and of the same size. A chunk both models share is stored once already
 and stays as it is.
 
-No chain may loop or grow past the depth cap: a chunk X gets a reference Y
-only if Y's chain does not reach X, and Y's depth + 1 + the longest chain below X is within the
-cap (`--depth-cap`, default 4). The check counts every reference a chunk has before the pass or may get in it, so whichever
-of the planned deltas prove smaller and are kept, the chains stay within bounds.
+No chain may loop or grow past the depth cap (config `chain_depth`, which `lmz add` keeps too;
+`--depth-cap` for one pass): a chunk X gets a reference Y only if Y's chain does not reach X, and
+Y's depth + 1 + the longest chain below X is within the cap. The check counts every reference a
+chunk has before the pass or may get in it, so whichever of the planned deltas prove smaller and
+are kept, the chains stay within bounds.
+
+Without --base, the model whose tensors pair with most of MODEL's bytes is chosen; ties go to its
+family, then to its predecessor (the model added last before it). Models stored before catalog
+version 3 pair as well: their tensors are read from the stored files themselves.
 """
 from __future__ import annotations
 
@@ -18,14 +23,12 @@ import time
 from dataclasses import dataclass
 
 from lmzfs.codecs import encode_delta_chunk
-from lmzfs.store.catalog import Catalog, Extent
+from lmzfs.store.add import DEFAULT_CHAIN_DEPTH
+from lmzfs.store.catalog import MAX_CHAIN_HOPS, Catalog, Extent
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.rewrite import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
                                  store_reader, writing)
 from lmzfs.store.rewritescan import StoredChunk, StoredFile, TensorChunks, chunks_of, scan_models
-
-
-DEFAULT_DEPTH_CAP = 4
 
 
 class ChainLimits:
@@ -91,7 +94,8 @@ def _tensors(files: list[StoredFile]) -> dict[str, TensorChunks]:
 
 
 def pair_chunks(model: list[StoredFile], base: list[StoredFile]) -> list[_Pair]:
-    """Each chunk of MODEL's tensors with the chunk at the same place of BASE's same tensor."""
+    """Each chunk of MODEL's tensors with the chunk at the same place of BASE's same tensor (the
+    same chunk, where both hold the same bytes)."""
     refs = _tensors(base)
     pairs: list[_Pair] = []
     for f in model:
@@ -102,7 +106,7 @@ def pair_chunks(model: list[StoredFile], base: list[StoredFile]) -> list[_Pair]:
             at = {(off, e.size): e for off, e in r.chunks}
             for off, e in t.chunks:
                 ref = at.get((off, e.size))
-                if ref is not None and ref.chunk_id != e.chunk_id:
+                if ref is not None:
                     pairs.append(_Pair(e, ref))
     return pairs
 
@@ -119,8 +123,8 @@ def choose_base(catalog: Catalog, files: dict[str, list[StoredFile]], model: str
     for name, theirs in files.items():
         if name == model:
             continue
-        paired = sum(p.chunk.size for p in pair_chunks(mine, theirs)
-                     if limits.allows(p.chunk.chunk_id, p.reference.chunk_id))
+        paired = sum(p.chunk.size for p in pair_chunks(mine, theirs) if p.chunk.chunk_id == p.reference.chunk_id
+                     or limits.allows(p.chunk.chunk_id, p.reference.chunk_id))
         if paired:
             gap = added.get(name, 0.0) - added.get(model, 0.0)
             key = (paired, name.rpartition("/")[0] == family, gap < 0, -abs(gap))
@@ -137,7 +141,7 @@ def smaller_delta(job: RecodeJob, plain: bytes, ref: bytes | None) -> Recoding |
     return Recoding(got.payload, got.codec, job.reference)
 
 
-def delta_store(store: StorePaths, model: str, base: str | None = None, *, depth_cap: int | None = None,
+def delta_store(store: StorePaths, model: str, base: str | None = None, *, depth_cap: int = DEFAULT_CHAIN_DEPTH,
                 progress: Progress | None = None, workers: int | None = None) -> RewriteResult:
     started = time.monotonic()
     with writing(store) as catalog:
@@ -146,12 +150,14 @@ def delta_store(store: StorePaths, model: str, base: str | None = None, *, depth
                 raise StoreError(f"no model named {name!r} (see `lmz ls`)")
         if base == model:
             raise StoreError(f"{model!r} cannot be coded against itself; name another model with --base")
+        if not 1 <= depth_cap < MAX_CHAIN_HOPS:
+            raise StoreError(f"the depth cap must be 1 to {MAX_CHAIN_HOPS - 1}, not {depth_cap}")
         result = RewriteResult("delta", measure(store, catalog), measure(store, catalog))
         with store_reader(store) as source:
             by_model: dict[str, list[StoredFile]] = {}
             for f in scan_models(catalog, source, None if base is None else {model, base}):
                 by_model.setdefault(f.model, []).append(f)
-            limits = ChainLimits.of(catalog, DEFAULT_DEPTH_CAP if depth_cap is None else depth_cap)
+            limits = ChainLimits.of(catalog, depth_cap)
             base = base if base is not None else choose_base(catalog, by_model, model, limits)
             if base is None:
                 raise StoreError(f"no other stored model can be a base for {model!r} (tensors of the same "
@@ -160,7 +166,8 @@ def delta_store(store: StorePaths, model: str, base: str | None = None, *, depth
             hints: dict[bytes, StoredChunk] = chunks_of(by_model[model])
             jobs: list[RecodeJob] = []
             planned: set[bytes] = set()
-            pairs = pair_chunks(by_model[model], by_model.get(base, []))
+            every = pair_chunks(by_model[model], by_model.get(base, []))
+            pairs = [p for p in every if p.chunk.chunk_id != p.reference.chunk_id]   # the same bytes: stored once
             for p in pairs:
                 cid = p.chunk.chunk_id
                 if cid in planned or not limits.allows(cid, p.reference.chunk_id):
@@ -168,7 +175,7 @@ def delta_store(store: StorePaths, model: str, base: str | None = None, *, depth
                 planned.add(cid)
                 limits.add(cid, p.reference.chunk_id)
                 jobs.append(RecodeJob(hints[cid], p.reference))
-            if not pairs:
+            if not every:
                 result.notes.append(f"no tensor of {model} pairs with one of {base} (same name, dtype and shape)")
             elif len(jobs) < len({p.chunk.chunk_id for p in pairs}):
                 result.notes.append(f"{len({p.chunk.chunk_id for p in pairs}) - len(jobs)} paired chunk(s) left as "
