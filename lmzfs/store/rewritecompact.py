@@ -21,10 +21,12 @@ from lmzfs.store.catalog import Catalog
 # gc's own rule for what is garbage (cascading down chains), so that compact and gc agree on it
 from lmzfs.store.gc import _dead_chunks as dead_chunks
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
+from lmzfs.store.packfds import packs_in_use
 from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation, PackDamaged, PackWriter, read_payload
 from lmzfs.store.rewrite import Progress, RewriteResult, measure, packs_on_disk, writing
 
 DEFAULT_MIN_DEAD = 0.10     # rewrite a pack once more than this share of its bytes is dead
+UNLINK_GRACE_SECONDS = 1.0  # between the commit and unlinking old packs, while readers have packs open
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,11 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
             os.close(fd)
         if writer is not None:
             writer.close()
-    # The committed catalog names nothing in these packs any more.
+    # The committed catalog names nothing in these packs any more. A reader that read a file's
+    # extents just before the commit opens their packs a moment later: with readers about, give
+    # it that moment (after it, its descriptors keep the unlinked packs readable).
+    if (delete or rewrite) and packs_in_use(store):
+        time.sleep(UNLINK_GRACE_SECONDS)
     for pid in delete + rewrite:
         store.pack(pid).unlink(missing_ok=True)
     fsync_dir(store.packs)
