@@ -217,6 +217,18 @@ def test_recode_of_one_model_leaves_the_others_chunks_as_they_were(tmp_path, sto
     assert served(store) == originals(a=a, b=b)
 
 
+def test_recode_keeps_chunks_coded_in_segments_in_segments_and_reports_progress_to_the_end(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    a = small_model(tmp_path / "a", seed=11, mib=2)
+    add_model(store, a, "a", segments=True, delta=False)
+    codecs = sorted(row[2] for row in rows(store))
+    assert "floatseg" in codecs
+    calls: list[tuple[int, int]] = []
+    r = recode_store(store, progress=lambda done, total: calls.append((done, total)))
+    assert (r.chunks_changed, sorted(row[2] for row in rows(store))) == (0, codecs)
+    assert calls[-1] == (calls[-1][1], sum(row[1] for row in rows(store))) and len(calls) == r.chunks_examined
+
+
 def test_lmz_rewrite_prints_the_bytes_before_and_after_and_refuses_an_unknown_model(tmp_path, store_dir, capsys):
     a = small_model(tmp_path / "a", seed=10, mib=1)
     store = StorePaths(store_dir)

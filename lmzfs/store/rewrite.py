@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from lmzfs.codecs import decode_chunk
+from lmzfs.codecs import CodecError, decode_chunk
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Catalog, Extent
 from lmzfs.store.chunksource import ChunkSource
@@ -159,7 +159,11 @@ def _checked(job: RecodeJob, encode: Encode, source: ChunkSource) -> tuple[Recod
         if got.base is not None and got.base is not job.reference:
             raise AssertionError("a pass coded a chunk against a reference its job does not name")
         uses = ref if got.base is not None else None
-        back = decode_chunk(got.payload, e.size, ref=uses)
+        try:
+            back = decode_chunk(got.payload, e.size, ref=uses)
+        except CodecError as exc:
+            raise StoreError(f"the rewrite stopped and nothing changed: chunk {e.chunk_id.hex()[:16]} recoded "
+                             f"with {got.codec} does not decode ({exc})") from exc
         if hashlib.sha256(back).digest() != e.chunk_id:
             raise StoreError(f"the rewrite stopped and nothing changed: chunk {e.chunk_id.hex()[:16]} "
                              f"recoded with {got.codec} does not decode to its bytes")
