@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -448,29 +449,57 @@ def _state(store: StorePaths) -> tuple:
     return live_payload(store), [r[:3] + r[5:] for r in rows(store)]
 
 
-def _after_unkilled(tmp_path: Path, store: StorePaths, argv: list[str]) -> tuple:
-    """The state the pass leaves on a copy of the store, run to its end."""
-    copy = StorePaths(tmp_path / f"reference-{argv[0]}")
-    shutil.copytree(store.root, copy.root)
-    assert lmz(["--store", str(copy.root), "rewrite", *argv]) == 0
-    return _state(copy), pack_bytes(copy)
-
-
 def _check_intact(store: StorePaths, want: dict[str, str], states: tuple) -> None:
     assert _state(store) in states
     assert served(store) == want
     assert verify_store(store).ok
 
 
+def _rewrite_command(root: Path, name: str) -> list[str]:
+    return [sys.executable, "-m", "lmzfs", "--store", str(root), "rewrite", *PASSES[name]]
+
+
+@dataclass(frozen=True)
+class _KillCase:
+    """A store to kill a pass in, and what the pass leaves when it runs to its end."""
+    template: Path
+    want: dict[str, str]        # the SHA-256 of every file it serves
+    before: tuple               # _state before the pass
+    after: tuple                # and after it
+    packs_after: int
+    seconds: float              # how long `lmz rewrite` takes on it, start to exit
+
+
+_KILL_CASES: dict[str, _KillCase] = {}
+
+
+@pytest.fixture
+def kill_case(tmp_path_factory, request, tmp_path) -> tuple[StorePaths, _KillCase]:
+    """A fresh copy of the pass's store (built once per pass, for every kill test of it)."""
+    name = request.node.callspec.params["name"]
+    case = _KILL_CASES.get(name)
+    if case is None:
+        d = tmp_path_factory.mktemp(f"kill-{name}")
+        template = StorePaths(d / "store")
+        want = _store_for(d, template, name)
+        reference = d / "reference"
+        shutil.copytree(template.root, reference)
+        started = time.monotonic()
+        subprocess.run(_rewrite_command(reference, name), check=True, capture_output=True)
+        seconds = time.monotonic() - started
+        case = _KILL_CASES[name] = _KillCase(template.root, want, _state(template), _state(StorePaths(reference)),
+                                             pack_bytes(StorePaths(reference)), seconds)
+    store = StorePaths(tmp_path / "store")
+    shutil.copytree(case.template, store.root)
+    return store, case
+
+
 @pytest.mark.parametrize("name", PASSES)
-@pytest.mark.parametrize("stage", ["after-append-1", "after-append-3", "before-commit", "after-commit"])
+@pytest.mark.parametrize("stage", ["after-append-1", "before-commit", "after-commit"])
 def test_a_pass_killed_at_a_stage_leaves_the_previous_or_the_new_state_and_a_rerun_completes(
-        tmp_path, store_dir, name, stage, capsys):
-    store = StorePaths(store_dir)
-    want = _store_for(tmp_path, store, name)
-    before, (after, packs_after) = _state(store), _after_unkilled(tmp_path, store, PASSES[name])
-    capsys.readouterr()
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(store_dir), stage, *PASSES[name]],
+        kill_case, name, stage):
+    store, case = kill_case
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(store.root), stage, *PASSES[name]],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "HERE"
@@ -480,45 +509,32 @@ def test_a_pass_killed_at_a_stage_leaves_the_previous_or_the_new_state_and_a_rer
         proc.wait()
         proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
-    _check_intact(store, want, (after,) if stage == "after-commit" else (before,))
-    assert lmz(["--store", str(store_dir), "rewrite", *PASSES[name]]) == 0
-    _check_intact(store, want, (after,))
+    _check_intact(store, case.want, (case.after,) if stage == "after-commit" else (case.before,))
+    assert lmz(["--store", str(store.root), "rewrite", *PASSES[name]]) == 0
+    _check_intact(store, case.want, (case.after,))
     if name == "compact":       # which deletes what the killed run left
-        assert pack_bytes(store) == packs_after
+        assert pack_bytes(store) == case.packs_after
 
 
 @pytest.mark.parametrize("name", PASSES)
 def test_a_pass_killed_after_random_delays_leaves_a_readable_store_each_time_and_a_rerun_completes(
-        tmp_path, store_dir, name, capsys):
-    store = StorePaths(store_dir)
-    want = _store_for(tmp_path, store, name)
-    before, (after, packs_after) = _state(store), _after_unkilled(tmp_path, store, PASSES[name])
-    capsys.readouterr()
-    def command(root: Path) -> list[str]:
-        return [sys.executable, "-m", "lmzfs", "--store", str(root), "rewrite", *PASSES[name]]
-
-    # The length of a whole run, measured on another copy: kills land anywhere inside it.
-    copy = tmp_path / "timing"
-    shutil.copytree(store.root, copy)
-    started = time.monotonic()
-    subprocess.run(command(copy), check=True, capture_output=True)
-    whole = time.monotonic() - started
+        kill_case, name):
+    store, case = kill_case
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     for _ in range(int(os.environ.get("LMZ_REWRITE_KILLS", "3"))):
-        delay = rng.uniform(0.2 * whole, whole)
-        proc = subprocess.Popen(command(store.root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        delay = rng.uniform(0.2 * case.seconds, case.seconds)     # past the imports, up to the end
+        proc = subprocess.Popen(_rewrite_command(store.root, name), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         try:
-            _check_intact(store, want, (before, after))
+            _check_intact(store, case.want, (case.before, case.after))
         except AssertionError as exc:
             raise AssertionError(f"after a kill at {delay:.3f} s (seed {seed})") from exc
-    assert lmz(["--store", str(store_dir), "rewrite", *PASSES[name]]) == 0
-    _check_intact(store, want, (after,))
-    if name == "compact":       # which deletes what the killed run left
-        assert pack_bytes(store) == packs_after
+    assert lmz(["--store", str(store.root), "rewrite", *PASSES[name]]) == 0
+    _check_intact(store, case.want, (case.after,))
 
 
 # -- through a mount -------------------------------------------------------------------------------
