@@ -27,6 +27,13 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
 
 
+def _chain_depth(text: str) -> int:
+    from lmzfs.config import MAX_CHAIN_DEPTH
+    if not text.isdigit() or not 1 <= int(text) <= MAX_CHAIN_DEPTH:
+        raise argparse.ArgumentTypeError(f"not a chain depth: {text!r} (1 to {MAX_CHAIN_DEPTH})")
+    return int(text)
+
+
 def _store(args) -> StorePaths:
     from lmzfs.config import resolve_store        # --store, else $LMZ_STORE, else the config's, else default
     return StorePaths(resolve_store(args.store))
@@ -37,7 +44,7 @@ def cmd_add(args) -> int:
     from lmzfs.store.add import add_model
     store = _store(args)
     src = Path(args.path)
-    depth = resolve(store=args.store).chain_depth
+    depth = args.chain_depth if args.chain_depth is not None else resolve(store=args.store).chain_depth
     progress = ProgressLine(f"adding {printable(args.name or src.name)}")
     try:
         r = add_model(store, src, args.name, progress=progress, fast=args.fast, chunk_size=args.chunk_size,
@@ -88,21 +95,32 @@ def cmd_ls(args) -> int:
         if args.model:
             return _ls_model(catalog, args)
         usage = catalog.usage()
+        depends = catalog.model_dependencies()
     finally:
         catalog.close()
     if args.json:
         print(json.dumps([{"model": u.name, "files": u.files, "logical_bytes": u.logical_bytes,
-                           "stored_bytes": u.stored_bytes, "saved_pct": round(u.saved_pct, 3)} for u in usage],
+                           "stored_bytes": u.stored_bytes, "saved_pct": round(u.saved_pct, 3),
+                           "depends_on": depends.get(u.name, [])} for u in usage],
                          indent=1))
         return 0
     rows = [(u.name, str(u.files), human_bytes(u.logical_bytes), human_bytes(u.stored_bytes), f"{u.saved_pct:.2f}%")
             for u in usage]
     _table(("MODEL", "FILES", "LOGICAL", "STORED", "SAVED"), rows)
+    if depends:
+        print("\nchains (a model's chunks are coded against chunks of the models it depends on; STORED "
+              "counts its delta payloads):")
+        for name, deps in sorted(depends.items()):
+            shown = ", ".join(REMOVED_BASE if d is None else d for d in deps)
+            print(printable(f"  {name} depends on {shown}"))
     on_disk = store.disk_bytes()
     total = sum(u.logical_bytes for u in usage)
     print(f"\nstore {store.root}: {human_bytes(total)} of model files in {human_bytes(on_disk)} on disk "
           f"(packs and catalog, shared chunks counted once)")
     return 0
+
+
+REMOVED_BASE = "(removed model, chunks kept)"
 
 
 def _ls_model(catalog, args) -> int:
@@ -302,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     chains.add_argument("--no-delta", dest="delta", action="store_false",
                         help="store the model standalone and change no other model")
     sp.set_defaults(delta=True)
+    sp.add_argument("--chain-depth", type=_chain_depth, metavar="N",
+                    help="the most references a read of any chunk follows, 1 to 15 (default: the config's "
+                         "chain_depth, else 4); chunks that would sit deeper are re-anchored")
     sp = cmd("ls", cmd_ls, "list models (or one model's files) with logical and stored sizes")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--json", action="store_true")
