@@ -406,3 +406,17 @@ def test_the_quire_release_pair_chains_reads_back_and_stores_smaller_than_alone(
     assert r.base.model == "quire/v0.3.0" and r.recoded.bytes_after < r.recoded.bytes_before
     assert served(store) == {f"quire/v0.3.0/{old.name}": sha(old), f"quire/v0.3.1/{new.name}": sha(new)}
     assert verify_store(store).ok
+
+
+def test_gc_reclaims_the_old_payloads_of_recoded_chunks(tmp_path):
+    store = StorePaths(tmp_path / "store")
+    dirs = checkpoints(tmp_path / "src", 3)
+    names = add_chain(store, dirs)
+    packs = lambda: sum(p.stat().st_size for p in store.packs.iterdir())     # noqa: E731
+    db = sqlite3.connect(store.catalog)
+    live = db.execute("SELECT SUM(length) + COUNT(*) * 40 FROM chunks").fetchone()[0]
+    db.close()
+    assert packs() > live + 16 + (1 << 20)        # each recode left its old payload behind
+    assert collect_garbage(store).reclaimed > 1 << 20
+    assert packs() == live + 16 * len(list(store.packs.iterdir()))
+    assert served(store) == originals(dirs, names) and verify_store(store).ok
