@@ -54,10 +54,10 @@ def cmd_add(args) -> int:
     for warning in r.warnings:
         print(f"lmz: warning: {printable(warning)}", file=sys.stderr)
     saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
+    print(printable(_chain_line(r)))
     print(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
           f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved), {r.reused_chunks} chunk(s) already "
           f"in the store, {r.seconds:.1f} s")
-    print(printable(_chain_line(r)))
     return 0
 
 
@@ -66,14 +66,16 @@ def _chain_line(r) -> str:
     if not r.delta:
         return "deltas: none (--no-delta): stored standalone, no other model changed"
     if r.base is None:
-        return ("deltas: none: no stored model has tensors of the same names, dtypes and shapes covering half "
-                "of this model's (models stored before catalog version 3 have no tensor list); stored standalone")
+        return "deltas: none: no stored model has tensors of the same names, dtypes and shapes; stored standalone"
     b, t = r.base, r.recoded
     how = "given by --base" if b.explicit else "chosen: the same family or most recent of the stored models that match"
     line = (f"deltas: base {b.model} ({how}; {human_bytes(b.matched_bytes)} of {human_bytes(b.tensor_bytes)} "
-            f"of tensors match); this model is stored whole, and {t.chunks} chunk(s) of {b.model} were recoded "
-            f"as deltas against it: {human_bytes(t.bytes_before)} -> {human_bytes(t.bytes_after)}, "
-            f"{human_bytes(t.bytes_before - t.bytes_after)} saved")
+            f"of tensors match); this model is stored whole, and ")
+    if not t.chunks:
+        return line + f"no chunk of {b.model} codes smaller as a delta against it (identical chunks are shared)"
+    line += (f"{t.chunks} chunk(s) of {b.model} were recoded as deltas against it: "
+             f"{human_bytes(t.bytes_before)} -> {human_bytes(t.bytes_after)}, "
+             f"{human_bytes(t.bytes_before - t.bytes_after)} saved")
     if t.reanchored:
         line += (f"; {t.reanchored} chunk(s) re-anchored to keep chains within the depth cap "
                  f"({human_bytes(t.reanchor_before)} -> {human_bytes(t.reanchor_after)})")

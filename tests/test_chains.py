@@ -181,7 +181,7 @@ def test_lmz_add_says_which_base_it_used_and_what_the_deltas_saved(tmp_path, cap
     assert lmz([*store, "add", str(dirs[0]), "--name", "run1/step-0"]) == 0
     assert "deltas: none: no stored model has tensors" in capsys.readouterr().out
     assert lmz([*store, "add", str(dirs[1]), "--name", "run1/step-1"]) == 0
-    line = capsys.readouterr().out.splitlines()[1]
+    line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("deltas: base run1/step-0 (chosen: ")
     assert "this model is stored whole, and 3 chunk(s) of run1/step-0 were recoded as deltas against it" in line
 
@@ -203,7 +203,7 @@ def test_no_delta_stores_standalone_and_changes_no_other_model(tmp_path, capsys)
     add_model(store, dirs[0], "run1/step-0")
     before = depths(store, "run1/step-0"), stored_chunks(store)
     assert lmz(["--store", str(store.root), "add", str(dirs[1]), "--name", "run1/step-1", "--no-delta"]) == 0
-    assert capsys.readouterr().out.splitlines()[1] == "deltas: none (--no-delta): stored standalone, no other model changed"
+    assert capsys.readouterr().out.splitlines()[0] == "deltas: none (--no-delta): stored standalone, no other model changed"
     assert depths(store, "run1/step-0") == before[0] and before[1] <= stored_chunks(store)
     assert max(depths(store, "run1/step-1")) == 0
     db = sqlite3.connect(store.catalog)
