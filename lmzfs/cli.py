@@ -27,6 +27,13 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
 
 
+def _chain_depth(text: str) -> int:
+    from lmzfs.config import MAX_CHAIN_DEPTH
+    if not text.isdigit() or not 1 <= int(text) <= MAX_CHAIN_DEPTH:
+        raise argparse.ArgumentTypeError(f"not a chain depth: {text!r} (1 to {MAX_CHAIN_DEPTH})")
+    return int(text)
+
+
 def _store(args) -> StorePaths:
     from lmzfs.config import resolve_store        # --store, else $LMZ_STORE, else the config's, else default
     return StorePaths(resolve_store(args.store))
@@ -37,7 +44,7 @@ def cmd_add(args) -> int:
     from lmzfs.store.add import add_model
     store = _store(args)
     src = Path(args.path)
-    depth = resolve(store=args.store).chain_depth
+    depth = args.chain_depth if args.chain_depth is not None else resolve(store=args.store).chain_depth
     progress = ProgressLine(f"adding {printable(args.name or src.name)}")
     try:
         r = add_model(store, src, args.name, progress=progress, fast=args.fast, chunk_size=args.chunk_size,
@@ -47,10 +54,10 @@ def cmd_add(args) -> int:
     for warning in r.warnings:
         print(f"lmz: warning: {printable(warning)}", file=sys.stderr)
     saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
+    print(printable(_chain_line(r)))
     print(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
           f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved), {r.reused_chunks} chunk(s) already "
           f"in the store, {r.seconds:.1f} s")
-    print(printable(_chain_line(r)))
     return 0
 
 
@@ -59,14 +66,16 @@ def _chain_line(r) -> str:
     if not r.delta:
         return "deltas: none (--no-delta): stored standalone, no other model changed"
     if r.base is None:
-        return ("deltas: none: no stored model has tensors of the same names, dtypes and shapes covering half "
-                "of this model's (models stored before catalog version 3 have no tensor list); stored standalone")
+        return "deltas: none: no stored model has tensors of the same names, dtypes and shapes; stored standalone"
     b, t = r.base, r.recoded
     how = "given by --base" if b.explicit else "chosen: the same family or most recent of the stored models that match"
     line = (f"deltas: base {b.model} ({how}; {human_bytes(b.matched_bytes)} of {human_bytes(b.tensor_bytes)} "
-            f"of tensors match); this model is stored whole, and {t.chunks} chunk(s) of {b.model} were recoded "
-            f"as deltas against it: {human_bytes(t.bytes_before)} -> {human_bytes(t.bytes_after)}, "
-            f"{human_bytes(t.bytes_before - t.bytes_after)} saved")
+            f"of tensors match); this model is stored whole, and ")
+    if not t.chunks:
+        return line + f"no chunk of {b.model} codes smaller as a delta against it (identical chunks are shared)"
+    line += (f"{t.chunks} chunk(s) of {b.model} were recoded as deltas against it: "
+             f"{human_bytes(t.bytes_before)} -> {human_bytes(t.bytes_after)}, "
+             f"{human_bytes(t.bytes_before - t.bytes_after)} saved")
     if t.reanchored:
         line += (f"; {t.reanchored} chunk(s) re-anchored to keep chains within the depth cap "
                  f"({human_bytes(t.reanchor_before)} -> {human_bytes(t.reanchor_after)})")
@@ -88,21 +97,32 @@ def cmd_ls(args) -> int:
         if args.model:
             return _ls_model(catalog, args)
         usage = catalog.usage()
+        depends = catalog.model_dependencies()
     finally:
         catalog.close()
     if args.json:
         print(json.dumps([{"model": u.name, "files": u.files, "logical_bytes": u.logical_bytes,
-                           "stored_bytes": u.stored_bytes, "saved_pct": round(u.saved_pct, 3)} for u in usage],
+                           "stored_bytes": u.stored_bytes, "saved_pct": round(u.saved_pct, 3),
+                           "depends_on": depends.get(u.name, [])} for u in usage],
                          indent=1))
         return 0
     rows = [(u.name, str(u.files), human_bytes(u.logical_bytes), human_bytes(u.stored_bytes), f"{u.saved_pct:.2f}%")
             for u in usage]
     _table(("MODEL", "FILES", "LOGICAL", "STORED", "SAVED"), rows)
+    if depends:
+        print("\nchains (a model's chunks are coded against chunks of the models it depends on; STORED "
+              "counts its delta payloads):")
+        for name, deps in sorted(depends.items()):
+            shown = ", ".join(REMOVED_BASE if d is None else d for d in deps)
+            print(printable(f"  {name} depends on {shown}"))
     on_disk = store.disk_bytes()
     total = sum(u.logical_bytes for u in usage)
     print(f"\nstore {store.root}: {human_bytes(total)} of model files in {human_bytes(on_disk)} on disk "
           f"(packs and catalog, shared chunks counted once)")
     return 0
+
+
+REMOVED_BASE = "(removed model, chunks kept)"
 
 
 def _ls_model(catalog, args) -> int:
@@ -348,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     chains.add_argument("--no-delta", dest="delta", action="store_false",
                         help="store the model standalone and change no other model")
     sp.set_defaults(delta=True)
+    sp.add_argument("--chain-depth", type=_chain_depth, metavar="N",
+                    help="the most references a read of any chunk follows, 1 to 15 (default: the config's "
+                         "chain_depth, else 4); chunks that would sit deeper are re-anchored")
     sp = cmd("ls", cmd_ls, "list models (or one model's files) with logical and stored sizes")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--json", action="store_true")

@@ -95,8 +95,8 @@ def choose_base(catalog: Catalog, name: str, tensors: list[NewTensor], explicit:
         index = _index(rows)
         matched = sum(n for k, n in wanted.items() if k in index)
         if not matched:
-            raise StoreError(f"model {explicit!r} has no tensor of the same name, dtype and shape as {name!r}'s, "
-                             f"so it cannot be a base; nothing was added (leave out --base to choose one, or "
+            raise StoreError(f"model {explicit!r} has no tensor of the same name, dtype and shape as the new "
+                             f"model's, so it cannot be a base; nothing was added (leave out --base to choose one, or "
                              f"--no-delta)")
         return BaseIndex(BaseChoice(explicit, True, matched, total), index)
     if not total:

@@ -95,7 +95,9 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     # has garbage only at its tail (an add that failed or was killed, dropped chunks appended
     # last): it is truncated in place, which works even on a full disk, unless a reader has the
     # packs open (it may still read the tail: packfds.py). A pack with no live record is
-    # deleted. Any other pack with garbage is rewritten into a new pack.
+    # deleted. Any other pack has garbage between its live records (dropped chunks, the old
+    # payloads of recoded chunks, an interrupted add that a later one appended after) and is
+    # rewritten into a new pack.
     truncate: dict[int, int] = {}
     delete: list[int] = []
     rewrite: list[int] = []
@@ -109,8 +111,7 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
                 rewrite.append(pid)
             elif size > end:
                 truncate[pid] = end
-        elif size != end or db.execute("SELECT 1 FROM chunks WHERE pack = ? AND id IN (SELECT id FROM gc_dead) "
-                                       "LIMIT 1", (pid,)).fetchone():
+        else:
             rewrite.append(pid)
     if not (truncate or delete or rewrite or result.chunks_dropped):
         result.bytes_after = result.bytes_before
