@@ -16,7 +16,7 @@ from lmzfs.printable import printable
 from lmzfs.progress import ProgressLine, human_bytes
 from lmzfs.singlefile.errors import SingleFileError
 from lmzfs.servicecli import add_commands as add_service_commands
-from lmzfs.servicecli import add_mount_arguments, cmd_mount, cmd_umount, positive_int   # mount, umount, doctor, stats
+from lmzfs.servicecli import add_mount_arguments, cmd_mount, cmd_umount   # mount, umount, doctor, stats
 from lmzfs.store.layout import StoreError, StorePaths
 
 
@@ -177,8 +177,8 @@ def cmd_rewrite(args) -> int:
             r = recode_store(store, args.model, progress=progress)
         elif args.rewrite == "delta":
             from lmzfs.config import resolve
-            depth = args.depth_cap if args.depth_cap is not None else resolve(store=args.store).chain_depth
-            r = delta_store(store, args.model, args.base, depth_cap=depth, progress=progress)
+            depth = args.chain_depth if args.chain_depth is not None else resolve(store=args.store).chain_depth
+            r = delta_store(store, args.model, args.base, chain_depth=depth, progress=progress)
         else:
             r = anchor_store(store, args.model, progress=progress)
     finally:
@@ -186,7 +186,7 @@ def cmd_rewrite(args) -> int:
     if args.json:
         print(json.dumps({"pass": r.name, "chunks_examined": r.chunks_examined, "chunks_changed": r.chunks_changed,
                           "chunks_dropped": r.chunks_dropped, "packs_written": r.packs_written,
-                          "packs_deleted": r.packs_deleted, "base": r.base,
+                          "packs_deleted": r.packs_deleted, "base": r.base, "notes": r.notes,
                           "payload_bytes_before": r.before.payload, "payload_bytes_after": r.after.payload,
                           "pack_bytes_before": r.before.packs, "pack_bytes_after": r.after.packs,
                           "seconds": round(r.seconds, 3)}, indent=1))
@@ -396,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("model", metavar="MODEL")
     pp.add_argument("--base", metavar="MODEL", help="the model to code against (default: the stored model "
                                                     "whose tensors pair with most of MODEL's, same family first)")
-    pp.add_argument("--depth-cap", type=positive_int, default=None, metavar="N",
+    pp.add_argument("--chain-depth", type=_chain_depth, default=None, metavar="N",
                     help="no read follows more than N references (default: the config's chain_depth, 4)")
     pp = rewrite_pass("anchor", "store a model's delta chunks alone again, so it needs no other model")
     pp.add_argument("model", metavar="MODEL")

@@ -280,7 +280,7 @@ def test_delta_without_base_picks_the_nearest_checkpoint_and_keeps_every_chain_w
     steps = checkpoints(tmp_path, 4, mib=1)
     for i, d in enumerate(steps):
         add_model(store, d, f"run/step{i}", delta=False)
-    bases = [delta_store(store, f"run/step{i}", depth_cap=2).base for i in (1, 2, 3)]
+    bases = [delta_store(store, f"run/step{i}", chain_depth=2).base for i in (1, 2, 3)]
     assert bases == ["run/step0", "run/step1", "run/step1"]     # step2 is at depth 2 already
     assert deepest_chain(store) == 2
     assert served(store) == originals(**{f"run/step{i}": d for i, d in enumerate(steps)})
@@ -301,7 +301,7 @@ def test_delta_never_makes_a_loop_and_says_why_it_left_chunks_alone(tmp_path, st
     assert served(store) == originals(a=a, b=b)
     state = rows(store)
     with pytest.raises(StoreError, match="no other stored model can be a base for 'a'"):
-        delta_store(store, "a", depth_cap=1)
+        delta_store(store, "a", chain_depth=1)
     assert lmz(["--store", str(store_dir), "rewrite", "delta", "a", "--base", "a"]) == 2
     assert capsys.readouterr().err == "lmz: 'a' cannot be coded against itself; name another model with --base\n"
     assert lmz(["--store", str(store_dir), "rewrite", "delta", "a", "--base", "zz"]) == 2

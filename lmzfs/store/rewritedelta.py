@@ -8,7 +8,7 @@ same offset in the tensor and of the same size. A chunk both models share is sto
 and stays as it is.
 
 No chain may loop or grow past the depth cap (config `chain_depth`, which `lmz add` keeps too;
-`--depth-cap` for one pass): a chunk X gets a reference Y only if Y's chain does not reach X, and
+`--chain-depth` for one pass): a chunk X gets a reference Y only if Y's chain does not reach X, and
 Y's depth + 1 + the longest chain below X is within the cap. The check counts every reference a
 chunk has before the pass or may get in it, so whichever of the planned deltas prove smaller and
 are kept, the chains stay within bounds.
@@ -141,7 +141,7 @@ def smaller_delta(job: RecodeJob, plain: bytes, ref: bytes | None) -> Recoding |
     return Recoding(got.payload, got.codec, job.reference)
 
 
-def delta_store(store: StorePaths, model: str, base: str | None = None, *, depth_cap: int = DEFAULT_CHAIN_DEPTH,
+def delta_store(store: StorePaths, model: str, base: str | None = None, *, chain_depth: int = DEFAULT_CHAIN_DEPTH,
                 progress: Progress | None = None, workers: int | None = None) -> RewriteResult:
     started = time.monotonic()
     with writing(store) as catalog:
@@ -150,14 +150,14 @@ def delta_store(store: StorePaths, model: str, base: str | None = None, *, depth
                 raise StoreError(f"no model named {name!r} (see `lmz ls`)")
         if base == model:
             raise StoreError(f"{model!r} cannot be coded against itself; name another model with --base")
-        if not 1 <= depth_cap < MAX_CHAIN_HOPS:
-            raise StoreError(f"the depth cap must be 1 to {MAX_CHAIN_HOPS - 1}, not {depth_cap}")
+        if not 1 <= chain_depth < MAX_CHAIN_HOPS:
+            raise StoreError(f"the chain depth must be 1 to {MAX_CHAIN_HOPS - 1}, not {chain_depth}")
         result = RewriteResult("delta", measure(store, catalog), measure(store, catalog))
         with store_reader(store) as source:
             by_model: dict[str, list[StoredFile]] = {}
             for f in scan_models(catalog, source, None if base is None else {model, base}):
                 by_model.setdefault(f.model, []).append(f)
-            limits = ChainLimits.of(catalog, depth_cap)
+            limits = ChainLimits.of(catalog, chain_depth)
             base = base if base is not None else choose_base(catalog, by_model, model, limits)
             if base is None:
                 raise StoreError(f"no other stored model can be a base for {model!r} (tensors of the same "
