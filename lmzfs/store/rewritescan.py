@@ -105,7 +105,9 @@ def hint_of(layout: FileLayout, starts: list[int], offset: int, size: int) -> Ch
 def scan_file(catalog: Catalog, source: ChunkSource, row: FileRow) -> StoredFile:
     """Parse one stored file's container through the store and pair its chunks with its tensors."""
     extents = tuple(catalog.extents(row.id))
-    if sum(e.size for e in extents) != row.size or any(a.offset + a.size != b.offset for a, b in zip(extents, extents[1:])):
+    tiles = sum(e.size for e in extents) == row.size and \
+        all(a.offset + a.size == b.offset for a, b in zip(extents, extents[1:]))
+    if not tiles:
         raise StoreError(f"{row.model}/{row.path}: its extents do not tile the file; run `lmz verify`")
     hold = source.hold(list(extents))
     try:
