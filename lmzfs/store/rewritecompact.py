@@ -36,9 +36,9 @@ class _Move:
     new: ChunkLocation
 
 
-def _locality_order(db, wanted: set[bytes]) -> list[bytes]:
+def _locality_order(db, wanted: dict[bytes, ChunkLocation]) -> list[bytes]:
     """The wanted chunks in the order the store's files first use them (model, path, offset);
-    the rest after, in their pack order."""
+    the rest (references only) after, in their pack order."""
     order: list[bytes] = []
     seen: set[bytes] = set()
     for (cid,) in db.execute("SELECT e.chunk FROM extents e JOIN files f ON f.id = e.file "
@@ -46,7 +46,7 @@ def _locality_order(db, wanted: set[bytes]) -> list[bytes]:
         if cid in wanted and cid not in seen:
             seen.add(cid)
             order.append(cid)
-    rest = [cid for cid in wanted if cid not in seen]
+    rest = sorted((cid for cid in wanted if cid not in seen), key=lambda c: (wanted[c].pack, wanted[c].offset))
     return order + rest
 
 
@@ -55,7 +55,8 @@ def compact_store(store: StorePaths, *, min_dead: float = DEFAULT_MIN_DEAD, ever
     """Rewrite every pack whose dead bytes are more than `min_dead` of it (every pack with
     `everything`); delete packs nothing lives in; drop the rows of unused chunks."""
     if not 0.0 <= min_dead < 1.0:
-        raise StoreError(f"the dead share must lie in 0..1 (not {min_dead})")
+        raise StoreError(f"the dead share of a pack to rewrite must be at least 0% and below 100% "
+                         f"(not {100 * min_dead:g}%)")
     started = time.monotonic()
     with writing(store) as catalog:
         result = RewriteResult("compact", measure(store, catalog), measure(store, catalog))
@@ -82,7 +83,7 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
     if not (delete or rewrite or dead):
         return
     copied = set(rewrite)
-    moving = {cid for cid, loc in rows.items() if loc.pack in copied}
+    moving = {cid: loc for cid, loc in rows.items() if loc.pack in copied}
     need = sum(live_bytes[pid] for pid in rewrite)
     free = _free_bytes(store)
     if need > free:
