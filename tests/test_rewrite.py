@@ -35,7 +35,7 @@ from lmzfs.store.rewriterecode import recode_store
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.verify import verify_store
 from lmzfs.testing.mount import mounted
-from lmzfs.testing.synthetic import small_model
+from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 
 
 def served(store: StorePaths) -> dict[str, str]:
@@ -228,6 +228,41 @@ def test_recode_keeps_chunks_coded_in_segments_in_segments_and_reports_progress_
     r = recode_store(store, progress=lambda done, total: calls.append((done, total)))
     assert (r.chunks_changed, sorted(row[2] for row in rows(store))) == (0, codecs)
     assert calls[-1] == (calls[-1][1], sum(row[1] for row in rows(store))) and len(calls) == r.chunks_examined
+
+
+def test_a_damaged_chunk_stops_recode_and_anchor_with_nothing_changed_and_compact_keeps_it_findable(
+        tmp_path, store_dir, capsys):
+    store = StorePaths(store_dir)
+    a, b = checkpoints(tmp_path, 2)
+    add_model(store, a, "a", fast=True, delta=False)
+    add_model(store, b, "b", fast=True, delta=False)
+    delta_store(store, "b", "a")
+    flip_byte_in_chunk_of(store, "b", "model.safetensors")
+    state = rows(store)
+    for argv in (["recode"], ["anchor", "b"]):
+        assert lmz(["--store", str(store_dir), "rewrite", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("lmz: the rewrite stopped and nothing changed: chunk ") and err.endswith(
+            "; run `lmz verify`\n") and err.count("\n") == 1
+        assert rows(store) == state
+    # compact copies payloads as they are: the damage moves with its chunk, and verify still names it
+    compact_store(store, everything=True)
+    assert [(d.model, d.path) for d in verify_store(store).damaged] == [("b", "model.safetensors")]
+    assert served_but(store, "b/model.safetensors") == {k: v for k, v in originals(a=a, b=b).items()
+                                                       if k != "b/model.safetensors"}
+
+
+def served_but(store: StorePaths, damaged: str) -> dict[str, str]:
+    archive = Archive(store.root, cache_bytes=0, workers=0)
+    try:
+        out = {}
+        for e in archive.files():
+            if f"{e.model}/{e.path}" != damaged:
+                with archive.open(e) as r:
+                    out[f"{e.model}/{e.path}"] = hashlib.sha256(r.pread(0, e.size)).hexdigest()
+        return out
+    finally:
+        archive.close()
 
 
 def test_lmz_rewrite_prints_the_bytes_before_and_after_and_refuses_an_unknown_model(tmp_path, store_dir, capsys):
