@@ -309,6 +309,20 @@ def test_the_newest_and_the_oldest_checkpoint_read_through_a_mount_equal_their_o
         for d, name in ((dirs[4], names[4]), (dirs[0], names[0])):
             for p in d.iterdir():
                 assert sha(mnt / name / p.name) == sha(p)
+    at = tensor_offset(dirs[3] / "model.safetensors", "q")
+    flip_in_payload(store, names[3], at)        # step-3's q: step-0 to step-2 decode through it
+    with mounted(mnt, store.root):
+        for k, name in enumerate(names):
+            fd = os.open(mnt / name / "model.safetensors", os.O_RDONLY)
+            try:
+                if k == 4:
+                    assert os.pread(fd, 4096, at) == (dirs[4] / "model.safetensors").read_bytes()[at:at + 4096]
+                else:
+                    with pytest.raises(OSError) as exc:
+                        os.pread(fd, 4096, at)
+                    assert exc.value.errno == errno.EIO
+            finally:
+                os.close(fd)
 
 
 def test_a_version_2_store_is_read_upgraded_by_the_next_add_and_its_models_are_not_picked(tmp_path, capsys):
