@@ -282,7 +282,7 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
 
 def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
             new: dict[bytes, _NewChunk], writer: PackWriter, recoded: dict) -> None:
-    old_bases = {cid: catalog.chunk_base(cid)[1] for cid in recoded}
+    old_bases = {cid: catalog.chunk_base(cid) for cid in recoded}
     with catalog.transaction() as db:
         db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3) VALUES (?,?,?,?,?,?,0,?)",
                        [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3) for c in new.values()])

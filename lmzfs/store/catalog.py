@@ -193,6 +193,15 @@ class TensorRow:
 
 
 @dataclass(frozen=True)
+class StoredTensor:
+    """A tensor row with the model and file it belongs to."""
+    model: str
+    path: str            # the file's path inside the model
+    added: float         # when the model was added
+    tensor: TensorRow
+
+
+@dataclass(frozen=True)
 class ModelUsage:
     name: str
     files: int
@@ -499,25 +508,24 @@ class Catalog:
 
     # -- tensors and chains (version 3) ------------------------------------------------------
     @_guarded
-    def tensors(self, model: str | None = None) -> list[tuple[str, str, float, TensorRow]]:
-        """(model, file path, model added, tensor) for every tensor row, or one model's; empty
-        before version 3."""
+    def tensors(self, model: str | None = None) -> list[StoredTensor]:
+        """Every tensor row, or one model's; none before version 3."""
         if not self.has_base and not self._schema_state()[2]:
             return []
         q = ("SELECT m.name, f.path, m.added, t.file, t.name, t.dtype, t.shape, t.offset, t.size FROM tensors t "
              "JOIN files f ON f.id = t.file JOIN models m ON m.id = f.model")
         rows = self.db.execute(q + " WHERE m.name = ? ORDER BY f.path, t.offset", (model,)) if model is not None \
             else self.db.execute(q + " ORDER BY m.name, f.path, t.offset")
-        return [(m, p, added, TensorRow(*_typed(r, (int, str, str, str, int, int))))
+        return [StoredTensor(m, p, added, TensorRow(*_typed(r, (int, str, str, str, int, int))))
                 for m, p, added, *r in rows]
 
     @_guarded
-    def chunk_base(self, chunk_id: bytes) -> tuple[bool, bytes | None]:
-        """(whether the chunk is in the catalog, the id of its base or None)."""
+    def chunk_base(self, chunk_id: bytes) -> bytes | None:
+        """The id of the chunk's base; None for a chunk coded alone or not in the catalog."""
         if not self.has_base:
-            return self.has_chunk(chunk_id), None
+            return None
         row = self.db.execute("SELECT base FROM chunks WHERE id=?", (chunk_id,)).fetchone()
-        return (False, None) if row is None else (True, row[0])
+        return None if row is None else row[0]
 
     @_guarded
     def dependants(self, chunk_id: bytes) -> list[bytes]:

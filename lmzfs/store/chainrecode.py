@@ -43,13 +43,27 @@ class Recode:
 
 
 @dataclass(frozen=True)
+class _Reanchor:
+    payload: EncodedChunk
+    against_new: bool         # a delta against the new model's chunk; False: coded alone
+
+
+@dataclass(frozen=True)
 class _Outcome:
     """What a recode job measured: the base chunk's delta against the new one (None: not smaller
     than its payload now, or no delta codec applies), and for each chunk to re-anchor the smaller
     of its delta against the new chunk and its coding alone."""
     delta: EncodedChunk | None
-    reanchors: dict[bytes, tuple[EncodedChunk, bool]]     # chunk -> (payload, coded against the new chunk)
+    reanchors: dict[bytes, _Reanchor]
     damaged: str | None = None
+
+
+@dataclass(frozen=True)
+class _Job:
+    new_id: bytes             # the new model's chunk
+    paired: Extent            # the stored chunk to recode against it
+    reanchor: list[Extent]    # chunks that would then sit too deep
+    outcome: Future
 
 
 @dataclass
@@ -77,7 +91,7 @@ class ChainRecoder:
         self._source = ChunkSource(store, _CACHE_BYTES)
         self._claimed: set[bytes] = set()         # base chunks a job was started for
         self._new: set[bytes] = set()             # chunks of the new model seen so far: never recoded
-        self._window: deque[tuple[bytes, bytes, Extent, list[Extent], Future]] = deque()
+        self._window: deque[_Job] = deque()
         self.rows: dict[bytes, Recode] = {}       # chunk -> its final new row
 
     def saw(self, chunk_id: bytes) -> None:
@@ -95,14 +109,13 @@ class ChainRecoder:
         reanchor = [found[z] for z in deep if z in found and found[z].size == len(data)]
         if len(reanchor) != len(deep):
             return
-        self._window.append((new_id, b, paired, reanchor,
-                             self._pool.submit(self._measure, paired, reanchor, data, hint)))
+        self._window.append(_Job(new_id, paired, reanchor, self._pool.submit(self._measure, paired, reanchor, data, hint)))
 
     def drain(self, keep: int) -> None:
         """Land finished jobs, oldest first, until at most `keep` are outstanding."""
         while len(self._window) > keep:
-            new_id, b, paired, reanchor, fut = self._window.popleft()
-            self._land(new_id, b, paired, reanchor, fut.result())
+            job = self._window.popleft()
+            self._land(job, job.outcome.result())
 
     def close(self) -> None:
         self._source.close()
@@ -120,19 +133,20 @@ class ChainRecoder:
             delta = encode_delta_chunk(self._plain(paired), data, hint)
             if delta is None or len(delta.payload) >= paired.location.length:
                 return _Outcome(None, {})
-            out: dict[bytes, tuple[EncodedChunk, bool]] = {}
+            out: dict[bytes, _Reanchor] = {}
             for z in reanchor:
                 plain = self._plain(z)
                 against = encode_delta_chunk(plain, data, hint)
                 alone = encode_chunk(plain, hint, fast=self._fast)
-                out[z.chunk_id] = (against, True) if against is not None and \
-                    len(against.payload) < len(alone.payload) else (alone, False)
+                out[z.chunk_id] = _Reanchor(against, True) if against is not None and \
+                    len(against.payload) < len(alone.payload) else _Reanchor(alone, False)
             return _Outcome(delta, out)
         except CorruptChunk as exc:
             return _Outcome(None, {}, exc.strerror)
 
     # -- back on the add's thread -----------------------------------------------------------------
-    def _land(self, new_id: bytes, b: bytes, paired: Extent, reanchor: list[Extent], got: _Outcome) -> None:
+    def _land(self, job: _Job, got: _Outcome) -> None:
+        new_id, paired, b = job.new_id, job.paired, job.paired.chunk_id
         if got.damaged is not None:
             self.warnings.append(f"a stored chunk could not be read, so it was left as it is ({got.damaged}); "
                                  f"run `lmz verify`")
@@ -142,19 +156,19 @@ class ChainRecoder:
         depth = self.graph.depth(new_id) + 1
         if set(self.graph.over_cap(b, depth)) != got.reanchors.keys():
             return          # the chains under it changed since the job started: leave it as it is
-        for z, (_, against) in got.reanchors.items():
-            if self.graph.over_cap(z, depth if against else 0):
+        for z, r in got.reanchors.items():
+            if self.graph.over_cap(z, depth if r.against_new else 0):
                 return      # a re-anchored chunk's own dependants would still sit too deep
         self._put(b, got.delta, new_id)
         self.totals.chunks += 1
         self.totals.bytes_before += paired.location.length
         self.totals.bytes_after += len(got.delta.payload)
-        for z in reanchor:
-            enc, against = got.reanchors[z.chunk_id]
-            self._put(z.chunk_id, enc, new_id if against else None)
+        for z in job.reanchor:
+            r = got.reanchors[z.chunk_id]
+            self._put(z.chunk_id, r.payload, new_id if r.against_new else None)
             self.totals.reanchored += 1
             self.totals.reanchor_before += z.location.length
-            self.totals.reanchor_after += len(enc.payload)
+            self.totals.reanchor_after += len(r.payload.payload)
 
     def _put(self, chunk_id: bytes, enc: EncodedChunk, base: bytes | None) -> None:
         loc = self._writer.append(chunk_id, enc.payload)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lmzfs.store.catalog import Catalog, Extent, TensorRow
+from lmzfs.store.catalog import Catalog, Extent, StoredTensor, TensorRow
 from lmzfs.store.layout import StoreError
 
 TensorKey = tuple[str, str, str]      # (name, dtype, shape)
@@ -47,9 +47,9 @@ class BaseChoice:
 
 @dataclass
 class BaseIndex:
-    """The base model's tensors by key: (file path, file id, tensor) each, and its files' chunks."""
+    """The base model's tensors by key, and its files' chunks by plain offset (read as needed)."""
     choice: BaseChoice
-    tensors: dict[TensorKey, list[tuple[str, TensorRow]]] = field(default_factory=dict)
+    tensors: dict[TensorKey, list[StoredTensor]] = field(default_factory=dict)
     _extents: dict[int, dict[int, Extent]] = field(default_factory=dict)
 
     def pairs(self, catalog: Catalog, path: str, tensors: list[NewTensor]) -> dict[int, Extent]:
@@ -59,7 +59,7 @@ class BaseIndex:
             found = self.tensors.get(t.key)
             if not found:
                 continue
-            base_path, row = next(((p, r) for p, r in found if p == path), found[0])
+            row = next((s for s in found if s.path == path), found[0]).tensor
             if row.size != t.size:
                 continue
             by_offset = self._extents.get(row.file)
@@ -103,11 +103,10 @@ def choose_base(catalog: Catalog, name: str, tensors: list[NewTensor], explicit:
         return None
     by_model: dict[str, list] = {}
     added: dict[str, float] = {}
-    for model, path, when, trow in catalog.tensors():
-        if model == name:
-            continue
-        by_model.setdefault(model, []).append((model, path, when, trow))
-        added[model] = when
+    for row in catalog.tensors():
+        if row.model != name:
+            by_model.setdefault(row.model, []).append(row)
+            added[row.model] = row.added
     best: tuple | None = None
     for model, rows in by_model.items():
         index = _index(rows)
@@ -122,10 +121,10 @@ def choose_base(catalog: Catalog, name: str, tensors: list[NewTensor], explicit:
     return BaseIndex(BaseChoice(best[1], False, best[2], total), best[3])
 
 
-def _index(rows) -> dict[TensorKey, list[tuple[str, TensorRow]]]:
-    out: dict[TensorKey, list[tuple[str, TensorRow]]] = {}
-    for _, path, _, trow in rows:
-        out.setdefault(key_of(trow), []).append((path, trow))
+def _index(rows: list[StoredTensor]) -> dict[TensorKey, list[StoredTensor]]:
+    out: dict[TensorKey, list[StoredTensor]] = {}
+    for row in rows:
+        out.setdefault(key_of(row.tensor), []).append(row)
     return out
 
 
@@ -146,7 +145,7 @@ class ChainGraph:
         if cid in self._base:
             return self._base[cid]
         if cid not in self._stored:
-            self._stored[cid] = self.catalog.chunk_base(cid)[1]
+            self._stored[cid] = self.catalog.chunk_base(cid)
         return self._stored[cid]
 
     def chain(self, cid: bytes) -> list[bytes]:
