@@ -502,7 +502,8 @@ class _KillCase:
     before: tuple               # _state before the pass
     after: tuple                # and after it
     packs_after: int
-    seconds: float              # how long `lmz rewrite` takes on it, start to exit
+    started: float              # how long `lmz rewrite` takes to start (imports, and finding no store)
+    seconds: float              # how long it takes on this store, start to exit
 
 
 _KILL_CASES: dict[str, _KillCase] = {}
@@ -519,11 +520,13 @@ def kill_case(tmp_path_factory, request, tmp_path) -> tuple[StorePaths, _KillCas
         want = _store_for(d, template, name)
         reference = d / "reference"
         shutil.copytree(template.root, reference)
-        started = time.monotonic()
+        t0 = time.monotonic()
+        assert subprocess.run(_rewrite_command(d / "nostore", name), capture_output=True).returncode == 2
+        t1 = time.monotonic()
         subprocess.run(_rewrite_command(reference, name), check=True, capture_output=True)
-        seconds = time.monotonic() - started
+        t2 = time.monotonic()
         case = _KILL_CASES[name] = _KillCase(template.root, want, _state(template), _state(StorePaths(reference)),
-                                             pack_bytes(StorePaths(reference)), seconds)
+                                             pack_bytes(StorePaths(reference)), t1 - t0, t2 - t1)
     store = StorePaths(tmp_path / "store")
     shutil.copytree(case.template, store.root)
     return store, case
@@ -558,7 +561,7 @@ def test_a_pass_killed_after_random_delays_leaves_a_readable_store_each_time_and
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     for _ in range(int(os.environ.get("LMZ_REWRITE_KILLS", "3"))):
-        delay = rng.uniform(0.2 * case.seconds, case.seconds)     # past the imports, up to the end
+        delay = rng.uniform(min(case.started, case.seconds), case.seconds)    # past the start-up, to the end
         proc = subprocess.Popen(_rewrite_command(store.root, name), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         time.sleep(delay)
