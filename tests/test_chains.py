@@ -434,3 +434,26 @@ def test_gc_reclaims_the_old_payloads_of_recoded_chunks(tmp_path):
     assert collect_garbage(store).reclaimed > 1 << 20
     assert packs() == live + 16 * len(list(store.packs.iterdir()))
     assert served(store) == originals(dirs, names) and verify_store(store).ok
+
+
+def test_a_chunk_shared_by_dedup_is_recoded_all_the_same_and_never_into_a_cycle(tmp_path):
+    import shutil
+    store = StorePaths(tmp_path / "store")
+    dirs = checkpoints(tmp_path / "src", 3)
+    add_model(store, dirs[0], "run1/step-0")
+    add_model(store, dirs[1], "run1/step-1")        # step-0's chunks: deltas against step-1's
+    copy = tmp_path / "copy-of-step-1"
+    shutil.copytree(dirs[1], copy)
+    add_model(store, copy, "elsewhere", delta=False)    # shares every chunk of step-1
+    r = add_model(store, dirs[2], "run1/step-2")
+    assert r.base.model == "run1/step-1" and r.recoded.chunks == 3
+    assert max(depths(store, "elsewhere")) == 1         # recoded with step-1's: a delta against step-2's
+    # step-0 again, against step-1 (whose chunks step-0's are coded against, down the chain):
+    # recoding step-1's chunks against them would close a cycle, so nothing is recoded
+    again = tmp_path / "step-0-again"
+    shutil.copytree(dirs[0], again)
+    r = add_model(store, again, "run1/step-0-again", base="run1/step-1")
+    assert r.recoded.chunks == 0
+    expected = {**originals(dirs, ["run1/step-0", "run1/step-1", "run1/step-2"]),
+                **originals([copy, again], ["elsewhere", "run1/step-0-again"])}
+    assert served(store) == expected and verify_store(store).ok
