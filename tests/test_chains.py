@@ -388,8 +388,9 @@ def test_kill_9_of_an_add_while_it_recodes_a_chain_leaves_the_previous_state_int
     took = time.monotonic() - t0
     assert max(depths(StorePaths(trial), names[0])) <= 2
     rng = np.random.default_rng(7)
-    killed = 0
-    for i, at in enumerate(rng.uniform(0.3, 0.8, 3) * took):      # past the interpreter's start-up
+    after = {**before, **originals(dirs[3:], ["run1/step-3"])}
+    midway = 0
+    for i, at in enumerate(rng.uniform(0.25, 0.7, 4) * took):      # past the interpreter's start-up
         trial = tmp_path / f"trial-{i}"
         shutil.copytree(store.root, trial)
         p = _add_process(trial, dirs[3], "run1/step-3")
@@ -398,15 +399,15 @@ def test_kill_9_of_an_add_while_it_recodes_a_chain_leaves_the_previous_state_int
         rc = p.wait()
         t = StorePaths(trial)
         got = served(t)
-        if rc == -9:
-            killed += 1
-            assert got == before
+        if rc == -9:                # killed before its commit, or after it (copying the catalog, exiting)
+            assert got in (before, after)
+            midway += got == before
         else:
-            assert rc == 0 and got == {**before, **originals(dirs[3:], ["run1/step-3"])}
+            assert rc == 0 and got == after
         assert verify_store(t).ok
         collect_garbage(t)
         assert served(t) == got and verify_store(t).ok
-    assert killed >= 2
+    assert midway >= 1
 
 
 @pytest.mark.skipif(not os.environ.get("LMZ_CHAIN_CORPUS"), reason="set LMZ_CHAIN_CORPUS=1: adds the quire pair "
