@@ -540,15 +540,19 @@ class Catalog:
         as references, their models removed), sorted; models without references are left out."""
         if not self.has_base:
             return {}
+        base_of = dict(self.db.execute("SELECT id, base FROM chunks WHERE base IS NOT NULL"))
+        wanted = base_of.keys() | set(base_of.values())
+        users: dict[bytes, set[str]] = {}       # chunk -> the models whose files use it
+        for cid, name in self.db.execute("SELECT e.chunk, m.name FROM extents e JOIN files f ON f.id = e.file "
+                                         "JOIN models m ON m.id = f.model"):   # one pass: no index by chunk
+            if cid in wanted:
+                users.setdefault(cid, set()).add(name)
         out: dict[str, set[str | None]] = {}
-        rows = self.db.execute(
-            "SELECT DISTINCT m.name, m2.name FROM models m JOIN files f ON f.model = m.id "
-            "JOIN extents e ON e.file = f.id JOIN chunks c ON c.id = e.chunk "
-            "LEFT JOIN extents e2 ON e2.chunk = c.base LEFT JOIN files f2 ON f2.id = e2.file "
-            "LEFT JOIN models m2 ON m2.id = f2.model WHERE c.base IS NOT NULL")
-        for name, other in rows:
-            if other != name:
-                out.setdefault(name, set()).add(other)
+        for cid, base in base_of.items():
+            for name in users.get(cid, ()):
+                others = users.get(base, set()) - {name}
+                if others or not users.get(base):
+                    out.setdefault(name, set()).update(others or {None})
         return {n: sorted(deps, key=lambda d: (d is None, d or "")) for n, deps in out.items()}
 
     # -- chunks -----------------------------------------------------------------------------
