@@ -27,28 +27,59 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
 
 
+def _chain_depth(text: str) -> int:
+    from lmzfs.config import MAX_CHAIN_DEPTH
+    if not text.isdigit() or not 1 <= int(text) <= MAX_CHAIN_DEPTH:
+        raise argparse.ArgumentTypeError(f"not a chain depth: {text!r} (1 to {MAX_CHAIN_DEPTH})")
+    return int(text)
+
+
 def _store(args) -> StorePaths:
     from lmzfs.config import resolve_store        # --store, else $LMZ_STORE, else the config's, else default
     return StorePaths(resolve_store(args.store))
 
 
 def cmd_add(args) -> int:
+    from lmzfs.config import resolve
     from lmzfs.store.add import add_model
     store = _store(args)
     src = Path(args.path)
+    depth = args.chain_depth if args.chain_depth is not None else resolve(store=args.store).chain_depth
     progress = ProgressLine(f"adding {printable(args.name or src.name)}")
     try:
         r = add_model(store, src, args.name, progress=progress, fast=args.fast, chunk_size=args.chunk_size,
-                      segments=args.segments)
+                      segments=args.segments, base=args.base, delta=args.delta, chain_depth=depth)
     finally:
         progress.finish()
     for warning in r.warnings:
         print(f"lmz: warning: {printable(warning)}", file=sys.stderr)
     saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
+    print(printable(_chain_line(r)))
     print(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
           f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved), {r.reused_chunks} chunk(s) already "
           f"in the store, {r.seconds:.1f} s")
     return 0
+
+
+def _chain_line(r) -> str:
+    """What `lmz add` did about deltas: the base it paired with and what recoding it saved."""
+    if not r.delta:
+        return "deltas: none (--no-delta): stored standalone, no other model changed"
+    if r.base is None:
+        return "deltas: none: no stored model has tensors of the same names, dtypes and shapes; stored standalone"
+    b, t = r.base, r.recoded
+    how = "given by --base" if b.explicit else "chosen: the same family or most recent of the stored models that match"
+    line = (f"deltas: base {b.model} ({how}; {human_bytes(b.matched_bytes)} of {human_bytes(b.tensor_bytes)} "
+            f"of tensors match); this model is stored whole, and ")
+    if not t.chunks:
+        return line + f"no chunk of {b.model} codes smaller as a delta against it (identical chunks are shared)"
+    line += (f"{t.chunks} chunk(s) of {b.model} were recoded as deltas against it: "
+             f"{human_bytes(t.bytes_before)} -> {human_bytes(t.bytes_after)}, "
+             f"{human_bytes(t.bytes_before - t.bytes_after)} saved")
+    if t.reanchored:
+        line += (f"; {t.reanchored} chunk(s) re-anchored to keep chains within the depth cap "
+                 f"({human_bytes(t.reanchor_before)} -> {human_bytes(t.reanchor_after)})")
+    return line
 
 
 def cmd_ls(args) -> int:
@@ -66,21 +97,32 @@ def cmd_ls(args) -> int:
         if args.model:
             return _ls_model(catalog, args)
         usage = catalog.usage()
+        depends = catalog.model_dependencies()
     finally:
         catalog.close()
     if args.json:
         print(json.dumps([{"model": u.name, "files": u.files, "logical_bytes": u.logical_bytes,
-                           "stored_bytes": u.stored_bytes, "saved_pct": round(u.saved_pct, 3)} for u in usage],
+                           "stored_bytes": u.stored_bytes, "saved_pct": round(u.saved_pct, 3),
+                           "depends_on": depends.get(u.name, [])} for u in usage],
                          indent=1))
         return 0
     rows = [(u.name, str(u.files), human_bytes(u.logical_bytes), human_bytes(u.stored_bytes), f"{u.saved_pct:.2f}%")
             for u in usage]
     _table(("MODEL", "FILES", "LOGICAL", "STORED", "SAVED"), rows)
+    if depends:
+        print("\nchains (a model's chunks are coded against chunks of the models it depends on; STORED "
+              "counts its delta payloads):")
+        for name, deps in sorted(depends.items()):
+            shown = ", ".join(REMOVED_BASE if d is None else d for d in deps)
+            print(printable(f"  {name} depends on {shown}"))
     on_disk = store.disk_bytes()
     total = sum(u.logical_bytes for u in usage)
     print(f"\nstore {store.root}: {human_bytes(total)} of model files in {human_bytes(on_disk)} on disk "
           f"(packs and catalog, shared chunks counted once)")
     return 0
+
+
+REMOVED_BASE = "(removed model, chunks kept)"
 
 
 def _ls_model(catalog, args) -> int:
@@ -119,6 +161,52 @@ def cmd_gc(args) -> int:
     print(f"gc: dropped {r.chunks_dropped} unreferenced chunk(s), rewrote into {r.packs_rewritten} pack(s), "
           f"truncated {r.packs_truncated}, deleted {r.packs_deleted}; reclaimed {human_bytes(r.reclaimed)}")
     return 0
+
+
+def cmd_rewrite(args) -> int:
+    from lmzfs.store.rewriteanchor import anchor_store
+    from lmzfs.store.rewritecompact import compact_store
+    from lmzfs.store.rewritedelta import delta_store
+    from lmzfs.store.rewriterecode import recode_store
+    store = _store(args)
+    progress = ProgressLine(f"rewrite {args.rewrite}")
+    try:
+        if args.rewrite == "compact":
+            r = compact_store(store, min_dead=args.min_dead / 100, everything=args.all, progress=progress)
+        elif args.rewrite == "recode":
+            r = recode_store(store, args.model, progress=progress)
+        elif args.rewrite == "delta":
+            from lmzfs.config import resolve
+            depth = args.chain_depth if args.chain_depth is not None else resolve(store=args.store).chain_depth
+            r = delta_store(store, args.model, args.base, chain_depth=depth, progress=progress)
+        else:
+            r = anchor_store(store, args.model, progress=progress)
+    finally:
+        progress.finish()
+    if args.json:
+        print(json.dumps({"pass": r.name, "chunks_examined": r.chunks_examined, "chunks_changed": r.chunks_changed,
+                          "chunks_dropped": r.chunks_dropped, "packs_written": r.packs_written,
+                          "packs_deleted": r.packs_deleted, "base": r.base, "notes": r.notes,
+                          "payload_bytes_before": r.before.payload, "payload_bytes_after": r.after.payload,
+                          "pack_bytes_before": r.before.packs, "pack_bytes_after": r.after.packs,
+                          "seconds": round(r.seconds, 3)}, indent=1))
+        return 0
+    what = (f"moved {r.chunks_changed} chunk(s) into {r.packs_written} new pack(s), deleted {r.packs_deleted} "
+            f"pack(s), dropped {r.chunks_dropped} unused chunk(s)" if r.name == "compact" else
+            f"recoded {r.chunks_changed} of {r.chunks_examined} chunk(s)"
+            + (f" against {printable(r.base)}" if r.base else ""))
+    print(f"rewrite {r.name}: {what}; stored payload {_before_after(r.before.payload, r.after.payload)}, "
+          f"packs on disk {_before_after(r.before.packs, r.after.packs)}, {r.seconds:.1f} s")
+    for note in r.notes:
+        print(printable(note))
+    if r.name != "compact" and r.chunks_changed:
+        print("the payloads replaced are dead pack space until `lmz rewrite compact` (or `lmz gc`)")
+    return 0
+
+
+def _before_after(before: int, after: int) -> str:
+    change = f" ({100 * (after - before) / before:+.2f}%)" if before and after != before else ""
+    return f"{human_bytes(before)} -> {human_bytes(after)}{change}"
 
 
 def cmd_verify(args) -> int:
@@ -272,12 +360,46 @@ def build_parser() -> argparse.ArgumentParser:
                     help="code float chunks over 256 KiB in 256 KiB segments that a lone small read "
                          "decodes alone: random 4 KiB reads miss faster, sequential reads and model "
                          "loads are slower (docs/operations.md); no effect with --fast")
+    chains = sp.add_mutually_exclusive_group()
+    chains.add_argument("--base", metavar="MODEL",
+                        help="pair with this stored model: its chunks of the same tensors are recoded as deltas "
+                             "against the new model's (default: the stored model of the same family, else the "
+                             "most recent, whose tensors match; docs/operations.md, Checkpoint chains)")
+    chains.add_argument("--no-delta", dest="delta", action="store_false",
+                        help="store the model standalone and change no other model")
+    sp.set_defaults(delta=True)
+    sp.add_argument("--chain-depth", type=_chain_depth, metavar="N",
+                    help="the most references a read of any chunk follows, 1 to 15 (default: the config's "
+                         "chain_depth, else 4); chunks that would sit deeper are re-anchored")
     sp = cmd("ls", cmd_ls, "list models (or one model's files) with logical and stored sizes")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--json", action="store_true")
     sp = cmd("rm", cmd_rm, "remove models from the store (space returns with `lmz gc`)")
     sp.add_argument("models", nargs="+", metavar="MODEL")
     cmd("gc", cmd_gc, "reclaim space of removed models and interrupted adds")
+    sp = cmd("rewrite", cmd_rewrite, "rewrite how chunks are stored, offline and atomically; no served byte "
+                                     "changes (docs/operations.md)")
+    passes = sp.add_subparsers(dest="rewrite", required=True, metavar="PASS")
+
+    def rewrite_pass(name, help_):
+        pp = passes.add_parser(name, parents=[store_opt], help=help_, description=help_)
+        pp.add_argument("--json", action="store_true", help="print one JSON object")
+        return pp
+
+    pp = rewrite_pass("compact", "repack live chunks into new packs and delete dead pack space")
+    pp.add_argument("--all", action="store_true", help="rewrite every pack, not only those with dead bytes")
+    pp.add_argument("--min-dead", type=float, default=10.0, metavar="PCT",
+                    help="rewrite a pack once more than PCT%% of its bytes are dead (default 10)")
+    pp = rewrite_pass("recode", "code chunks again with the best codecs; keep a payload only where smaller")
+    pp.add_argument("model", nargs="?", metavar="MODEL", help="only this model's chunks (default: every model's)")
+    pp = rewrite_pass("delta", "code a stored model as deltas against another, per chunk where smaller")
+    pp.add_argument("model", metavar="MODEL")
+    pp.add_argument("--base", metavar="MODEL", help="the model to code against (default: the stored model "
+                                                    "whose tensors pair with most of MODEL's, same family first)")
+    pp.add_argument("--chain-depth", type=_chain_depth, default=None, metavar="N",
+                    help="no read follows more than N references (default: the config's chain_depth, 4)")
+    pp = rewrite_pass("anchor", "store a model's delta chunks alone again, so it needs no other model")
+    pp.add_argument("model", metavar="MODEL")
     sp = cmd("verify", cmd_verify, "decode and check every chunk and file; exit 1 if anything is damaged")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--repair", action="store_true",

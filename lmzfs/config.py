@@ -9,6 +9,8 @@
     workers     = 8                    # parallel decodes (default: the usable CPUs)
     allow_other = false                # let other users read the mount
     readahead   = true                 # decode ahead of sequential readers
+    chain_depth = 4                    # `lmz add`: the most references a read of a chunk follows
+                                       # (1 to 15; longer chains are re-anchored)
 
 Precedence, highest first: command-line flags, the environment ($LMZ_STORE, for the store only),
 the config file, the defaults. A missing default config file is fine; a missing file named by
@@ -31,7 +33,10 @@ CONFIG_ENV = "LMZ_CONFIG"
 STORE_ENV = "LMZ_STORE"
 DEFAULT_CACHE_SIZE = MAX_CACHE       # on a host with 2 GiB or more to use; see default_cache_size
 
-KEYS = ("store", "mountpoint", "cache_size", "workers", "allow_other", "readahead")
+KEYS = ("store", "mountpoint", "cache_size", "workers", "allow_other", "readahead", "chain_depth")
+DEFAULT_CHAIN_DEPTH = 4
+# A reader refuses chains longer than the catalog's MAX_CHAIN_HOPS (16): a cap stays below it.
+MAX_CHAIN_DEPTH = 15
 # keys of earlier releases, refused with what to do instead
 REMOVED_KEYS = {"decoder": "removed: chunks are always decoded in threads; delete the line"}
 
@@ -53,6 +58,7 @@ class Settings:
     workers: int | None = None           # None: the usable CPUs (hostresources.usable_cpus)
     allow_other: bool = False
     readahead: bool = True
+    chain_depth: int = DEFAULT_CHAIN_DEPTH
     config_file: Path | None = None      # the file that was read, if any
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -126,6 +132,13 @@ def _check(path: Path, key: str, value):
         if value < 0:
             raise bad("must not be negative")
         return value
+    if key == "chain_depth":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad(f"must be an integer, not {_show(value)}")
+        if not 1 <= value <= MAX_CHAIN_DEPTH:
+            raise bad(f"must be 1 to {MAX_CHAIN_DEPTH}, not {value} (to store a model without deltas, "
+                      f"use `lmz add --no-delta`)")
+        return value
     if key == "workers":
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad(f"must be an integer, not {_show(value)}")
@@ -145,7 +158,7 @@ def _show(value) -> str:
 
 def resolve(*, store: str | os.PathLike | None = None, mountpoint: str | os.PathLike | None = None,
             cache_size: int | None = None, workers: int | None = None, allow_other: bool | None = None,
-            readahead: bool | None = None, config: dict | None = None,
+            readahead: bool | None = None, chain_depth: int | None = None, config: dict | None = None,
             config_file: Path | None = None) -> Settings:
     """The effective settings. Arguments are the command-line flags (None: not given). The config
     file is loaded unless *config* (already loaded keys) is passed."""
@@ -153,9 +166,10 @@ def resolve(*, store: str | os.PathLike | None = None, mountpoint: str | os.Path
         config, config_file = load_config()
     flags = {"store": Path(store).expanduser() if store else None,
              "mountpoint": Path(mountpoint).expanduser() if mountpoint else None,
-             "cache_size": cache_size, "workers": workers, "allow_other": allow_other, "readahead": readahead}
+             "cache_size": cache_size, "workers": workers, "allow_other": allow_other, "readahead": readahead,
+             "chain_depth": chain_depth}
     defaults = {"store": user_store_dir(), "mountpoint": None, "cache_size": default_cache_size(),
-                "workers": None, "allow_other": False, "readahead": True}
+                "workers": None, "allow_other": False, "readahead": True, "chain_depth": DEFAULT_CHAIN_DEPTH}
     env = {"store": Path(os.environ[STORE_ENV]).expanduser()} if os.environ.get(STORE_ENV) else {}
     values, sources = {}, {}
     for key in KEYS:

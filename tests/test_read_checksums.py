@@ -71,7 +71,8 @@ def alter_catalog(store: StorePaths, *statements: str | tuple[str, tuple]) -> No
 
 def downgrade_to_version_1(store: StorePaths) -> None:
     """What a store written before read checksums looks like: no xxh3 column, catalog version 1."""
-    alter_catalog(store, "ALTER TABLE chunks DROP COLUMN xxh3",
+    alter_catalog(store, "DROP INDEX chunks_by_base", "ALTER TABLE chunks DROP COLUMN base", "DROP TABLE tensors",
+                  "ALTER TABLE chunks DROP COLUMN xxh3",
                   "UPDATE meta SET value = '1' WHERE key = 'catalog_version'")
 
 
@@ -168,7 +169,7 @@ def test_a_version_1_catalog_is_read_by_sha256_and_the_next_add_upgrades_it_and_
     assert health["chunks_checked_by_sha256"] == health["chunks"] >= 4
     # the next writer upgrades it; adding the same content again fills in the old chunks' checksums
     add_model(store, small_model(tmp_path / "b", seed=4), "b")
-    assert catalog_version(store) == "2"
+    assert catalog_version(store) == "3"
     rows = chunk_rows(store)
     old = {cid for cid, check in rows.items() if check is None}
     assert old and len(old) < len(rows)
@@ -194,11 +195,11 @@ def test_a_reader_of_a_version_1_catalog_sees_checksums_once_a_writer_upgrades_i
 def test_a_catalog_of_an_unknown_version_is_refused(tmp_path, store_dir, capsys):
     store = StorePaths(store_dir)
     add_model(store, small_model(tmp_path / "a", mib=1), "a")
-    alter_catalog(store, "UPDATE meta SET value = '3' WHERE key = 'catalog_version'")
-    with pytest.raises(StoreError, match="version 3 is not supported"):
+    alter_catalog(store, "UPDATE meta SET value = '4' WHERE key = 'catalog_version'")
+    with pytest.raises(StoreError, match="version 4 is not supported"):
         Archive(store_dir)
     assert lmz(["--store", str(store_dir), "ls"]) == 2
-    assert "version 3 is not supported" in capsys.readouterr().err
+    assert "version 4 is not supported" in capsys.readouterr().err
 
 
 def test_verify_record_checksums_gives_old_chunks_theirs_and_leaves_a_damaged_one_without(tmp_path, store_dir,
@@ -211,7 +212,7 @@ def test_verify_record_checksums_gives_old_chunks_theirs_and_leaves_a_damaged_on
     bad_offset = flip_byte_in_chunk_of(store, "b", "model.safetensors")
     assert lmz(["--store", str(store_dir), "verify", "--record-checksums"]) == 1
     out = capsys.readouterr().out
-    assert catalog_version(store) == "2"
+    assert catalog_version(store) == "3"
     rows = chunk_rows(store)
     missing = [cid for cid, check in rows.items() if check is None]
     assert len(missing) == 1 and f"DAMAGED chunk {missing[0].hex()[:16]}" in out
@@ -230,9 +231,9 @@ def test_verify_record_checksums_gives_old_chunks_theirs_and_leaves_a_damaged_on
     assert "recorded for 0 chunk(s)" in capsys.readouterr().out
 
 
-def test_a_version_2_catalog_without_its_checksum_column_is_called_damaged(tmp_path, store_dir):
+def test_a_version_3_catalog_without_its_checksum_column_is_called_damaged(tmp_path, store_dir):
     store = StorePaths(store_dir)
     add_model(store, small_model(tmp_path / "a", mib=1), "a")
     alter_catalog(store, "ALTER TABLE chunks DROP COLUMN xxh3")
-    with pytest.raises(StoreError, match=r"is damaged: run lmz verify --repair \(version 2 lacks the chunks.xxh3 column\)"):
+    with pytest.raises(StoreError, match=r"is damaged: run lmz verify --repair \(version 3 lacks the chunks.xxh3 column\)"):
         Archive(store_dir)

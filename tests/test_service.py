@@ -81,18 +81,18 @@ def lmzfs_mounted(path: Path) -> bool:
 
 def test_flags_beat_the_environment_which_beats_the_config_which_beats_the_defaults(config, tmp_path, monkeypatch):
     path = config('store = "/cfg/store"\nmountpoint = "/cfg/mnt"\ncache_size = "512M"\nworkers = 3\n'
-                  'allow_other = true\nreadahead = false\n')
+                  'allow_other = true\nreadahead = false\nchain_depth = 2\n')
     s = resolve()
-    assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead) == \
-        (Path("/cfg/store"), Path("/cfg/mnt"), 512 << 20, 3, True, False)
+    assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead, s.chain_depth) == \
+        (Path("/cfg/store"), Path("/cfg/mnt"), 512 << 20, 3, True, False, 2)
     assert set(s.sources.values()) == {"config"} and s.config_file == path
     monkeypatch.setenv("LMZ_STORE", "/env/store")
     s = resolve()
     assert s.store == Path("/env/store") and s.sources["store"] == "env"
     s = resolve(store="/flag/store", mountpoint="/flag/mnt", cache_size=1 << 20, workers=1, allow_other=False,
-                readahead=True)
-    assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead) == \
-        (Path("/flag/store"), Path("/flag/mnt"), 1 << 20, 1, False, True)
+                readahead=True, chain_depth=3)
+    assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead, s.chain_depth) == \
+        (Path("/flag/store"), Path("/flag/mnt"), 1 << 20, 1, False, True, 3)
     assert set(s.sources.values()) == {"flag"}
     config("")
     monkeypatch.delenv("LMZ_STORE")
@@ -409,13 +409,13 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     status, out = doctor(capsys, fresh_store.root)
     assert status == 0, out
     assert "problem:" not in out and "healthy" in out and "pyfuse3" in out and "1 model(s), 2 file(s)" in out
-    assert "catalog version 2" in out and "every chunk read is checked by its XXH3-128" in out
+    assert "catalog version 3" in out and "every chunk read is checked by its XXH3-128" in out
     assert re.search(r"^host +[0-9.]+ [KMGT]iB of RAM.*; \d+ usable CPU\(s\)$", out, re.M), out
     status, out = doctor(capsys, fresh_store.root, "--json")
     doc = json.loads(out)
     assert status == 0 and doc["ok"] and doc["problems"] == []
     assert doc["store"]["quick_check"] == "ok" and doc["store"]["models"] == 1 and doc["store"]["files"] == 2
-    assert doc["store"]["catalog_version"] == "2" and doc["store"]["chunks_checked_by_sha256"] == 0
+    assert doc["store"]["catalog_version"] == "3" and doc["store"]["chunks_checked_by_sha256"] == 0
     assert doc["store"]["packs"] == {"referenced": 1, "missing": [], "damaged": []}
     assert doc["fuse"]["dev_fuse"]["openable"] and doc["versions"]["libfuse"]
     assert doc["versions"]["tans_decoder"] == "compiled"

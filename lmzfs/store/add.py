@@ -3,6 +3,11 @@
 Order of durability: chunk payloads are appended to packs and fsync'd first; only then does one
 catalog transaction make the model, its files, extents and new chunks visible. A process killed
 before that commit leaves only dead bytes at the end of a pack, which `lmz gc` reclaims.
+
+Checkpoint chains: unless told not to (`--no-delta`), an add picks a stored model to pair with
+(`--base`, or store/delta_plan.py's choice), stores the new model's chunks coded alone and recodes
+the base's paired chunks as deltas against them (store/chainrecode.py) in the same transaction:
+the newest checkpoint reads at full speed, older ones through their chain.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, plan_chunk
 from lmzfs.codecs import encode_chunk
 from lmzfs.formats import parse_open_file
 from lmzfs.store.catalog import Catalog
+from lmzfs.store.chainrecode import ChainRecoder, RecodeTotals
+from lmzfs.store.delta_plan import BaseChoice, BaseIndex, NewTensor, choose_base
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import validate_model_name
@@ -41,6 +48,9 @@ class AddResult:
     reused_chunks: int = 0
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)   # files stored as opaque bytes, and why
+    base: BaseChoice | None = None          # the model paired with, if any
+    delta: bool = True                      # False: --no-delta
+    recoded: RecodeTotals = field(default_factory=RecodeTotals)
 
 
 @dataclass
@@ -54,6 +64,21 @@ class _NewChunk:
     xxh3: bytes           # XXH3-128 of the plain bytes: what reads check
 
 
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    dtype: str
+    shape: str           # dimensions, comma-separated
+    offset: int          # of its data in the file
+    size: int
+
+
+def tensors_of(layout) -> list[_Tensor]:
+    """The named, typed tensors of a parsed file, as the catalog's tensors table keeps them."""
+    return [_Tensor(seg.name, seg.dtype, ",".join(str(d) for d in seg.shape or ()), seg.offset, seg.length)
+            for seg in layout.segments if seg.kind == "tensor" and seg.name is not None and seg.dtype]
+
+
 @dataclass
 class _FilePlan:
     rel: str
@@ -63,6 +88,7 @@ class _FilePlan:
     format: str
     extents: list[tuple[int, bytes]] = field(default_factory=list)   # (plain offset, chunk id)
     checks: dict[bytes, bytes] = field(default_factory=dict)    # chunk id -> XXH3-128, of reused chunks
+    tensors: list[_Tensor] = field(default_factory=list)
 
 
 def default_model_name(source: Path) -> str:
@@ -78,9 +104,14 @@ def check_name_free(catalog: Catalog, name: str) -> None:
             raise StoreError(f"model {name!r} would nest with existing model {m.name!r}; pick a sibling name")
 
 
+# How many references a read of a chunk follows at most, unless the config's chain_depth says otherwise.
+DEFAULT_CHAIN_DEPTH = 4         # lmzfs/config.py keeps the same default
+
+
 def add_model(store: StorePaths, source: Path, name: str | None = None, *,
               progress: Progress | None = None, workers: int | None = None, fast: bool = False,
-              chunk_size: int | None = None, segments: bool = False) -> AddResult:
+              chunk_size: int | None = None, segments: bool = False, base: str | None = None,
+              delta: bool = True, chain_depth: int = DEFAULT_CHAIN_DEPTH) -> AddResult:
     """Add SOURCE as model NAME.
 
     By default every chunk gets the smallest of all codecs, the entropy-coded ones (floatsplit,
@@ -92,17 +123,42 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     sequential reads a little slower; chunks cut at different sizes do not deduplicate.
 
     ``segments``: float chunks over 256 KiB are coded in segments (floatseg) that a lone small
-    read decodes alone: random reads miss faster, sequential reads and loads are slower."""
+    read decodes alone: random reads miss faster, sequential reads and loads are slower.
+
+    ``base``: the stored model to pair with (else one is chosen, if any qualifies); ``delta``
+    False stores the model without touching any other; ``chain_depth``: the most references a
+    read of any chunk may follow."""
     chunk_size = CHUNK_SIZE if chunk_size is None else chunk_size
     if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
         raise StoreError(f"chunk size {chunk_size} is outside {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE} bytes")
+    if base is not None and not delta:
+        raise StoreError("--base and --no-delta contradict each other")
     name = validate_model_name(default_model_name(source) if name is None else name)
     with SourceTree(source) as tree:
-        return _add_tree(store, tree, name, progress, workers, fast, chunk_size, segments)
+        return _add_tree(store, tree, name, progress, workers, fast, chunk_size, segments,
+                         _Chains(base, delta, chain_depth))
+
+
+@dataclass(frozen=True)
+class _Chains:
+    base: str | None
+    delta: bool
+    depth: int
+
+
+def _new_tensors(tree: SourceTree) -> list[NewTensor]:
+    """The tensors of the files to add, from their headers alone (a first, cheap pass)."""
+    out = []
+    for src in tree.files:
+        with open(tree.open(src), "rb") as f:
+            layout = parse_open_file(src.shown, f, os.fstat(f.fileno()).st_size)
+        if layout.error is None:
+            out.extend(NewTensor(src.rel, (t.name, t.dtype, t.shape), t.offset, t.size) for t in tensors_of(layout))
+    return out
 
 
 def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress | None, workers: int | None,
-              fast: bool, chunk_size: int, segments: bool) -> AddResult:
+              fast: bool, chunk_size: int, segments: bool, chains: _Chains) -> AddResult:
     sources = tree.files
     store.create()
     store.check_format()
@@ -111,7 +167,9 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
         catalog = Catalog(store.catalog)
         try:
             check_name_free(catalog, name)
-            result = AddResult(name)
+            result = AddResult(name, delta=chains.delta)
+            index = choose_base(catalog, name, _new_tensors(tree), chains.base) if chains.delta else None
+            result.base = index.choice if index is not None else None
             total = sum(s.size for s in sources)
             writer = PackWriter(store, *catalog.pack_ids())
             try:
@@ -120,14 +178,25 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                 done = 0
                 workers = workers or os.cpu_count() or 2
                 with ThreadPoolExecutor(max_workers=workers) as pool:
-                    for src in sources:
-                        plan = _add_file(tree, src, catalog, writer, pool, 2 * workers + 2, fast, segments, chunk_size, new,
-                                         result, lambda n: progress and progress(done + n, total))
-                        done += plan.size
-                        plans.append(plan)
+                    recoder = ChainRecoder(store, catalog, writer, pool, chains.depth, fast) if index else None
+                    try:
+                        for src in sources:
+                            plan = _add_file(tree, src, catalog, writer, pool, 2 * workers + 2, fast, segments,
+                                             chunk_size, new, result, lambda n: progress and progress(done + n, total),
+                                             index, recoder)
+                            done += plan.size
+                            plans.append(plan)
+                        if recoder is not None:
+                            recoder.drain(0)
+                            result.recoded = recoder.totals
+                            result.warnings.extend(recoder.warnings)
+                    finally:
+                        if recoder is not None:
+                            recoder.close()
                 writer.sync()
                 try:
-                    _commit(catalog, name, str(tree.resolved), plans, new, writer)
+                    _commit(catalog, name, str(tree.resolved), plans, new, writer,
+                            recoder.rows if recoder is not None else {})
                 except sqlite3.Error as exc:
                     # e.g. a full disk: the transaction rolled back, so nothing of this add is
                     # visible; its pack bytes are garbage for `lmz gc`.
@@ -143,7 +212,8 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
 
 def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor,
               limit: int, fast: bool, segments: bool, chunk_size: int, new: dict[bytes, _NewChunk],
-              result: AddResult, progress: Callable[[int], None]) -> _FilePlan:
+              result: AddResult, progress: Callable[[int], None], index: BaseIndex | None,
+              recoder: ChainRecoder | None) -> _FilePlan:
     # The one descriptor the walk's file is read through: parsing, hashing and chunking alike.
     with open(tree.open(src), "rb") as f:
         before = os.fstat(f.fileno())
@@ -153,7 +223,10 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
         hostile = layout.error is not None
         if hostile:
             result.warnings.append(f"{layout.error}; stored as opaque bytes")
-        plan = _FilePlan(src.rel, before.st_size, before.st_mtime, "", layout.format)
+        plan = _FilePlan(src.rel, before.st_size, before.st_mtime, "", layout.format,
+                         tensors=[] if hostile else tensors_of(layout))
+        pairs = index.pairs(catalog, src.rel, [NewTensor(src.rel, (t.name, t.dtype, t.shape), t.offset, t.size)
+                                               for t in plan.tensors]) if index is not None else {}
         whole = hashlib.sha256()
         # Read with pread, not mmap: a file cut short under an mmap kills the process with SIGBUS,
         # where a short read is an error that names the file.
@@ -177,6 +250,12 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
             cid = hashlib.sha256(data).digest()
             check = xxhash.xxh3_128_digest(data)
             plan.extents.append((cp.offset, cid))
+            if recoder is not None:
+                recoder.saw(cid)
+                paired = pairs.get(cp.offset)
+                if paired is not None and paired.size == cp.length:
+                    recoder.offer(cid, data, cp.hint, paired)
+                    recoder.drain(limit)
             if cid in new or cid in pending:
                 result.reused_chunks += 1
             elif catalog.has_chunk(cid):
@@ -202,7 +281,8 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
 
 
 def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
-            new: dict[bytes, _NewChunk], writer: PackWriter) -> None:
+            new: dict[bytes, _NewChunk], writer: PackWriter, recoded: dict) -> None:
+    old_bases = {cid: catalog.chunk_base(cid) for cid in recoded}
     with catalog.transaction() as db:
         db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3) VALUES (?,?,?,?,?,?,0,?)",
                        [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3) for c in new.values()])
@@ -216,7 +296,17 @@ def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
                                  (model_id, p.rel, p.size, p.mtime, p.sha256, p.format)).lastrowid
             db.executemany("INSERT INTO extents (file, seq, offset, chunk) VALUES (?,?,?,?)",
                            [(file_id, i, off, cid) for i, (off, cid) in enumerate(p.extents)])
+            db.executemany("INSERT OR IGNORE INTO tensors (file, name, dtype, shape, offset, size) VALUES (?,?,?,?,?,?)",
+                           [(file_id, t.name, t.dtype, t.shape, t.offset, t.size) for t in p.tensors])
             for _, cid in p.extents:
                 refs[cid] = refs.get(cid, 0) + 1
-        db.executemany("UPDATE chunks SET refs = refs + ? WHERE id = ?", [(n, cid) for cid, n in refs.items()])
+        # Recoded chunks: new payload and base; a base's refs count the chunks coded against it.
+        db.executemany("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ?, base = ? WHERE id = ?",
+                       [(r.codec, r.pack, r.offset, r.length, r.base, r.chunk_id) for r in recoded.values()])
+        for cid, r in recoded.items():
+            if r.base is not None:
+                refs[r.base] = refs.get(r.base, 0) + 1
+            if old_bases[cid] is not None:
+                refs[old_bases[cid]] = refs.get(old_bases[cid], 0) - 1
+        db.executemany("UPDATE chunks SET refs = refs + ? WHERE id = ?", [(n, cid) for cid, n in refs.items() if n])
         Catalog.record_pack_ids(db, writer.pack_id, max(writer.touched))

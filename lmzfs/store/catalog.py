@@ -2,8 +2,8 @@
 
 Writers hold the store's WriterLock and change the catalog only in single transactions, so a
 model appears whole or not at all. Readers open their own connection and never block writers
-(WAL mode). A version 1 catalog (no read checksums) is read as it is and upgraded to version 2
-the first time it is opened for writing.
+(WAL mode). A version 1 catalog (no read checksums) or 2 (no chunk references) is read as it is
+and upgraded to version 3 the first time it is opened for writing.
 
 Every committed write transaction bumps meta's generation and leaves a copy of the catalog beside
 it (catalogcopies.py). Any SQLite error, or a row whose values have the wrong types, surfaces from
@@ -24,8 +24,13 @@ from lmzfs.store.catalogcopies import (content_digest, generation_of, list_copie
 from lmzfs.store.layout import FILE_MODE, StoreError
 from lmzfs.store.packs import ChunkLocation
 
-CATALOG_VERSION = 2
-READABLE_VERSIONS = ("1", "2")  # 1: chunks have no xxh3 column; their reads are checked by SHA-256
+CATALOG_VERSION = 3
+# 1: chunks have no xxh3 column; their reads are checked by SHA-256. 2: no chunk is coded against
+# a reference (no chunks.base column, no tensors table).
+READABLE_VERSIONS = ("1", "2", "3")
+# How many references a read follows from one chunk before the catalog is judged damaged (a
+# cycle, or a chain far past any depth cap a writer keeps): bounds every read's work.
+MAX_CHAIN_HOPS = 16
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,8 +57,9 @@ CREATE TABLE IF NOT EXISTS chunks (
     pack INTEGER NOT NULL,
     offset INTEGER NOT NULL,      -- of the payload inside the pack
     length INTEGER NOT NULL,      -- payload length
-    refs INTEGER NOT NULL,        -- extents pointing here; 0 = garbage until `lmz gc`
-    xxh3 BLOB                     -- XXH3-128 of the plain bytes (16 bytes), what reads check; NULL: SHA-256
+    refs INTEGER NOT NULL,        -- extents pointing here + chunks whose base it is; 0 = garbage until `lmz gc`
+    xxh3 BLOB,                    -- XXH3-128 of the plain bytes: what reads check; NULL: SHA-256
+    base BLOB                     -- id of the chunk a delta payload is coded against; NULL: coded alone
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS extents (
     file INTEGER NOT NULL REFERENCES files(id),
@@ -64,7 +70,24 @@ CREATE TABLE IF NOT EXISTS extents (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS chunks_by_pack ON chunks(pack);
 """
-TABLES = {"meta", "models", "files", "chunks", "extents"}
+# What version 3 adds (a new catalog, or the upgrade from 2), one statement per entry.
+SCHEMA_V3 = ("""CREATE TABLE IF NOT EXISTS tensors (
+    file INTEGER NOT NULL REFERENCES files(id),
+    name TEXT NOT NULL,
+    dtype TEXT NOT NULL,          -- the container's dtype, upper case ("BF16", "I8", "Q4_1")
+    shape TEXT NOT NULL,          -- dimensions, comma-separated ("4096,1024"; "" for a scalar)
+    offset INTEGER NOT NULL,      -- of the tensor's data in the plain file
+    size INTEGER NOT NULL,        -- bytes of data
+    PRIMARY KEY (file, offset)
+) WITHOUT ROWID""",
+             "CREATE INDEX IF NOT EXISTS chunks_by_base ON chunks(base)")
+TABLES = {"meta", "models", "files", "chunks", "extents"}       # in every version
+TABLES_V3 = TABLES | {"tensors"}
+
+
+def tables_of(version: str | None) -> set[str]:
+    """The tables a catalog of this version has."""
+    return TABLES_V3 if version == "3" else TABLES
 
 
 class CatalogDamaged(StoreError):
@@ -114,7 +137,8 @@ def _typed(row: tuple, types: tuple) -> tuple:
 _NUM = (int, float)
 _MODEL_TYPES = (int, str, _NUM, str)
 _FILE_TYPES = (int, str, str, int, _NUM, str, str)
-_EXTENT_TYPES = (int, int, bytes, str, int, int, int, (bytes, type(None)))
+_EXTENT_TYPES = (int, int, bytes, str, int, int, int, (bytes, type(None)), (bytes, type(None)))
+_CHUNK_TYPES = (bytes, int, str, int, int, int, (bytes, type(None)), (bytes, type(None)))
 
 
 @dataclass(frozen=True)
@@ -144,6 +168,37 @@ class Extent:
     codec: str
     location: ChunkLocation
     xxh3: bytes | None = None    # XXH3-128 of the plain bytes; None: reads check the SHA-256 id
+    # The chunk whose plain bytes the payload is decoded against (its offset is 0: it is a chunk,
+    # not a place in this file); None for a chunk coded alone. Resolved by Catalog.extents.
+    base: "Extent | None" = None
+
+    def chain(self) -> list["Extent"]:
+        """This chunk, its base, its base's base, ... to the chunk coded alone."""
+        out, e = [], self
+        while e is not None:
+            out.append(e)
+            e = e.base
+        return out
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One tensor of a stored file (catalog version 3): what reference selection pairs by."""
+    file: int
+    name: str
+    dtype: str
+    shape: str
+    offset: int          # of its data in the plain file
+    size: int
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """A tensor row with the model and file it belongs to."""
+    model: str
+    path: str            # the file's path inside the model
+    added: float         # when the model was added
+    tensor: TensorRow
 
 
 @dataclass(frozen=True)
@@ -182,7 +237,7 @@ class Catalog:
             self.db.execute("PRAGMA busy_timeout=30000")
             if not readonly:
                 self._open_for_writing()
-            self.version, self.has_xxh3 = self._schema_state()
+            self.version, self.has_xxh3, self.has_base = self._schema_state()
         except sqlite3.Error as exc:
             if self.db is not None:
                 self.db.close()
@@ -201,6 +256,10 @@ class Catalog:
             self.db.close()
             raise CatalogDamaged(path, f"version {self.version} {'has' if self.has_xxh3 else 'lacks'} "
                                        f"the chunks.xxh3 column")
+        if self.has_base != (self.version == "3"):
+            self.db.close()
+            raise CatalogDamaged(path, f"version {self.version} {'has' if self.has_base else 'lacks'} "
+                                       f"the chunks.base column")
 
     def _open_for_writing(self) -> None:
         """Create the schema in a new catalog; in an existing one, refuse to write into a damaged
@@ -211,11 +270,12 @@ class Catalog:
         self.db.execute("PRAGMA journal_mode=WAL")      # writes to the file: only once it is known sound
         self.db.execute("PRAGMA synchronous=FULL")
         if not tables:
-            self.db.executescript(SCHEMA)
+            self.db.executescript(SCHEMA + ";\n".join(SCHEMA_V3) + ";")
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('catalog_version', ?)", (str(CATALOG_VERSION),))
             return
-        if not TABLES <= tables:
-            raise CatalogDamaged(self.path, f"tables {', '.join(sorted(TABLES - tables))} are missing")
+        required = tables_of(self._version())
+        if not required <= tables:
+            raise CatalogDamaged(self.path, f"tables {', '.join(sorted(required - tables))} are missing")
         problems = [r[0] for r in self.db.execute("PRAGMA quick_check")]
         if problems != ["ok"]:
             raise CatalogDamaged(self.path, f"quick_check: {problems[0]}")
@@ -223,6 +283,8 @@ class Catalog:
         self.db.executescript(SCHEMA)       # adds what a catalog written by an older lmzfs lacks
         if self._version() == "1":
             self._upgrade_from_1()
+        if self._version() == "2":
+            self._upgrade_from_2()
 
     def _check_against_copy(self) -> None:
         """A write would build on (and its copy carry on) a value flipped inside a row, which no
@@ -235,12 +297,13 @@ class Catalog:
                     raise CatalogDamaged(self.path, f"its content differs from its copy {copy.path.name}")
                 return
 
-    def _schema_state(self) -> tuple[str | None, bool]:
-        """(catalog version, whether chunks have the xxh3 column), read in one snapshot so that an
-        upgrade committing meanwhile cannot make them disagree."""
+    def _schema_state(self) -> tuple[str | None, bool, bool]:
+        """(catalog version, whether chunks have the xxh3 column, and the base column), read in
+        one snapshot so that an upgrade committing meanwhile cannot make them disagree."""
         self.db.execute("BEGIN")
         try:
-            return self._version(), any(r[1] == "xxh3" for r in self.db.execute("PRAGMA table_info(chunks)"))
+            columns = {r[1] for r in self.db.execute("PRAGMA table_info(chunks)")}
+            return self._version(), "xxh3" in columns, "base" in columns
         finally:
             self.db.execute("COMMIT")
 
@@ -254,6 +317,17 @@ class Catalog:
         with self.transaction() as db:
             if self._version() == "1":         # another writer may have upgraded it meanwhile
                 db.execute("ALTER TABLE chunks ADD COLUMN xxh3 BLOB")
+                db.execute("UPDATE meta SET value = '2' WHERE key = 'catalog_version'")
+
+    def _upgrade_from_2(self) -> None:
+        """Version 2 to 3: chunks get their reference column (NULL: every chunk stored so far is
+        coded alone) and its index, and files their tensors table (empty for files stored before:
+        such models are never picked as a base automatically, only with `lmz add --base`)."""
+        with self.transaction() as db:
+            if self._version() == "2":
+                db.execute("ALTER TABLE chunks ADD COLUMN base BLOB")
+                for statement in SCHEMA_V3:
+                    db.execute(statement)
                 db.execute("UPDATE meta SET value = ? WHERE key = 'catalog_version'", (str(CATALOG_VERSION),))
 
     def write_copy(self, *, final: bool) -> None:
@@ -323,15 +397,74 @@ class Catalog:
                             "JOIN models m ON m.id = f.model WHERE f.id=?", (file_id,)).fetchone()
         return FileRow(*_typed(r, _FILE_TYPES)) if r else None
 
+    def _refresh_columns(self) -> None:
+        """A version 1 or 2 catalog that a writer may have upgraded since this connection opened."""
+        if not (self.has_xxh3 and self.has_base):
+            _, self.has_xxh3, self.has_base = self._schema_state()
+
+    def _chunk_columns(self) -> str:
+        return (f"c.id, c.size, c.codec, c.pack, c.offset, c.length, {'c.xxh3' if self.has_xxh3 else 'NULL'}, "
+                f"{'c.base' if self.has_base else 'NULL'}")
+
     @_guarded
     def extents(self, file_id: int) -> list[Extent]:
-        if not self.has_xxh3:       # a version 1 catalog that a writer may have upgraded since
-            self.has_xxh3 = self._schema_state()[1]
-        rows = self.db.execute(
-            f"SELECT e.offset, c.size, c.id, c.codec, c.pack, c.offset, c.length, {'c.xxh3' if self.has_xxh3 else 'NULL'} "
-            "FROM extents e JOIN chunks c ON c.id = e.chunk WHERE e.file=? ORDER BY e.seq", (file_id,))
-        return [Extent(o, s, cid, codec, ChunkLocation(p, po, pl), x)
-                for o, s, cid, codec, p, po, pl, x in (_typed(r, _EXTENT_TYPES) for r in rows)]
+        """The file's extents in order, each with its chain of references resolved."""
+        self._refresh_columns()
+        rows = [_typed(r, _EXTENT_TYPES) for r in self.db.execute(
+            f"SELECT e.offset, c.size, c.id, c.codec, c.pack, c.offset, c.length, "
+            f"{'c.xxh3' if self.has_xxh3 else 'NULL'}, {'c.base' if self.has_base else 'NULL'} "
+            "FROM extents e JOIN chunks c ON c.id = e.chunk WHERE e.file=? ORDER BY e.seq", (file_id,))]
+        bases = self._resolve({r[8] for r in rows if r[8] is not None})
+        return [Extent(o, s, cid, codec, ChunkLocation(p, po, pl), x, None if b is None else bases[b])
+                for o, s, cid, codec, p, po, pl, x, b in rows]
+
+    @_guarded
+    def chunk_extents(self, chunk_ids) -> dict[bytes, Extent]:
+        """The named chunks that are in the catalog (offset 0), their references resolved."""
+        self._refresh_columns()
+        return self._resolve(set(chunk_ids), missing_ok=True)
+
+    def _resolve(self, ids: set[bytes], *, missing_ok: bool = False) -> dict[bytes, Extent]:
+        """Extents (offset 0) of these chunks and of every chunk on their chains, resolved at most
+        MAX_CHAIN_HOPS references deep; a missing reference, a longer chain or a cycle is damage."""
+        rows: dict[bytes, tuple] = {}
+        want = set(ids)
+        for _ in range(MAX_CHAIN_HOPS + 2):
+            want -= rows.keys()
+            if not want:
+                break
+            listed = list(want)
+            for i in range(0, len(listed), 500):
+                part = listed[i:i + 500]
+                for r in self.db.execute(f"SELECT {self._chunk_columns()} FROM chunks c WHERE c.id IN "
+                                         f"({','.join('?' * len(part))})", part):
+                    rows[r[0]] = _typed(r, _CHUNK_TYPES)
+            lost = want - rows.keys()
+            if lost and not (missing_ok and lost <= ids):
+                raise CatalogDamaged(self.path, f"chunk {min(lost).hex()[:16]}, the reference of another, "
+                                                f"is not in the catalog")
+            want = {rows[c][7] for c in want if c in rows and rows[c][7] is not None}
+        else:
+            raise CatalogDamaged(self.path, f"a chain of chunk references is longer than {MAX_CHAIN_HOPS}")
+        built: dict[bytes, tuple[Extent, int]] = {}     # chunk -> (its extent, references below it)
+
+        def build(cid: bytes) -> Extent:
+            chain = [cid]
+            while chain[-1] not in built and rows[chain[-1]][7] is not None:
+                chain.append(rows[chain[-1]][7])
+                if chain[-1] in chain[:-1]:
+                    raise CatalogDamaged(self.path, f"chunk {cid.hex()[:16]}'s references form a cycle")
+            for c in reversed(chain):
+                if c not in built:
+                    _, size, codec, pack, off, length, x, b = rows[c]
+                    below, hops = (None, 0) if b is None else (built[b][0], built[b][1] + 1)
+                    if hops > MAX_CHAIN_HOPS:
+                        raise CatalogDamaged(self.path, f"chunk {c.hex()[:16]}'s chain of references is "
+                                                        f"longer than {MAX_CHAIN_HOPS}")
+                    built[c] = (Extent(0, size, c, codec, ChunkLocation(pack, off, length), x, below), hops)
+            return built[cid][0]
+
+        return {c: build(c) for c in ids if c in rows}
 
     @_guarded
     def file_storage(self) -> dict[int, tuple[int, str]]:
@@ -372,6 +505,55 @@ class Catalog:
                     cost += length
             out[f.path] = cost
         return out
+
+    # -- tensors and chains (version 3) ------------------------------------------------------
+    @_guarded
+    def tensors(self, model: str | None = None) -> list[StoredTensor]:
+        """Every tensor row, or one model's; none before version 3."""
+        if not self.has_base and not self._schema_state()[2]:
+            return []
+        q = ("SELECT m.name, f.path, m.added, t.file, t.name, t.dtype, t.shape, t.offset, t.size FROM tensors t "
+             "JOIN files f ON f.id = t.file JOIN models m ON m.id = f.model")
+        rows = self.db.execute(q + " WHERE m.name = ? ORDER BY f.path, t.offset", (model,)) if model is not None \
+            else self.db.execute(q + " ORDER BY m.name, f.path, t.offset")
+        return [StoredTensor(m, p, added, TensorRow(*_typed(r, (int, str, str, str, int, int))))
+                for m, p, added, *r in rows]
+
+    @_guarded
+    def chunk_base(self, chunk_id: bytes) -> bytes | None:
+        """The id of the chunk's base; None for a chunk coded alone or not in the catalog."""
+        if not self.has_base:
+            return None
+        row = self.db.execute("SELECT base FROM chunks WHERE id=?", (chunk_id,)).fetchone()
+        return None if row is None else row[0]
+
+    @_guarded
+    def dependants(self, chunk_id: bytes) -> list[bytes]:
+        """The chunks coded against this one."""
+        if not self.has_base:
+            return []
+        return [r[0] for r in self.db.execute("SELECT id FROM chunks WHERE base=? ORDER BY id", (chunk_id,))]
+
+    @_guarded
+    def model_dependencies(self) -> dict[str, list[str | None]]:
+        """model -> the models whose chunks its chunks are coded against (None: chunks kept only
+        as references, their models removed), sorted; models without references are left out."""
+        if not self.has_base:
+            return {}
+        base_of = dict(self.db.execute("SELECT id, base FROM chunks WHERE base IS NOT NULL"))
+        wanted = base_of.keys() | set(base_of.values())
+        users: dict[bytes, set[str]] = {}       # chunk -> the models whose files use it
+        for cid, name in self.db.execute("SELECT e.chunk, m.name FROM extents e JOIN files f ON f.id = e.file "
+                                         "JOIN models m ON m.id = f.model"):   # one pass: no index by chunk
+            if cid in wanted:
+                users.setdefault(cid, set()).add(name)
+        out: dict[str, set[str | None]] = {}
+        for cid, base in base_of.items():
+            for name in users.get(cid, ()):
+                others = users.get(base, set()) - {name}
+                if others or not users.get(base):
+                    out.setdefault(name, set()).update(others or {None})
+        return {n: sorted(deps, key=lambda d: (d is None, d or "")) for n, deps in out.items()}
 
     # -- chunks -----------------------------------------------------------------------------
     @_guarded

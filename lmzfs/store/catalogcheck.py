@@ -6,6 +6,8 @@ recorded when it was written. The live catalog is then judged against its copies
 generation as a copy must mean the same content (a flipped byte inside a row shows only so); a
 generation newer than every copy (a writer killed between its commit and its copy) is accepted
 only if every chunk row names a record that is in its pack and every file's extents tile it.
+In a version 3 catalog a chunk's reference (chunks.base) must be another chunk of the catalog of
+the same size; a model with a chunk whose chain of references reaches a missing chunk is broken.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmzfs.store.catalog import READABLE_VERSIONS, TABLES
+from lmzfs.store.catalog import READABLE_VERSIONS, tables_of
 from lmzfs.store.catalogcopies import DIGEST_KEY, CatalogCopy, content_digest, list_copies
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.packs import PACK_HEADER, PACK_MAGIC, RECORD_HEADER, RECORD_MAGIC, ChunkLocation
@@ -33,6 +35,19 @@ _TYPE_CHECKS = (
     "SELECT COUNT(*) FROM extents WHERE typeof(file) != 'integer' OR typeof(seq) != 'integer' "
     "OR typeof(offset) != 'integer' OR typeof(chunk) != 'blob'",
     "SELECT COUNT(*) FROM meta WHERE typeof(key) != 'text' OR typeof(value) != 'text'",
+)
+# Version 3: references are chunk ids of chunks of the same size, never the chunk itself; tensors are typed.
+_V3_CHECKS = (
+    ("a chunk's reference is not a chunk id",
+     "SELECT COUNT(*) FROM chunks WHERE base IS NOT NULL AND (typeof(base) != 'blob' OR length(base) != 32 "
+     "OR base = id)"),
+    ("a chunk's reference is not in the catalog, or is of another size",
+     "SELECT COUNT(*) FROM chunks c LEFT JOIN chunks b ON b.id = c.base "
+     "WHERE c.base IS NOT NULL AND (b.id IS NULL OR b.size != c.size)"),
+    ("a row holds a value of the wrong type",
+     "SELECT COUNT(*) FROM tensors WHERE typeof(file) != 'integer' OR typeof(name) != 'text' "
+     "OR typeof(dtype) != 'text' OR typeof(shape) != 'text' OR typeof(offset) != 'integer' "
+     "OR typeof(size) != 'integer'"),
 )
 
 
@@ -96,15 +111,26 @@ def examine(path: Path, *, copy: bool = False) -> FileCheck:
         if rows != ["ok"]:
             return FileCheck(path, f"integrity_check: {rows[0]}")
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not TABLES <= tables:
-            return FileCheck(path, f"tables {', '.join(sorted(TABLES - tables))} are missing")
+        common = tables_of(None)
+        if not common <= tables:
+            return FileCheck(path, f"tables {', '.join(sorted(common - tables))} are missing")
         meta = dict(db.execute("SELECT key, value FROM meta"))
         version = meta.get("catalog_version")
         if version not in READABLE_VERSIONS:
             return FileCheck(path, f"the version marker reads {version!r}")
-        has_xxh3 = any(r[1] == "xxh3" for r in db.execute("PRAGMA table_info(chunks)"))
+        if not tables_of(version) <= tables:
+            return FileCheck(path, f"tables {', '.join(sorted(tables_of(version) - tables))} are missing")
+        columns = {r[1] for r in db.execute("PRAGMA table_info(chunks)")}
+        has_xxh3 = "xxh3" in columns
         if has_xxh3 != (version != "1"):
             return FileCheck(path, f"version {version} {'has' if has_xxh3 else 'lacks'} the chunks.xxh3 column")
+        if ("base" in columns) != (version == "3"):
+            return FileCheck(path, f"version {version} {'has' if 'base' in columns else 'lacks'} "
+                                   f"the chunks.base column")
+        if version == "3":
+            for problem, query in _V3_CHECKS:
+                if db.execute(query).fetchone()[0]:
+                    return FileCheck(path, problem)
         if has_xxh3 and db.execute("SELECT COUNT(*) FROM chunks WHERE xxh3 IS NOT NULL AND "
                                    "(typeof(xxh3) != 'blob' OR length(xxh3) != 16)").fetchone()[0]:
             return FileCheck(path, "a chunk's read checksum is not 16 bytes")
@@ -173,6 +199,7 @@ def agreement(db: sqlite3.Connection, index: PackIndex) -> PackAgreement:
             relocated[cid] = same_length[-1]
         else:
             missing.add(cid)
+    missing_below = _reaching(db, missing)
     broken: set[str] = set()
     files = {fid: (model, size) for fid, model, size in db.execute(
         "SELECT f.id, m.name, f.size FROM files f JOIN models m ON m.id = f.model")}
@@ -181,7 +208,7 @@ def agreement(db: sqlite3.Connection, index: PackIndex) -> PackAgreement:
         model = files.get(fid, (None, 0))[0]
         if model is None:
             continue
-        if chunk in missing or chunk not in sizes or offset != ends.get(fid, 0):
+        if chunk in missing or chunk in missing_below or chunk not in sizes or offset != ends.get(fid, 0):
             broken.add(model)
             ends[fid] = -1
             continue
@@ -194,6 +221,23 @@ def agreement(db: sqlite3.Connection, index: PackIndex) -> PackAgreement:
     if orphans:
         broken.add("(files of no model)")
     return PackAgreement(relocated, missing, broken)
+
+
+def _reaching(db: sqlite3.Connection, missing: set[bytes]) -> set[bytes]:
+    """The chunks whose chain of references reaches one of these (none in a catalog before version 3)."""
+    if not missing or "base" not in {r[1] for r in db.execute("PRAGMA table_info(chunks)")}:
+        return set()
+    dependants: dict[bytes, list[bytes]] = {}
+    for cid, base in db.execute("SELECT id, base FROM chunks WHERE base IS NOT NULL"):
+        dependants.setdefault(base, []).append(cid)
+    out: set[bytes] = set()
+    todo = list(missing)
+    while todo:
+        for d in dependants.get(todo.pop(), ()):
+            if d not in out:
+                out.add(d)
+                todo.append(d)
+    return out
 
 
 def diagnose(store: StorePaths, *, check_packs: bool = True) -> Verdict:

@@ -39,6 +39,7 @@ _DIGESTED = (
     ("files", "SELECT id, model, path, size, mtime, sha256, format FROM files ORDER BY id"),
     ("chunks", "SELECT * FROM chunks ORDER BY id"),
     ("extents", "SELECT file, seq, offset, chunk FROM extents ORDER BY file, seq"),
+    ("tensors", "SELECT file, name, dtype, shape, offset, size FROM tensors ORDER BY file, offset"),
 )
 
 
@@ -53,7 +54,10 @@ def content_digest(db: sqlite3.Connection) -> str:
     (repr keeps 1, 1.0, '1' and b'1' apart), a batch at a time: the per-value loop this replaces
     took most of a copy's time."""
     h = hashlib.sha256()
+    present = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     for table, query in _DIGESTED:
+        if table == "tensors" and table not in present:     # a catalog before version 3
+            continue
         h.update(f"\x00table {table}\x00".encode())
         cursor = db.execute(query)
         while rows := cursor.fetchmany(4096):

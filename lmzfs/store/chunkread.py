@@ -33,14 +33,16 @@ def _reported(extent: Extent) -> Iterator[None]:
                            f"{exc.strerror or exc}") from exc
 
 
-def read_chunk(fd: int, extent: Extent, *, check_id: bool = False, copy: bool = True) -> Buffer:
+def read_chunk(fd: int, extent: Extent, *, check_id: bool = False, copy: bool = True,
+               ref: Buffer | None = None) -> Buffer:
     """The chunk's plain bytes, checked against its XXH3-128 (or, for a chunk stored without one,
     or with check_id, its SHA-256 id, which costs far more).
     Bytes, or with copy=False possibly a byte-format memoryview of the codec's array (checked
-    all the same; see codecs.decode_chunk)."""
+    all the same; see codecs.decode_chunk). ref: the plain bytes of the chunk's base (checked
+    by whoever read them), for a chunk coded against one."""
     with _reported(extent):
         payload = read_payload(fd, extent.chunk_id, extent.location)
-        plain = decode_chunk(payload, extent.size, hash_checked=True, copy=copy)   # the check below
+        plain = decode_chunk(payload, extent.size, hash_checked=True, copy=copy, ref=ref)   # the check below
     if len(plain) != extent.size or \
             (extent.xxh3 is not None and xxhash.xxh3_128_digest(plain) != extent.xxh3) or \
             ((extent.xxh3 is None or check_id) and hashlib.sha256(plain).digest() != extent.chunk_id):

@@ -10,9 +10,11 @@ that decodes in parts, or its chunk is lent: the read is answered before the chu
 into the cache). What a codec can do (decode in parts, decode cheaply) it states through its
 interface (codecs/base.py); nothing here depends on which codec a chunk has.
 
-Where chains and writes plug in: a chunk coded against a reference resolves the reference
-through `read` (so a reference shared by many chunks is decoded once and cached), and a writable
-mount puts its unflushed bytes in front of this source.
+A chunk coded against a reference (Extent.base, a delta) is decoded by first reading its base's
+whole plain bytes through this same source, and so through its cache: a base that many chunks
+(or many files) need is decoded once, and a chain decodes link by link, each link checked
+against its own checksum. A damaged base is an EIO for every chunk that needs it, naming both.
+A writable mount puts its unflushed bytes in front of this source.
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ class ChunkSource:
     def hold(self, extents: list[Extent]) -> PackHold:
         """Open (or share) the packs these chunks live in, for as long as the caller reads them:
         a descriptor stays valid after `lmz gc` unlinks its pack. Pair with release()."""
-        return PackHold(self._packs.acquire({e.location.pack for e in extents}))
+        return PackHold(self._packs.acquire({c.location.pack for e in extents for c in e.chain()}))
 
     def release(self, hold: PackHold) -> None:
         self._packs.release(hold.fds)
@@ -100,10 +102,19 @@ class ChunkSource:
             self.counters.add(corrupt_chunks=1)
             raise
 
+    def _reference(self, e: Extent) -> Buffer:
+        """The whole plain bytes of a delta chunk's base, through the cache (decoded once)."""
+        try:
+            return self.read(e.base, 0, e.base.size)
+        except CorruptChunk as exc:
+            raise CorruptChunk(f"chunk {e.chunk_id.hex()[:16]}: its reference chunk "
+                               f"{e.base.chunk_id.hex()[:16]} is damaged ({exc.strerror})") from exc
+
     def _decode(self, e: Extent, copy: bool = True) -> Buffer:
+        ref = None if e.base is None else self._reference(e)
         t0 = time.perf_counter()
         with self._counted():
-            data = read_chunk(self._fd(e), e, check_id=self._check_ids, copy=copy)
+            data = read_chunk(self._fd(e), e, check_id=self._check_ids, copy=copy, ref=ref)
         self.counters.add(chunks_decoded=1, bytes_decoded=e.size, decode_seconds=time.perf_counter() - t0)
         return data
 
@@ -206,6 +217,8 @@ class ChunkSource:
             return None                     # one of its parts is being decoded
         codec = _codec(e)
         need = e.size if found is None else len(found[0]) * found[1]
+        if e.base is not None and self.cache.peek(e.base.chunk_id) is None:
+            codec = None                    # its base is to be decoded first: never cheap
         if (codec is not None and need <= codec.cheap_bytes) or (idle and lone):
             return self.read(e, lo, hi, lone=lone)
         return None

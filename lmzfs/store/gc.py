@@ -5,6 +5,10 @@ reused), which is fsync'd before one catalog transaction points the chunks at it
 the old packs unlinked. A killed gc therefore leaves either the old state or the new one, plus
 an unreferenced pack that the next gc removes. Readers that still hold an old pack open keep
 reading it: the descriptor outlives the unlink.
+
+What is collected: every chunk with no reference (chunks.refs, which counts extents and the
+delta chunks coded against it), and, cascading in the same transaction, a reference whose every
+dependant is collected with it.
 """
 from __future__ import annotations
 
@@ -54,19 +58,46 @@ def collect_garbage(store: StorePaths) -> GcResult:
             catalog.close()
 
 
+def _dead_chunks(db) -> tuple[set[bytes], dict[bytes, int]]:
+    """(the chunks to collect, references each surviving base loses with them): chunks with no
+    reference, then each base all of whose references are among them, and so on down the chain."""
+    dead = {cid for (cid,) in db.execute("SELECT id FROM chunks WHERE refs <= 0")}
+    lost: dict[bytes, int] = {}
+    todo = list(dead)
+    while todo:
+        cid = todo.pop()
+        row = db.execute("SELECT c.base, b.refs FROM chunks c JOIN chunks b ON b.id = c.base WHERE c.id = ?",
+                         (cid,)).fetchone()
+        if row is None or row[0] in dead:
+            continue
+        base, refs = row
+        lost[base] = lost.get(base, 0) + 1
+        if refs - lost[base] <= 0:
+            dead.add(base)
+            todo.append(base)
+    return dead, {b: n for b, n in lost.items() if b not in dead}
+
+
 def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     result = GcResult()
     on_disk = _packs_on_disk(store)
     result.bytes_before = sum(on_disk.values())
     db = catalog.db
+    dead, lost = _dead_chunks(db)
+    db.execute("CREATE TEMP TABLE IF NOT EXISTS gc_dead (id BLOB PRIMARY KEY) WITHOUT ROWID")
+    db.execute("DELETE FROM gc_dead")
+    db.executemany("INSERT INTO gc_dead VALUES (?)", [(cid,) for cid in dead])
     live = {pid: (n, used, end) for pid, n, used, end in db.execute(
-        "SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks WHERE refs > 0 GROUP BY pack")}
-    result.chunks_dropped = db.execute("SELECT COUNT(*) FROM chunks WHERE refs <= 0").fetchone()[0]
+        "SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks "
+        "WHERE id NOT IN (SELECT id FROM gc_dead) GROUP BY pack")}
+    result.chunks_dropped = len(dead)
     # Three remedies, cheapest first. A pack whose live records lie back to back from its header
     # has garbage only at its tail (an add that failed or was killed, dropped chunks appended
     # last): it is truncated in place, which works even on a full disk, unless a reader has the
     # packs open (it may still read the tail: packfds.py). A pack with no live record is
-    # deleted. Any other pack with garbage is rewritten into a new pack.
+    # deleted. Any other pack has garbage between its live records (dropped chunks, the old
+    # payloads of recoded chunks, an interrupted add that a later one appended after) and is
+    # rewritten into a new pack.
     truncate: dict[int, int] = {}
     delete: list[int] = []
     rewrite: list[int] = []
@@ -80,7 +111,7 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
                 rewrite.append(pid)
             elif size > end:
                 truncate[pid] = end
-        elif size != end or db.execute("SELECT 1 FROM chunks WHERE pack = ? AND refs <= 0 LIMIT 1", (pid,)).fetchone():
+        else:
             rewrite.append(pid)
     if not (truncate or delete or rewrite or result.chunks_dropped):
         result.bytes_after = result.bytes_before
@@ -91,8 +122,8 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     moves: list[tuple[int, int, int, bytes]] = []
     try:
         for pid in rewrite:
-            rows = db.execute("SELECT id, offset, length FROM chunks WHERE pack = ? AND refs > 0 ORDER BY offset",
-                              (pid,)).fetchall()
+            rows = db.execute("SELECT id, offset, length FROM chunks WHERE pack = ? AND id NOT IN "
+                              "(SELECT id FROM gc_dead) ORDER BY offset", (pid,)).fetchall()
             fd = os.open(store.pack(pid), os.O_RDONLY)
             try:
                 for cid, off, length in rows:
@@ -110,7 +141,8 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
             writer.sync()
         def record(tx) -> None:
             tx.executemany("UPDATE chunks SET pack = ?, offset = ?, length = ? WHERE id = ?", moves)
-            tx.execute("DELETE FROM chunks WHERE refs <= 0")
+            tx.execute("DELETE FROM chunks WHERE id IN (SELECT id FROM gc_dead)")
+            tx.executemany("UPDATE chunks SET refs = refs - ? WHERE id = ?", [(n, b) for b, n in lost.items()])
             if writer is not None:
                 Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
             elif last in delete or last in rewrite:

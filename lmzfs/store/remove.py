@@ -1,5 +1,7 @@
 """`lmz rm`: drop models from the catalog in one transaction. Their chunks stay in the packs
-(with fewer references) until `lmz gc`, so a mount that has a removed file open keeps reading it."""
+(with fewer references) until `lmz gc`, so a mount that has a removed file open keeps reading it.
+A chunk that another chunk is coded against keeps that reference in its count (chunks.refs), so
+`lmz gc` keeps it for as long as a dependant needs it, whichever models are removed."""
 from __future__ import annotations
 
 from lmzfs.store.catalog import Catalog
@@ -29,6 +31,7 @@ def remove_models(store: StorePaths, names: list[str]) -> int:
                     db.execute("UPDATE chunks SET refs = refs - (SELECT n FROM gone WHERE gone.chunk = chunks.id) "
                                "WHERE id IN (SELECT chunk FROM gone)")
                     db.execute("DELETE FROM extents WHERE file IN (SELECT id FROM files WHERE model = ?)", (row.id,))
+                    db.execute("DELETE FROM tensors WHERE file IN (SELECT id FROM files WHERE model = ?)", (row.id,))
                     removed += db.execute("DELETE FROM files WHERE model = ?", (row.id,)).rowcount
                     db.execute("DELETE FROM models WHERE id = ?", (row.id,))
             return removed

@@ -1,0 +1,176 @@
+"""Recoding a base model's chunks as deltas against a new model's, inside that model's `lmz add`.
+
+Users mostly read the newest checkpoint, so the newest stays coded alone and each paired chunk
+of its base is recoded as a delta against the new model's chunk (the base's plain bytes, read
+through a ChunkSource, coded against the new chunk's, which the add holds in hand). A recode is
+kept only when its payload is smaller than the chunk's payload now. When the step would make a
+chain deeper than the cap, the chunks that would sit too deep are re-anchored in the same step:
+each becomes a delta against the new model's chunk, or is coded alone, whichever is smaller.
+
+Nothing here touches the catalog's rows: payloads go to the add's PackWriter (fsync'd with the
+rest before the commit) and the changes are handed to the add's one transaction (`rows`), so a
+process killed before it leaves the catalog as it was and the payloads as dead pack bytes.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from collections import deque
+
+from lmzfs.codecs import EncodedChunk, encode_chunk, encode_delta_chunk
+from lmzfs.codecs.base import ChunkHint
+from lmzfs.errors import CorruptChunk
+from lmzfs.store.catalog import Catalog, Extent
+from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.delta_plan import ChainGraph
+from lmzfs.store.layout import StorePaths
+from lmzfs.store.packs import PackWriter
+
+# Decoded chunks of the base kept while recoding (a base chunk is read once; its own chain's
+# references are what this holds).
+_CACHE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Recode:
+    """A chunk's new payload: where it lies, its codec and its base (None: coded alone)."""
+    chunk_id: bytes
+    codec: str
+    pack: int
+    offset: int
+    length: int
+    base: bytes | None
+
+
+@dataclass(frozen=True)
+class _Reanchor:
+    payload: EncodedChunk
+    against_new: bool         # a delta against the new model's chunk; False: coded alone
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What a recode job measured: the base chunk's delta against the new one (None: not smaller
+    than its payload now, or no delta codec applies), and for each chunk to re-anchor the smaller
+    of its delta against the new chunk and its coding alone."""
+    delta: EncodedChunk | None
+    reanchors: dict[bytes, _Reanchor]
+    damaged: str | None = None
+
+
+@dataclass(frozen=True)
+class _Job:
+    new_id: bytes             # the new model's chunk
+    paired: Extent            # the stored chunk to recode against it
+    reanchor: list[Extent]    # chunks that would then sit too deep
+    outcome: Future
+
+
+@dataclass
+class RecodeTotals:
+    chunks: int = 0            # base chunks recoded as deltas against the new model's
+    bytes_before: int = 0      # their payload bytes before
+    bytes_after: int = 0       # and after
+    reanchored: int = 0        # chunks re-anchored to keep chains within the cap
+    reanchor_before: int = 0
+    reanchor_after: int = 0
+
+
+class ChainRecoder:
+    """Used by one add, from its main thread; the encoding runs on the add's pool."""
+
+    def __init__(self, store: StorePaths, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor,
+                 depth_cap: int, fast: bool):
+        self.catalog = catalog
+        self.graph = ChainGraph(catalog, depth_cap)
+        self.totals = RecodeTotals()
+        self.warnings: list[str] = []
+        self._writer = writer
+        self._pool = pool
+        self._fast = fast
+        self._source = ChunkSource(store, _CACHE_BYTES)
+        self._claimed: set[bytes] = set()         # base chunks a job was started for
+        self._new: set[bytes] = set()             # chunks of the new model seen so far: never recoded
+        self._window: deque[_Job] = deque()
+        self.rows: dict[bytes, Recode] = {}       # chunk -> its final new row
+
+    def saw(self, chunk_id: bytes) -> None:
+        """A chunk of the new model (new or already stored): it stays as it is."""
+        self._new.add(chunk_id)
+
+    def offer(self, new_id: bytes, data: bytes, hint: ChunkHint, paired: Extent) -> None:
+        """The new model's chunk `new_id` (plain `data`) pairs with the stored chunk `paired`."""
+        b = paired.chunk_id
+        if b == new_id or b in self._claimed or b in self._new or not self.graph.allows(b, new_id):
+            return
+        self._claimed.add(b)
+        deep = self.graph.over_cap(b, self.graph.depth(new_id) + 1)
+        found = self.catalog.chunk_extents(deep) if deep else {}
+        reanchor = [found[z] for z in deep if z in found and found[z].size == len(data)]
+        if len(reanchor) != len(deep):
+            return
+        self._window.append(_Job(new_id, paired, reanchor, self._pool.submit(self._measure, paired, reanchor, data, hint)))
+
+    def drain(self, keep: int) -> None:
+        """Land finished jobs, oldest first, until at most `keep` are outstanding."""
+        while len(self._window) > keep:
+            job = self._window.popleft()
+            self._land(job, job.outcome.result())
+
+    def close(self) -> None:
+        self._source.close()
+
+    # -- on the pool ------------------------------------------------------------------------------
+    def _plain(self, e: Extent) -> bytes:
+        hold = self._source.hold([e])
+        try:
+            return bytes(self._source.read(e, 0, e.size))
+        finally:
+            self._source.release(hold)
+
+    def _measure(self, paired: Extent, reanchor: list[Extent], data: bytes, hint: ChunkHint) -> _Outcome:
+        try:
+            delta = encode_delta_chunk(self._plain(paired), data, hint)
+            if delta is None or len(delta.payload) >= paired.location.length:
+                return _Outcome(None, {})
+            out: dict[bytes, _Reanchor] = {}
+            for z in reanchor:
+                plain = self._plain(z)
+                against = encode_delta_chunk(plain, data, hint)
+                alone = encode_chunk(plain, hint, fast=self._fast)
+                out[z.chunk_id] = _Reanchor(against, True) if against is not None and \
+                    len(against.payload) < len(alone.payload) else _Reanchor(alone, False)
+            return _Outcome(delta, out)
+        except CorruptChunk as exc:
+            return _Outcome(None, {}, exc.strerror)
+
+    # -- back on the add's thread -----------------------------------------------------------------
+    def _land(self, job: _Job, got: _Outcome) -> None:
+        new_id, paired, b = job.new_id, job.paired, job.paired.chunk_id
+        if got.damaged is not None:
+            self.warnings.append(f"a stored chunk could not be read, so it was left as it is ({got.damaged}); "
+                                 f"run `lmz verify`")
+            return
+        if got.delta is None or b in self._new or not self.graph.allows(b, new_id):
+            return
+        depth = self.graph.depth(new_id) + 1
+        if set(self.graph.over_cap(b, depth)) != got.reanchors.keys():
+            return          # the chains under it changed since the job started: leave it as it is
+        for z, r in got.reanchors.items():
+            if self.graph.over_cap(z, depth if r.against_new else 0):
+                return      # a re-anchored chunk's own dependants would still sit too deep
+        self._put(b, got.delta, new_id)
+        self.totals.chunks += 1
+        self.totals.bytes_before += paired.location.length
+        self.totals.bytes_after += len(got.delta.payload)
+        for z in job.reanchor:
+            r = got.reanchors[z.chunk_id]
+            self._put(z.chunk_id, r.payload, new_id if r.against_new else None)
+            self.totals.reanchored += 1
+            self.totals.reanchor_before += z.location.length
+            self.totals.reanchor_after += len(r.payload.payload)
+
+    def _put(self, chunk_id: bytes, enc: EncodedChunk, base: bytes | None) -> None:
+        loc = self._writer.append(chunk_id, enc.payload)
+        self.graph.set_base(chunk_id, base)
+        self.rows[chunk_id] = Recode(chunk_id, enc.codec, loc.pack, loc.offset, loc.length, base)

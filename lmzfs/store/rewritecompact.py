@@ -1,0 +1,155 @@
+"""`lmz rewrite compact`: repack the live chunks of every pack with enough dead bytes into new
+packs, drop the rows of chunks nothing uses (as `lmz gc` does), and delete the packs left empty.
+
+Where gc copies a pack only when it must (a pack in use whose garbage is not at its tail; it
+truncates or deletes otherwise), compact rewrites every pack whose dead share is above a
+threshold (or every pack, with --all), in the order the store's files use their chunks, so that
+a file's chunks lie together in few packs. Payloads are copied as they are: nothing is decoded.
+
+Atomic as every pass (rewrite.py): the copies are fsync'd, one transaction moves the rows and
+drops the dead ones, and only then are the old packs unlinked; a reader that holds one keeps its
+descriptor, which outlives the unlink. Killed before the commit, the new packs hold nothing the
+catalog names; after it, the old packs do not: either way the next compact deletes them.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from lmzfs.store.catalog import Catalog
+# gc's own rule for what is garbage (cascading down chains), so that compact and gc agree on it
+from lmzfs.store.gc import _dead_chunks as dead_chunks
+from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
+from lmzfs.store.packfds import packs_in_use
+from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation, PackDamaged, PackWriter, read_payload
+from lmzfs.store.rewrite import Progress, RewriteResult, measure, packs_on_disk, writing
+
+DEFAULT_MIN_DEAD = 0.10     # rewrite a pack once more than this share of its bytes is dead
+UNLINK_GRACE_SECONDS = 1.0  # between the commit and unlinking old packs, while readers have packs open
+
+
+@dataclass(frozen=True)
+class _Move:
+    chunk_id: bytes
+    old: ChunkLocation
+    new: ChunkLocation
+
+
+def _locality_order(db, wanted: dict[bytes, ChunkLocation]) -> list[bytes]:
+    """The wanted chunks in the order the store's files first use them (model, path, offset);
+    the rest (references only) after, in their pack order."""
+    order: list[bytes] = []
+    seen: set[bytes] = set()
+    for (cid,) in db.execute("SELECT e.chunk FROM extents e JOIN files f ON f.id = e.file "
+                             "JOIN models m ON m.id = f.model ORDER BY m.name, f.path, e.seq"):
+        if cid in wanted and cid not in seen:
+            seen.add(cid)
+            order.append(cid)
+    rest = sorted((cid for cid in wanted if cid not in seen), key=lambda c: (wanted[c].pack, wanted[c].offset))
+    return order + rest
+
+
+def compact_store(store: StorePaths, *, min_dead: float = DEFAULT_MIN_DEAD, everything: bool = False,
+                  progress: Progress | None = None) -> RewriteResult:
+    """Rewrite every pack whose dead bytes are more than `min_dead` of it (every pack with
+    `everything`); delete packs nothing lives in; drop the rows of unused chunks."""
+    if not 0.0 <= min_dead < 1.0:
+        raise StoreError(f"the dead share of a pack to rewrite must be at least 0% and below 100% "
+                         f"(not {100 * min_dead:g}%)")
+    started = time.monotonic()
+    with writing(store) as catalog:
+        result = RewriteResult("compact", measure(store, catalog), measure(store, catalog))
+        _compact(store, catalog, min_dead, everything, progress, result)
+        result.after = measure(store, catalog)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: bool,
+             progress: Progress | None, result: RewriteResult) -> None:
+    db = catalog.db
+    on_disk = packs_on_disk(store)
+    dead, lost = dead_chunks(db)
+    rows = {cid: ChunkLocation(p, o, n) for cid, p, o, n in db.execute("SELECT id, pack, offset, length FROM chunks")
+            if cid not in dead}
+    live_bytes: dict[int, int] = {}
+    for loc in rows.values():
+        live_bytes[loc.pack] = live_bytes.get(loc.pack, len(PACK_HEADER)) + RECORD_HEADER.size + loc.length
+    delete = sorted(pid for pid in on_disk if pid not in live_bytes)
+    rewrite = sorted(pid for pid, size in on_disk.items() if pid in live_bytes and
+                     (everything or size - live_bytes[pid] > min_dead * size))
+    result.chunks_examined = len(rows)
+    if not (delete or rewrite or dead):
+        return
+    copied = set(rewrite)
+    moving = {cid: loc for cid, loc in rows.items() if loc.pack in copied}
+    need = sum(live_bytes[pid] for pid in rewrite)
+    free = _free_bytes(store)
+    if need > free:
+        raise StoreError(f"compact needs {need} bytes free for the live chunks it copies, and "
+                         f"{free} are; nothing changed (free some space, or raise --min-dead)")
+    last, next_new = catalog.pack_ids()
+    writer: PackWriter | None = None
+    changes: list[_Move] = []
+    fds: dict[int, int] = {}
+    total = sum(rows[cid].length for cid in moving)
+    done = 0
+    try:
+        for cid in _locality_order(db, moving):
+            old = rows[cid]
+            fd = fds.get(old.pack)
+            if fd is None:
+                fd = fds[old.pack] = os.open(store.pack(old.pack), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                payload = read_payload(fd, cid, old)
+            except PackDamaged as exc:
+                raise StoreError(f"compact stopped and nothing changed: {exc}; run `lmz verify`") from exc
+            if writer is None:
+                writer = PackWriter(store, None, max([next_new, *(pid + 1 for pid in on_disk)]))
+            changes.append(_Move(cid, old, writer.append(cid, payload)))
+            done += old.length
+            if progress:
+                progress(done, total)
+        if writer is not None:
+            writer.sync()
+        with catalog.transaction() as tx:
+            _move_rows(tx, changes)
+            tx.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in dead])
+            tx.executemany("UPDATE chunks SET refs = refs - ? WHERE id = ?", [(n, b) for b, n in lost.items()])
+            if writer is not None:
+                Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
+            elif last in delete or last in rewrite:
+                Catalog.record_pack_ids(tx, None, 0)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+        if writer is not None:
+            writer.close()
+    # The committed catalog names nothing in these packs any more. A reader that read a file's
+    # extents just before the commit opens their packs a moment later: with readers about, give
+    # it that moment (after it, its descriptors keep the unlinked packs readable).
+    if (delete or rewrite) and packs_in_use(store):
+        time.sleep(UNLINK_GRACE_SECONDS)
+    for pid in delete + rewrite:
+        store.pack(pid).unlink(missing_ok=True)
+    fsync_dir(store.packs)
+    result.chunks_changed = len(changes)
+    result.chunks_dropped = len(dead)
+    result.packs_written = len(writer.touched) if writer is not None else 0
+    result.packs_deleted = len(delete) + len(rewrite)
+
+
+def _move_rows(tx, changes: list[_Move]) -> None:
+    """A moved payload keeps its codec: only the location changes."""
+    for c in changes:
+        n = tx.execute("UPDATE chunks SET pack = ?, offset = ?, length = ? WHERE id = ? AND pack = ? AND offset = ?",
+                       (c.new.pack, c.new.offset, c.new.length, c.chunk_id, c.old.pack, c.old.offset)).rowcount
+        if n != 1:
+            raise StoreError(f"compact stopped and nothing changed: chunk {c.chunk_id.hex()[:16]} is no longer "
+                             f"where it was read; run `lmz verify`")
+
+
+def _free_bytes(store: StorePaths) -> int:
+    st = os.statvfs(store.packs)
+    return st.f_bavail * st.f_frsize

@@ -1,0 +1,63 @@
+"""`lmz rewrite recode [MODEL]`: code the chunks (of MODEL, or of every model) again with the
+best codecs this lmzfs has, and keep a new payload only where it is smaller.
+
+A store added with `--fast`, or by an older lmzfs, gets what `lmz add` would store today. The
+chunk boundaries stay (a chunk's id is its plain bytes), so `--chunk-size` has no say; nor has
+`--fast`: recoding is for the smallest store. A chunk coded in segments (floatseg, `add
+--segments`) is coded in segments again, as its add asked for random reads. A file whose header
+was malformed keeps the quick codecs its add gave it.
+
+A delta chunk is coded both alone and against its reference, and keeps the smaller; it never
+gains a reference it did not have (`lmz rewrite delta` does that), so no chain grows or loops.
+"""
+from __future__ import annotations
+
+import time
+
+from lmzfs.codecs import encode_chunk, encode_delta_chunk
+from lmzfs.store.layout import StoreError, StorePaths
+from lmzfs.store.rewrite import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
+                                 store_reader, writing)
+from lmzfs.store.rewritescan import StoredChunk, chunks_of, scan_models
+
+
+def smallest(job: RecodeJob, plain: bytes, ref: bytes | None) -> Recoding | None:
+    """The chunk's smallest payload, alone or against the reference it has, if smaller than now."""
+    chunk = job.chunk
+    alone = encode_chunk(plain, chunk.hint, fast=chunk.hostile, thorough=not chunk.hostile,
+                         segments=chunk.extent.codec == "floatseg")
+    best = Recoding(alone.payload, alone.codec)
+    if ref is not None:
+        delta = encode_delta_chunk(plain, ref, chunk.hint)
+        if delta is not None and len(delta.payload) < len(best.payload):
+            best = Recoding(delta.payload, delta.codec, job.reference)
+    return best if len(best.payload) < chunk.extent.location.length else None
+
+
+def with_references(chunks: dict[bytes, StoredChunk]) -> dict[bytes, StoredChunk]:
+    """These chunks and every chunk their chains reach (a reference whose own model was removed
+    lives on for its dependants), each reference with the hint of the chunk that needs it."""
+    out = dict(chunks)
+    for c in chunks.values():
+        for ref in c.extent.chain()[1:]:
+            if ref.chunk_id not in out:
+                out[ref.chunk_id] = StoredChunk(ref, c.hint, c.hostile)
+    return out
+
+
+def recode_store(store: StorePaths, model: str | None = None, *, progress: Progress | None = None,
+                 workers: int | None = None) -> RewriteResult:
+    started = time.monotonic()
+    with writing(store) as catalog:
+        if model is not None and catalog.model(model) is None:
+            raise StoreError(f"no model named {model!r} (see `lmz ls`)")
+        result = RewriteResult("recode", measure(store, catalog), measure(store, catalog))
+        with store_reader(store) as source:
+            chunks = chunks_of(scan_models(catalog, source, None if model is None else {model}))
+            if model is None:
+                chunks = with_references(chunks)
+            jobs = [RecodeJob(c, c.extent.base) for c in chunks.values() if c.extent.size]
+            recode_chunks(store, catalog, source, jobs, smallest, result, progress, workers)
+        result.after = measure(store, catalog)
+    result.seconds = time.monotonic() - started
+    return result

@@ -1,0 +1,149 @@
+"""What the rewrite passes learn about stored files: each file's container layout, parsed again
+through the store from its plain bytes as `lmz add` parsed the source, and so each chunk's hint
+(dtype, element size, shape, offset in its tensor) and each tensor's chunks.
+
+A chunk's boundaries never change after its add, so the hint is not re-planned: it is read off
+the segment the chunk lies in, as the chunker derived it.
+"""
+from __future__ import annotations
+
+import bisect
+import io
+from dataclasses import dataclass, replace
+
+from lmzfs.chunker import BLOCK_BYTES
+from lmzfs.codecs.base import ChunkHint
+from lmzfs.formats import parse_open_file
+from lmzfs.formats.segments import FileLayout, Segment
+from lmzfs.errors import CorruptChunk
+from lmzfs.store.catalog import Catalog, Extent, FileRow
+from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.layout import StoreError
+
+
+@dataclass(frozen=True)
+class StoredChunk:
+    extent: Extent       # the chunk's row (its offset: where the first file scanned has it)
+    hint: ChunkHint      # what the chunker knew about its bytes
+    hostile: bool        # its file's header was malformed: add gave it the quick codecs only
+
+
+@dataclass(frozen=True)
+class TensorChunks:
+    """One tensor of a stored file and the chunks that hold it, by offset inside the tensor."""
+    name: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    length: int
+    chunks: tuple[tuple[int, Extent], ...]
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    model: str
+    path: str
+    format: str
+    extents: tuple[Extent, ...]
+    tensors: tuple[TensorChunks, ...]
+    hints: tuple[ChunkHint, ...]      # one per extent
+    hostile: bool
+
+
+class _StoredBytes(io.RawIOBase):
+    """A stored file as a seekable binary file read through the chunk source (for the parsers)."""
+
+    def __init__(self, source: ChunkSource, extents: tuple[Extent, ...], size: int):
+        self._source = source
+        self._extents = extents
+        self._starts = [e.offset for e in extents]
+        self._size = size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        end = min(self._pos + len(buf), self._size)
+        got = 0
+        i = bisect.bisect_right(self._starts, self._pos) - 1
+        while self._pos < end:
+            e = self._extents[i]
+            lo, hi = self._pos - e.offset, min(end, e.offset + e.size) - e.offset
+            piece = self._source.read(e, lo, hi)
+            buf[got:got + len(piece)] = piece
+            got += len(piece)
+            self._pos += len(piece)
+            i += 1
+        return got
+
+
+def hint_of(layout: FileLayout, starts: list[int], offset: int, size: int) -> ChunkHint:
+    """The hint the chunker gave the chunk at [offset, offset + size) of a file with this layout
+    (`starts`: the segments' offsets); a chunk that lies in no one segment gets none."""
+    i = bisect.bisect_right(starts, offset) - 1
+    if i < 0:
+        return ChunkHint()
+    seg: Segment = layout.segments[i]
+    if offset + size > seg.end or seg.kind != "tensor":
+        return ChunkHint()
+    block = BLOCK_BYTES.get(seg.dtype or "", 0) if seg.itemsize == 0 else 0
+    hint = ChunkHint(seg.dtype, seg.itemsize, block, seg.shape)
+    return replace(hint, offset=offset - seg.offset) if hint.dtype else hint
+
+
+def scan_file(catalog: Catalog, source: ChunkSource, row: FileRow) -> StoredFile:
+    """Parse one stored file's container through the store and pair its chunks with its tensors."""
+    extents = tuple(catalog.extents(row.id))
+    tiles = sum(e.size for e in extents) == row.size and \
+        all(a.offset + a.size == b.offset for a, b in zip(extents, extents[1:]))
+    if not tiles:
+        raise StoreError(f"{row.model}/{row.path}: its extents do not tile the file; run `lmz verify`")
+    hold = source.hold(list(extents))
+    try:
+        layout = parse_open_file(f"{row.model}/{row.path}",
+                                 io.BufferedReader(_StoredBytes(source, extents, row.size), 1 << 16), row.size)
+    except CorruptChunk as exc:
+        raise StoreError(f"the rewrite stopped and nothing changed: {exc.strerror}; run `lmz verify`") from exc
+    finally:
+        source.release(hold)
+    starts = [s.offset for s in layout.segments]
+    hints = tuple(hint_of(layout, starts, e.offset, e.size) for e in extents)
+    tensors = []
+    ext_starts = [e.offset for e in extents]
+    for seg in layout.segments:
+        if seg.kind != "tensor" or seg.name is None:
+            continue
+        inside = []
+        for e in extents[bisect.bisect_left(ext_starts, seg.offset):]:
+            if e.offset + e.size > seg.end:
+                break
+            inside.append((e.offset - seg.offset, e))
+        tensors.append(TensorChunks(seg.name, seg.dtype, seg.shape, seg.length, tuple(inside)))
+    return StoredFile(row.model, row.path, layout.format, extents, tuple(tensors), hints, layout.error is not None)
+
+
+def scan_models(catalog: Catalog, source: ChunkSource, models: set[str] | None) -> list[StoredFile]:
+    """Every file of these models (None: of every model), in model and path order."""
+    return [scan_file(catalog, source, f) for f in catalog.files() if models is None or f.model in models]
+
+
+def chunks_of(files: list[StoredFile]) -> dict[bytes, StoredChunk]:
+    """Each distinct chunk of these files once, with the first typed hint any of them gives it."""
+    out: dict[bytes, StoredChunk] = {}
+    for f in files:
+        for e, hint in zip(f.extents, f.hints):
+            seen = out.get(e.chunk_id)
+            if seen is None or (seen.hint.dtype is None and hint.dtype is not None):
+                out[e.chunk_id] = StoredChunk(e, hint, f.hostile)
+    return out
