@@ -2,7 +2,8 @@
 
 Each chain's members are added one at a time, in order, as separate models of one fresh store
 (`lmz add DIR --name CHAIN/MEMBER`: the store picks each member's reference itself), the way a
-user adds checkpoints as a run produces them. The anchor is lmzip's best case: `lmz compress DIR`
+user adds checkpoints as a run produces them, then `lmz gc` (what the recoding of earlier members
+left dead). The anchor is lmzip's best case: `lmz compress DIR`
 of all the members in one directory, delta coding on (lmzip codes a tensor against the same tensor
 of an earlier file of the same archive only). Reads: the newest and the oldest member, each read
 whole through a fresh mount of the chain's store (store files in the page cache), beside the same
@@ -35,14 +36,16 @@ class Chain:
 
 
 def training_chains(cache: Path = CHAIN_CACHE) -> list[Chain]:
-    """The BF16 and FP32 chains of bench/trainchain.py, trained (and cached) if not there yet."""
+    """The chains of bench/trainchain.py, trained (and cached) if not there yet: BF16 and FP32
+    safetensors checkpoints, and the FP32 ones quantised to GGUF Q4_1 and Q8_0."""
     run([sys.executable, str(HERE / "trainchain.py"), "--out", str(cache)], timeout=3600)
     out = []
-    for dtype in ("bf16", "fp32"):
-        steps = sorted(p for p in (cache / dtype).glob("step-*") if (p / "model.safetensors").is_file())
+    for kind, filename in (("bf16", "model.safetensors"), ("fp32", "model.safetensors"),
+                           ("q4_1", "model.gguf"), ("q8_0", "model.gguf")):
+        steps = sorted(p for p in (cache / kind).glob("step-*") if (p / filename).is_file())
         if len(steps) >= 2:
-            out.append(Chain(f"train {dtype}", [(p.name, p / "model.safetensors") for p in steps],
-                             f"checkpoints of one training run (bench/trainchain.py), {dtype.upper()}"))
+            out.append(Chain(f"train {kind}", [(p.name, p / filename) for p in steps],
+                             f"checkpoints of one training run (bench/trainchain.py), {kind.upper()}"))
     return out
 
 
@@ -87,7 +90,13 @@ def _our_store(chain: Chain, work: Path) -> dict:
         t0 = time.monotonic()
         said = run(_lmz(store, "add", link_dir([path], work / "src" / member), "--name", f"chain/{member}"))
         adds.append({"member": member, "seconds": time.monotonic() - t0, "said": said.strip()[-600:]})
+    before_gc = du_bytes(store)
+    # A member's arrival recodes its predecessor's chunks as deltas; their old payloads stay in the
+    # packs (a mount may be reading them) until `lmz gc`, which a user runs as the docs say.
+    t0 = time.monotonic()
+    gc_said = run(_lmz(store, "gc")).strip()
     return {"store": store, "bytes": du_bytes(store), "pack_bytes": du_bytes(store / "packs"), "adds": adds,
+            "bytes_before_gc": before_gc, "gc_seconds": time.monotonic() - t0, "gc_said": gc_said[-400:],
             "listing": run(_lmz(store, "ls")).strip()[-2000:]}
 
 

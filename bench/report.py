@@ -344,7 +344,7 @@ CHAIN_BYTES_GOAL = {"quire releases": 0.90, "train bf16": 0.88, "train fp32": 0.
 def chains_md(ch: dict) -> list[str]:
     out = ["## Checkpoint chains (issue 25)", "",
            "Each member added in order as its own model of one fresh store (`lmz add DIR --name chain/MEMBER`, "
-           "reference chosen by the store); lmzip: `lmz compress` of all members in one directory (delta coding "
+           "reference chosen by the store), then `lmz gc`; lmzip: `lmz compress` of all members in one directory (delta coding "
            "on: its best case). Store bytes: `du` of the whole store directory (packs, catalog and its copies). "
            "Reads: the whole file through a fresh mount (store files in the page cache), chained store against a "
            "store holding that member alone; median over runs of the per-run ratio (1 = as fast as alone).", ""]
@@ -376,8 +376,11 @@ def chains_md(ch: dict) -> list[str]:
     for row in ch["chains"]:
         adds = row.get("ours", {}).get("adds") or []
         if adds:
+            ours = row["ours"]
             out += [f"{row['name']}: `lmz add` per member: "
-                    + "; ".join(f"{a['member']} {a['seconds']:.1f} s" for a in adds) + ".", ""]
+                    + "; ".join(f"{a['member']} {a['seconds']:.1f} s" for a in adds)
+                    + (f"; store before `lmz gc` {ours['bytes_before_gc']:,} B" if "bytes_before_gc" in ours else "")
+                    + ".", ""]
     return out
 
 
