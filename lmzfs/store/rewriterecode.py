@@ -3,7 +3,7 @@ best codecs this lmzfs has, and keep a new payload only where it is smaller.
 
 A store added with `--fast`, or by an older lmzfs, gets what `lmz add` would store today. The
 chunk boundaries stay (a chunk's id is its plain bytes), so `--chunk-size` has no say; nor has
-`--fast`: recoding is for the smallest store. A chunk coded in segments (floatseg, `add
+`--fast`: recoding is for the smallest store. A chunk coded in parts (`add
 --segments`) is coded in segments again, as its add asked for random reads. A file whose header
 was malformed keeps the quick codecs its add gave it.
 
@@ -14,18 +14,26 @@ from __future__ import annotations
 
 import time
 
-from lmzfs.codecs import encode_chunk, encode_delta_chunk
+from lmzfs.codecs import by_name, encode_chunk, encode_delta_chunk
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.rewrite import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
                                  store_reader, writing)
 from lmzfs.store.rewritescan import StoredChunk, chunks_of, scan_models
 
 
+def _in_parts(codec: str) -> bool:
+    """The chunk was coded to decode in parts (`add --segments`): what its codec says of itself."""
+    try:
+        return by_name(codec).part_bytes > 0
+    except KeyError:
+        return False
+
+
 def smallest(job: RecodeJob, plain: bytes, ref: bytes | None) -> Recoding | None:
     """The chunk's smallest payload, alone or against the reference it has, if smaller than now."""
     chunk = job.chunk
     alone = encode_chunk(plain, chunk.hint, fast=chunk.hostile, thorough=not chunk.hostile,
-                         segments=chunk.extent.codec == "floatseg")
+                         segments=_in_parts(chunk.extent.codec))
     best = Recoding(alone.payload, alone.codec)
     if ref is not None:
         delta = encode_delta_chunk(plain, ref, chunk.hint)
