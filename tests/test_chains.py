@@ -476,6 +476,37 @@ def test_an_add_under_a_mount_leaves_the_old_payloads_and_says_what_gc_will_recl
     assert served(store) == originals(dirs, ["run1/step-0", "run1/step-1"]) and verify_store(store).ok
 
 
+def test_verify_of_a_four_deep_chain_decodes_each_stored_chunk_exactly_once(tmp_path):
+    store = StorePaths(tmp_path / "store")
+    dirs = checkpoints(tmp_path / "src", 5)
+    names = add_chain(store, dirs)
+    assert max(depths(store, names[0])) == 4
+    report = verify_store(store)
+    assert report.ok and report.files == 10       # two files a checkpoint
+    assert report.chunks_decoded == len(stored_chunks(store))
+    # a zero-byte cache decodes a base again for every chunk coded against it, down the chain
+    assert verify_store(store, cache_bytes=0).chunks_decoded > 2 * len(stored_chunks(store))
+
+
+def test_verify_with_its_cache_still_names_every_file_a_damaged_reference_breaks(tmp_path):
+    store = StorePaths(tmp_path / "store")
+    dirs = checkpoints(tmp_path / "src", 3)
+    names = add_chain(store, dirs)
+    db = sqlite3.connect(store.catalog)
+    pack, offset, length = db.execute(
+        "SELECT c.pack, c.offset, c.length FROM chunks c JOIN extents x ON x.chunk = c.id JOIN files f ON f.id = x.file "
+        "JOIN models m ON m.id = f.model WHERE m.name = ? AND c.id IN (SELECT base FROM chunks) LIMIT 1",
+        (names[1],)).fetchone()
+    db.close()
+    with open(store.pack(pack), "r+b") as f:
+        f.seek(offset + 40 + length // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    report = verify_store(store)
+    assert sorted({d.model for d in report.damaged}) == names[:2]
+
+
 def test_a_chunk_shared_by_dedup_is_recoded_all_the_same_and_never_into_a_cycle(tmp_path):
     import shutil
     store = StorePaths(tmp_path / "store")
