@@ -79,7 +79,17 @@ def _chain_line(r) -> str:
     if t.reanchored:
         line += (f"; {t.reanchored} chunk(s) re-anchored to keep chains within the depth cap "
                  f"({human_bytes(t.reanchor_before)} -> {human_bytes(t.reanchor_after)})")
-    return line
+    return line + _reclaim_clause(r.reclaimed)
+
+
+def _reclaim_clause(g) -> str:
+    """What became of the recoded chunks' old payloads (add.py reclaims them after its commit)."""
+    if g is None:
+        return ""
+    if g.left_for_gc:
+        return (f"; the packs are open in a mount, so their old payloads stay until `lmz gc` "
+                f"(which will reclaim {human_bytes(g.left_for_gc)})")
+    return f"; their old payloads were dropped from the packs ({human_bytes(g.reclaimed)} reclaimed)"
 
 
 def cmd_ls(args) -> int:

@@ -390,7 +390,9 @@ def test_kill_9_of_an_add_while_it_recodes_a_chain_leaves_the_previous_state_int
     rng = np.random.default_rng(7)
     after = {**before, **originals(dirs[3:], ["run1/step-3"])}
     midway = 0
-    for i, at in enumerate(rng.uniform(0.25, 0.7, 4) * took):      # past the interpreter's start-up
+    # past the interpreter's start-up: before the commit, and after it, while the recoded chunks'
+    # old payloads are reclaimed
+    for i, at in enumerate(np.concatenate([rng.uniform(0.25, 0.7, 4), rng.uniform(0.7, 1.0, 3)]) * took):
         trial = tmp_path / f"trial-{i}"
         shutil.copytree(store.root, trial)
         p = _add_process(trial, dirs[3], "run1/step-3")
@@ -407,6 +409,7 @@ def test_kill_9_of_an_add_while_it_recodes_a_chain_leaves_the_previous_state_int
         assert verify_store(t).ok
         collect_garbage(t)
         assert served(t) == got and verify_store(t).ok
+        assert pack_bytes(t) == live_pack_bytes(t)
     assert midway >= 1
 
 
@@ -423,18 +426,85 @@ def test_the_quire_release_pair_chains_reads_back_and_stores_smaller_than_alone(
     assert verify_store(store).ok
 
 
-def test_gc_reclaims_the_old_payloads_of_recoded_chunks(tmp_path):
+def pack_bytes(store: StorePaths) -> int:
+    return sum(p.stat().st_size for p in store.packs.iterdir())
+
+
+def live_pack_bytes(store: StorePaths) -> int:
+    """What the packs hold with no dead byte: each live record and each pack's header."""
+    db = sqlite3.connect(store.catalog)
+    try:
+        live = db.execute("SELECT SUM(length) + COUNT(*) * 40 FROM chunks").fetchone()[0]
+    finally:
+        db.close()
+    return live + 16 * len(list(store.packs.iterdir()))
+
+
+def test_an_add_that_recodes_drops_the_old_payloads_from_the_packs_at_once(tmp_path, capsys):
+    store = StorePaths(tmp_path / "store")
+    dirs = checkpoints(tmp_path / "src", 3)
+    names = add_chain(store, dirs[:2])
+    assert pack_bytes(store) == live_pack_bytes(store)
+    assert lmz(["--store", str(store.root), "add", str(dirs[2]), "--name", "run1/step-2"]) == 0
+    out = capsys.readouterr().out
+    assert "their old payloads were dropped from the packs (" in out and " reclaimed)" in out
+    assert pack_bytes(store) == live_pack_bytes(store)
+    assert collect_garbage(store).reclaimed == 0
+    assert served(store) == originals(dirs, names + ["run1/step-2"]) and verify_store(store).ok
+
+
+@pytest.mark.mount
+def test_an_add_under_a_mount_leaves_the_old_payloads_and_says_what_gc_will_reclaim(tmp_path, capsys):
+    import re
+    store = StorePaths(tmp_path / "store")
+    dirs = checkpoints(tmp_path / "src", 2)
+    add_model(store, dirs[0], "run1/step-0")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with mounted(mnt, store.root):
+        with open(mnt / "run1/step-0/model.safetensors", "rb") as f:
+            f.read(1)
+            assert lmz(["--store", str(store.root), "add", str(dirs[1]), "--name", "run1/step-1"]) == 0
+    out = capsys.readouterr().out
+    said = re.search(r"stay until `lmz gc` \(which will reclaim ([^)]*)\)", out)
+    assert said is not None
+    dead = pack_bytes(store) - live_pack_bytes(store)
+    assert dead > 1 << 19
+    from lmzfs.progress import human_bytes
+    assert said.group(1) == human_bytes(dead)
+    assert collect_garbage(store).reclaimed == dead
+    assert served(store) == originals(dirs, ["run1/step-0", "run1/step-1"]) and verify_store(store).ok
+
+
+def test_verify_of_a_four_deep_chain_decodes_each_stored_chunk_exactly_once(tmp_path):
+    store = StorePaths(tmp_path / "store")
+    dirs = checkpoints(tmp_path / "src", 5)
+    names = add_chain(store, dirs)
+    assert max(depths(store, names[0])) == 4
+    report = verify_store(store)
+    assert report.ok and report.files == 10       # two files a checkpoint
+    assert report.chunks_decoded == len(stored_chunks(store))
+    # a zero-byte cache decodes a base again for every chunk coded against it, down the chain
+    assert verify_store(store, cache_bytes=0).chunks_decoded > 2 * len(stored_chunks(store))
+
+
+def test_verify_with_its_cache_still_names_every_file_a_damaged_reference_breaks(tmp_path):
     store = StorePaths(tmp_path / "store")
     dirs = checkpoints(tmp_path / "src", 3)
     names = add_chain(store, dirs)
-    packs = lambda: sum(p.stat().st_size for p in store.packs.iterdir())     # noqa: E731
     db = sqlite3.connect(store.catalog)
-    live = db.execute("SELECT SUM(length) + COUNT(*) * 40 FROM chunks").fetchone()[0]
+    pack, offset, length = db.execute(
+        "SELECT c.pack, c.offset, c.length FROM chunks c JOIN extents x ON x.chunk = c.id JOIN files f ON f.id = x.file "
+        "JOIN models m ON m.id = f.model WHERE m.name = ? AND c.id IN (SELECT base FROM chunks) LIMIT 1",
+        (names[1],)).fetchone()
     db.close()
-    assert packs() > live + 16 + (1 << 20)        # each recode left its old payload behind
-    assert collect_garbage(store).reclaimed > 1 << 20
-    assert packs() == live + 16 * len(list(store.packs.iterdir()))
-    assert served(store) == originals(dirs, names) and verify_store(store).ok
+    with open(store.pack(pack), "r+b") as f:
+        f.seek(offset + 40 + length // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    report = verify_store(store)
+    assert sorted({d.model for d in report.damaged}) == names[:2]
 
 
 def test_a_chunk_shared_by_dedup_is_recoded_all_the_same_and_never_into_a_cycle(tmp_path):

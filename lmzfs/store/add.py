@@ -7,7 +7,8 @@ before that commit leaves only dead bytes at the end of a pack, which `lmz gc` r
 Checkpoint chains: unless told not to (`--no-delta`), an add picks a stored model to pair with
 (`--base`, or store/delta_plan.py's choice), stores the new model's chunks coded alone and recodes
 the base's paired chunks as deltas against them (store/chainrecode.py) in the same transaction:
-the newest checkpoint reads at full speed, older ones through their chain.
+the newest checkpoint reads at full speed, older ones through their chain. After the commit the
+recoded chunks' old payloads are dropped from the packs that held them (gc.reclaim_packs).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from lmzfs.formats import parse_open_file
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.chainrecode import ChainRecoder, RecodeTotals
 from lmzfs.store.delta_plan import BaseChoice, BaseIndex, NewTensor, choose_base
+from lmzfs.store.gc import GcResult, reclaim_packs
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import validate_model_name
@@ -51,6 +53,7 @@ class AddResult:
     base: BaseChoice | None = None          # the model paired with, if any
     delta: bool = True                      # False: --no-delta
     recoded: RecodeTotals = field(default_factory=RecodeTotals)
+    reclaimed: GcResult | None = None      # the recode's dead payloads dropped after the commit
 
 
 @dataclass
@@ -195,8 +198,8 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                             recoder.close()
                 writer.sync()
                 try:
-                    _commit(catalog, name, str(tree.resolved), plans, new, writer,
-                            recoder.rows if recoder is not None else {})
+                    old_packs = _commit(catalog, name, str(tree.resolved), plans, new, writer,
+                                        recoder.rows if recoder is not None else {})
                 except sqlite3.Error as exc:
                     # e.g. a full disk: the transaction rolled back, so nothing of this add is
                     # visible; its pack bytes are garbage for `lmz gc`.
@@ -204,6 +207,8 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                                      f"added, and `lmz gc` reclaims the space it used") from exc
             finally:
                 writer.close()
+            if old_packs:
+                _reclaim(store, catalog, old_packs, result)
         finally:
             catalog.close()
     result.seconds = time.monotonic() - started
@@ -280,9 +285,26 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
     return plan
 
 
+def _reclaim(store: StorePaths, catalog: Catalog, packs: set[int], result: AddResult) -> None:
+    """After the commit: the old payloads of recoded chunks are dead, so the user would see the
+    store grow by the whole new model; drop them now from the packs that held them."""
+    try:
+        result.reclaimed = reclaim_packs(store, catalog, packs)
+    except (StoreError, OSError, sqlite3.Error) as exc:
+        result.warnings.append(f"the model was added, but the space its recode freed was not reclaimed ({exc}); "
+                               f"`lmz gc` reclaims it")
+
+
 def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
-            new: dict[bytes, _NewChunk], writer: PackWriter, recoded: dict) -> None:
+            new: dict[bytes, _NewChunk], writer: PackWriter, recoded: dict) -> set[int]:
+    """Make the model visible in one transaction; returns the packs that held the recoded
+    chunks' payloads before (their bytes there are dead from now on)."""
     old_bases = {cid: catalog.chunk_base(cid) for cid in recoded}
+    old_packs: set[int] = set()
+    for cid in recoded:
+        row = catalog.db.execute("SELECT pack FROM chunks WHERE id = ?", (cid,)).fetchone()
+        if row is not None:
+            old_packs.add(row[0])
     with catalog.transaction() as db:
         db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3) VALUES (?,?,?,?,?,?,0,?)",
                        [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3) for c in new.values()])
@@ -310,3 +332,4 @@ def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
                 refs[old_bases[cid]] = refs.get(old_bases[cid], 0) - 1
         db.executemany("UPDATE chunks SET refs = refs + ? WHERE id = ?", [(n, cid) for cid, n in refs.items() if n])
         Catalog.record_pack_ids(db, writer.pack_id, max(writer.touched))
+    return old_packs

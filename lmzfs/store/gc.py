@@ -33,6 +33,7 @@ class GcResult:
     packs_truncated: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+    left_for_gc: int = 0        # reclaim_packs: dead bytes left because a reader had the packs open
 
     @property
     def reclaimed(self) -> int:
@@ -79,18 +80,69 @@ def _dead_chunks(db) -> tuple[set[bytes], dict[bytes, int]]:
 
 
 def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
-    result = GcResult()
     on_disk = _packs_on_disk(store)
-    result.bytes_before = sum(on_disk.values())
     db = catalog.db
     dead, lost = _dead_chunks(db)
+    _mark_dead(db, dead)
+    live = {pid: _Live(n, used, end) for pid, n, used, end in db.execute(
+        "SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks "
+        "WHERE id NOT IN (SELECT id FROM gc_dead) GROUP BY pack")}
+    return _remedy(store, catalog, on_disk, live, len(dead), lost, packs_in_use(store), max(on_disk, default=0))
+
+
+def reclaim_packs(store: StorePaths, catalog: Catalog, pack_ids: set[int]) -> GcResult:
+    """Drop the dead bytes of just these packs (old payloads of recoded chunks, say) with gc's
+    remedies, for a writer that holds the store's WriterLock and `catalog` open for writing and
+    has committed: `lmz add` after it recoded a base, and the rewrite passes.
+
+    The cost is that of the packs named: their live records are copied (or the pack is cut or
+    deleted), nothing else in the store is read. Chunks with no reference are not collected
+    (that is `lmz gc`'s). While a reader has the packs open (packs_in_use) nothing is done, since
+    an unlinked pack keeps its space until the reader lets go: the result's `left_for_gc` says how
+    many bytes `lmz gc` will reclaim. Crash-safe as gc is: a kill at any point leaves the state
+    before or after, plus a pack no catalog names, which the next gc removes."""
+    on_disk = {pid: size for pid, size in _packs_on_disk(store).items() if pid in pack_ids}
+    result = GcResult(bytes_before=sum(on_disk.values()), bytes_after=sum(on_disk.values()))
+    if not on_disk:
+        return result
+    db = catalog.db
+    marks = ",".join("?" * len(on_disk))
+    live = {pid: _Live(n, used, end) for pid, n, used, end in db.execute(
+        f"SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks WHERE pack IN ({marks}) "
+        f"GROUP BY pack", sorted(on_disk))}
+    if packs_in_use(store):
+        result.left_for_gc = sum(max(0, size - live.get(pid, _Live()).bytes) for pid, size in on_disk.items())
+        return result
+    _mark_dead(db, set())
+    highest = max(_packs_on_disk(store), default=0)
+    return _remedy(store, catalog, on_disk, live, 0, {}, False, highest)
+
+
+@dataclass(frozen=True)
+class _Live:
+    """A pack's live records: how many, their payload bytes, where the last one ends."""
+    n: int = 0
+    used: int = 0
+    end: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """What the pack would hold with no garbage."""
+        return len(PACK_HEADER) + self.n * RECORD_HEADER.size + self.used if self.n else 0
+
+
+def _mark_dead(db, dead: set[bytes]) -> None:
     db.execute("CREATE TEMP TABLE IF NOT EXISTS gc_dead (id BLOB PRIMARY KEY) WITHOUT ROWID")
     db.execute("DELETE FROM gc_dead")
     db.executemany("INSERT INTO gc_dead VALUES (?)", [(cid,) for cid in dead])
-    live = {pid: (n, used, end) for pid, n, used, end in db.execute(
-        "SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks "
-        "WHERE id NOT IN (SELECT id FROM gc_dead) GROUP BY pack")}
-    result.chunks_dropped = len(dead)
+
+
+def _remedy(store: StorePaths, catalog: Catalog, on_disk: dict[int, int], live: dict[int, _Live], dropped: int,
+            lost: dict[bytes, int], in_use: bool, highest: int) -> GcResult:
+    """Cut, delete or rewrite each pack of `on_disk` (id -> size) so that it holds only its live
+    records (`live`; the chunks in the temp table gc_dead are dropped), in one transaction."""
+    db = catalog.db
+    result = GcResult(chunks_dropped=dropped, bytes_before=sum(on_disk.values()))
     # Three remedies, cheapest first. A pack whose live records lie back to back from its header
     # has garbage only at its tail (an add that failed or was killed, dropped chunks appended
     # last): it is truncated in place, which works even on a full disk, unless a reader has the
@@ -101,16 +153,15 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     truncate: dict[int, int] = {}
     delete: list[int] = []
     rewrite: list[int] = []
-    in_use = packs_in_use(store)
     for pid, size in sorted(on_disk.items()):
-        n, used, end = live.get(pid, (0, 0, 0))
-        if n == 0:
+        pack = live.get(pid, _Live())
+        if pack.n == 0:
             delete.append(pid)
-        elif end == len(PACK_HEADER) + n * RECORD_HEADER.size + used:
-            if size > end and in_use:
+        elif pack.end == pack.bytes:
+            if size > pack.end and in_use:
                 rewrite.append(pid)
-            elif size > end:
-                truncate[pid] = end
+            elif size > pack.end:
+                truncate[pid] = pack.end
         else:
             rewrite.append(pid)
     if not (truncate or delete or rewrite or result.chunks_dropped):
@@ -132,7 +183,7 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
                     except PackDamaged as exc:
                         raise StoreError(f"gc stopped, nothing changed: {exc}; run `lmz verify`") from exc
                     if writer is None:
-                        writer = PackWriter(store, None, max(next_new, max(on_disk) + 1))
+                        writer = PackWriter(store, None, max(next_new, highest + 1))
                     loc = writer.append(cid, payload)
                     moves.append((loc.pack, loc.offset, loc.length, cid))
             finally:
@@ -165,5 +216,6 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     result.packs_deleted = len(delete) + len(rewrite)
     result.packs_truncated = len(truncate)
     result.packs_rewritten = len(writer.touched) if writer is not None else 0
-    result.bytes_after = sum(_packs_on_disk(store).values())
+    result.bytes_after = sum(size for pid, size in _packs_on_disk(store).items()
+                             if pid in on_disk or writer is not None and pid in writer.touched)
     return result
