@@ -28,6 +28,7 @@ from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
 from lmzfs.store.verify import verify_store
 from lmzfs.testing.mount import mounted
+from lmzfs.testing.storedigests import served_digests
 
 
 def checkpoints(root: Path, n: int, seed: int = 0, size: int = 1 << 19) -> list[Path]:
@@ -63,15 +64,7 @@ def originals(dirs: list[Path], names: list[str]) -> dict[str, str]:
 
 def served(store: StorePaths) -> dict[str, str]:
     """SHA-256 of every stored file, read back through the chunk source."""
-    archive = Archive(store.root, workers=0)
-    try:
-        out = {}
-        for e in archive.files():
-            with archive.open(e) as r:
-                out[f"{e.model}/{e.path}"] = hashlib.sha256(r.pread(0, e.size)).hexdigest()
-        return out
-    finally:
-        archive.close()
+    return served_digests(store)
 
 
 def depths(store: StorePaths, model: str, path: str = "model.safetensors") -> list[int]:

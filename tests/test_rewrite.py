@@ -36,19 +36,12 @@ from lmzfs.store.gc import collect_garbage
 from lmzfs.store.verify import verify_store
 from lmzfs.testing.mount import mounted
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
+from lmzfs.testing.storedigests import served_digests
 
 
 def served(store: StorePaths) -> dict[str, str]:
     """SHA-256 of every stored file, read through a fresh reader of the store."""
-    archive = Archive(store.root, cache_bytes=0, workers=0)
-    try:
-        out = {}
-        for e in archive.files():
-            with archive.open(e) as r:
-                out[f"{e.model}/{e.path}"] = hashlib.sha256(r.pread(0, e.size)).hexdigest()
-        return out
-    finally:
-        archive.close()
+    return served_digests(store, cache_bytes=0)
 
 
 def originals(**dirs: Path) -> dict[str, str]:

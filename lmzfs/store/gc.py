@@ -59,7 +59,7 @@ def collect_garbage(store: StorePaths) -> GcResult:
             catalog.close()
 
 
-def _dead_chunks(db) -> tuple[set[bytes], dict[bytes, int]]:
+def dead_chunks(db) -> tuple[set[bytes], dict[bytes, int]]:
     """(the chunks to collect, references each surviving base loses with them): chunks with no
     reference, then each base all of whose references are among them, and so on down the chain."""
     dead = {cid for (cid,) in db.execute("SELECT id FROM chunks WHERE refs <= 0")}
@@ -82,7 +82,7 @@ def _dead_chunks(db) -> tuple[set[bytes], dict[bytes, int]]:
 def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     on_disk = _packs_on_disk(store)
     db = catalog.db
-    dead, lost = _dead_chunks(db)
+    dead, lost = dead_chunks(db)
     _mark_dead(db, dead)
     live = {pid: _Live(n, used, end) for pid, n, used, end in db.execute(
         "SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks "

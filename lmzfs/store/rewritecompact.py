@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from lmzfs.store.catalog import Catalog
 # gc's own rule for what is garbage (cascading down chains), so that compact and gc agree on it
-from lmzfs.store.gc import _dead_chunks as dead_chunks
+from lmzfs.store.gc import dead_chunks
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
 from lmzfs.store.packfds import packs_in_use
 from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation, PackDamaged, PackWriter, read_payload
