@@ -118,6 +118,7 @@ class Handle:
     node: Node
     append: bool
     writable: bool
+    changed: bool = False       # the file changed through this handle since its last flush
 
 
 @dataclass(frozen=True)
@@ -394,6 +395,25 @@ class Filesystem:
                           node.current_size, node.atime_ns, node.mtime_ns, node.ctime_ns)
 
     # -- queries ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Inodes known (in the tree, or unlinked but still open or known to the kernel)."""
+        return len(self._inodes)
+
+    def model_count(self) -> int:
+        with self._lock:
+            stack, count = [self.root], 0
+            while stack:
+                node = stack.pop()
+                if node.model is not None:
+                    count += 1
+                else:
+                    stack.extend(c for c in node.children.values() if c.kind == "dir")
+            return count
+
+    def generation(self) -> int:
+        """Changes whenever another process commits to the catalog (what the service status follows)."""
+        return self._seen_version
+
     def lookup(self, parent: int, name: str) -> Attributes:
         with self._lock:
             directory = self._dir(parent)
@@ -669,8 +689,12 @@ class Filesystem:
 
     # -- attributes ------------------------------------------------------------------------------
     def setattr(self, inode: int, *, mode: int | None = None, uid: int | None = None, gid: int | None = None,
-                size: int | None = None, atime_ns: int | None = None, mtime_ns: int | None = None) -> Attributes:
+                size: int | None = None, atime_ns: int | None = None, mtime_ns: int | None = None,
+                fh: int | None = None) -> Attributes:
+        """`fh`: the handle a size change came through (ftruncate), whose flush commits it."""
         node = self._node(inode)
+        if fh is not None and size is not None and fh in self._handles:
+            self._handles[fh].changed = True
         now = time.time_ns()
         if size is not None:
             if node.kind != "file":
@@ -817,13 +841,15 @@ class Filesystem:
             raise _error(errno.ELOOP)
         data = self._data(node)
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        changed = writable and data.dirty and node.file_id is None       # a new file: committed even if empty
         if flags & os.O_TRUNC and writable and data.size:
             data.truncate(0)
             node.mtime_ns = node.ctime_ns = time.time_ns()
+            changed = True
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
-            self._handles[fh] = Handle(node, bool(flags & os.O_APPEND), writable)
+            self._handles[fh] = Handle(node, bool(flags & os.O_APPEND), writable, changed)
             return fh
 
     def _handle(self, fh: int) -> Handle:
@@ -845,8 +871,26 @@ class Filesystem:
             if handle.append:
                 offset = node.data.size
             n = node.data.write(offset, data)
+        handle.changed = True
         node.mtime_ns = node.ctime_ns = time.time_ns()
         return n
+
+    def try_write(self, fh: int, offset: int, data: bytes) -> int | None:
+        """write(), unless the file is being committed (then None: nothing was written)."""
+        lock = self._handle(fh).node.data.lock
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            return self.write(fh, offset, data)
+        finally:
+            lock.release()
+
+    def flush(self, fh: int) -> None:
+        """A close of a descriptor (close(2) waits for it): what changed through it is committed."""
+        handle = self._handle(fh)
+        if handle.changed:
+            handle.changed = False
+            self.commit(handle.node)
 
     def release(self, fh: int) -> None:
         with self._lock:
