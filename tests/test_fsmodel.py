@@ -257,29 +257,6 @@ def test_a_model_added_by_lmz_add_is_served_and_a_write_into_it_encodes_only_the
     assert verify_store(StorePaths(store_dir)).ok
 
 
-def test_a_safetensors_file_written_through_the_model_stores_as_lmz_add_does(fs, p, store_dir, minilm_path,
-                                                                              tmp_path):
-    p.mkdir("viafs")
-    data = minilm_path.read_bytes()
-    fh = p.open("viafs/model.safetensors", os.O_CREAT | os.O_WRONLY)
-    for off in range(0, len(data), 128 << 10):
-        fs.write(fh, off, data[off:off + (128 << 10)])
-    fs.release(fh)
-    other = tmp_path / "other-store"
-    source = tmp_path / "src"
-    source.mkdir()
-    shutil.copyfile(minilm_path, source / "model.safetensors")
-    add_model(StorePaths(other), source, "viaadd")
-    mine = Catalog(StorePaths(store_dir).catalog, readonly=True)
-    theirs = Catalog(StorePaths(other).catalog, readonly=True)
-    try:
-        assert [u.stored_bytes for u in mine.usage()] == [u.stored_bytes for u in theirs.usage()]
-        assert mine.files()[0].format == theirs.files()[0].format == "safetensors"
-    finally:
-        mine.close()
-        theirs.close()
-
-
 def test_a_second_filesystem_on_the_same_store_is_refused(fs, store_dir):
     with pytest.raises(StoreError, match="already mounted writable"):
         open_fs(store_dir)
