@@ -1,6 +1,7 @@
 """`lmz mount --writable` through a real FUSE mount (every mount is unmounted, even on failure)."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -170,3 +171,44 @@ def test_kill_9_of_the_daemon_after_fsyncd_writes_loses_nothing_fsyncd(tmp_path)
             assert (mnt / "ckpt" / rel).read_bytes() == data
     report = verify_store(StorePaths(store))
     assert report.ok and report.files == len(expected)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 24 MiB tmpfs (mounting one needs root: skipped otherwise)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    run = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(where)], capture_output=True)
+    if run.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {run.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def test_a_full_disk_gives_enospc_to_the_writer_loses_nothing_fsyncd_and_reads_go_on(small_filesystem, tmp_path):
+    store, mnt = small_filesystem / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    kept = os.urandom(2 << 20)
+    with mounted(mnt, store, "--writable"):
+        (mnt / "ck").mkdir()
+        with open(mnt / "ck" / "kept.bin", "wb") as f:
+            f.write(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        fd = os.open(mnt / "ck" / "filler.bin", os.O_CREAT | os.O_WRONLY)
+        with pytest.raises(OSError) as full:
+            for _ in range(64):
+                os.write(fd, os.urandom(1 << 20))
+        assert full.value.errno == errno.ENOSPC
+        with pytest.raises(OSError) as closing:
+            os.close(fd)                     # the commit cannot be written either
+        assert closing.value.errno == errno.ENOSPC
+        assert (mnt / "ck" / "kept.bin").read_bytes() == kept
+        os.unlink(mnt / "ck" / "filler.bin")  # frees the spool's bytes
+        (mnt / "ck" / "after.txt").write_text("space again")
+    with mounted(mnt, store, "--writable"):
+        assert sorted(os.listdir(mnt / "ck")) == ["after.txt", "kept.bin"]
+        assert (mnt / "ck" / "kept.bin").read_bytes() == kept
+    assert verify_store(StorePaths(store)).ok

@@ -325,7 +325,11 @@ class Filesystem:
                     yield
                 except StoreError as exc:
                     log.error("%s", exc)
-                    raise _error(errno.EIO, str(exc)) from None
+                    cause = exc.__cause__
+                    code = cause.errno if isinstance(cause, OSError) and cause.errno else errno.EIO
+                    if isinstance(cause, sqlite3.Error) and getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                        code = errno.ENOSPC
+                    raise _error(code, str(exc)) from None
                 except sqlite3.Error as exc:
                     log.error("catalog: %s", exc)
                     raise _error(errno.ENOSPC if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
@@ -573,9 +577,13 @@ class Filesystem:
                 model, path = self._in_model(directory)
             now = time.time_ns()
             self._touch_dir(directory, now)
-            with self.catalog.transaction() as db:
-                self._remove_stored(db, node, model_id(db, model), self._join(path, name))
-                self._store_dir_meta(db, directory)
+            # A file never committed has nothing in the catalog to remove (its directory's times
+            # are stored with the next change): unlinking it needs no disk space, which is what
+            # frees a full disk of the spool's bytes.
+            if node.kind != "file" or node.file_id is not None or node.xattrs:
+                with self.catalog.transaction() as db:
+                    self._remove_stored(db, node, model_id(db, model), self._join(path, name))
+                    self._store_dir_meta(db, directory)
             with self._lock:
                 node.ctime_ns = now
                 self._detach(node)
