@@ -322,3 +322,20 @@ def test_fsynced_writes_survive_a_kill_and_are_committed_at_the_next_open(store_
         fs.close()
     assert verify_store(StorePaths(store_dir)).ok
     assert sorted(os.listdir(StorePaths(store_dir).root / "spool"))[-1] == "mount.lock"
+
+
+def test_the_catalog_copy_follows_on_write_catalog_copy_and_at_close_not_at_every_commit(fs, p, store_dir):
+    from lmzfs.store.catalogcopies import list_copies
+    catalog_path = StorePaths(store_dir).catalog
+    p.mkdir("m")
+    before = [c.generation for c in list_copies(catalog_path)]
+    p.write_file("m/a", b"a")
+    p.write_file("m/b", b"b")
+    assert [c.generation for c in list_copies(catalog_path)] == before
+    assert fs.write_catalog_copy()
+    newest = list_copies(catalog_path)[0].generation
+    p.write_file("m/c", b"c")
+    fs.close()
+    assert list_copies(catalog_path)[0].generation > newest
+    from lmzfs.store.catalogcheck import diagnose
+    assert diagnose(StorePaths(store_dir), check_packs=True).sound

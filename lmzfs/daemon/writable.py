@@ -31,6 +31,7 @@ ATTR_TIMEOUT = 1.0
 IO_BLOCK_SIZE = 128 << 10
 IDLE_COMMIT_SECONDS = 5.0       # a file written to and then left alone this long is committed
 TICK_SECONDS = 1.0
+CATALOG_COPY_TICKS = 5          # the catalog's copy (for `lmz verify --repair`) follows within this many ticks
 
 
 def _fuse_errors(handler):
@@ -90,11 +91,15 @@ class WritableOperations(pyfuse3.Operations):
 
     async def refresh_periodically(self, interval: float = TICK_SECONDS) -> None:
         """Follow other processes' changes, and commit files left idle."""
+        ticks = 0
         while True:
             await trio.sleep(interval)
+            ticks += 1
             try:
                 await trio.to_thread.run_sync(self.fs.refresh, limiter=self._limiter)
                 await trio.to_thread.run_sync(self.fs.commit_idle, IDLE_COMMIT_SECONDS, limiter=self._limiter)
+                if ticks % CATALOG_COPY_TICKS == 0:
+                    await trio.to_thread.run_sync(self.fs.write_catalog_copy, limiter=self._limiter)
             except (OSError, StoreError) as exc:
                 log.error("background commit: %s", exc)
 

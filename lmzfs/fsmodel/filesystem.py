@@ -141,6 +141,7 @@ class Filesystem:
         try:
             with WriterLock(self.store.lock):
                 self.catalog = Catalog(self.store.catalog)
+                self.catalog.copy_after_commit = False      # write_catalog_copy() writes them
                 try:
                     ensure_fs_schema(self.catalog.db)
                 except BaseException:
@@ -303,6 +304,18 @@ class Filesystem:
             return self._follow_others()
         finally:
             self._store_lock.release()
+
+    def write_catalog_copy(self) -> bool:
+        """Copy the catalog beside it if a commit since the last copy is not in one (catalogcopies.py);
+        every commit would cost a copy of the whole catalog, so the mount writes one now and then
+        (the daemon: every few seconds) and at close. True if one was written."""
+        with self._store_lock:
+            if not self.catalog.copy_due or self._closed:
+                return False
+            with WriterLock(self.store.lock):
+                self.catalog.write_copy(final=False)
+                self._seen_version = self.catalog.data_version()
+            return not self.catalog.copy_due
 
     def _follow_others(self) -> bool:
         version = self.catalog.data_version()
@@ -1072,5 +1085,10 @@ class Filesystem:
         self._pool.shutdown(wait=True)
         self.source.close()
         self._reads.close()
-        self.catalog.close()
-        self.spool.unlock()
+        try:
+            with WriterLock(self.store.lock):
+                self.catalog.close()                # writes the catalog's copy if one is due
+        except StoreError as exc:
+            log.error("%s", exc)
+        finally:
+            self.spool.unlock()
