@@ -212,3 +212,38 @@ def test_a_full_disk_gives_enospc_to_the_writer_loses_nothing_fsyncd_and_reads_g
         assert sorted(os.listdir(mnt / "ck")) == ["after.txt", "kept.bin"]
         assert (mnt / "ck" / "kept.bin").read_bytes() == kept
     assert verify_store(StorePaths(store)).ok
+
+
+def test_several_writers_on_different_files_and_lmz_gc_meanwhile_keep_every_byte(tmp_path):
+    import threading
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    contents = {f"w{i}.bin": os.urandom(300_000 + i * 1000) for i in range(4)}
+    errors: list[BaseException] = []
+
+    def writer(name: str, data: bytes) -> None:
+        try:
+            for round_ in range(3):             # rewritten: each round leaves garbage for gc
+                with open(mnt / "m" / name, "wb") as f:
+                    for off in range(0, len(data), 64 << 10):
+                        f.write(data[off:off + (64 << 10)] if round_ == 2 else os.urandom(64 << 10))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with mounted(mnt, store, "--writable"):
+        (mnt / "m").mkdir()
+        threads = [threading.Thread(target=writer, args=item) for item in contents.items()]
+        for t in threads:
+            t.start()
+        gcs = 0
+        while any(t.is_alive() for t in threads) or gcs == 0:
+            run = subprocess.run([sys.executable, "-m", "lmzfs", "--store", str(store), "gc"],
+                                 capture_output=True, text=True)
+            assert run.returncode == 0, run.stderr
+            gcs += 1
+        for t in threads:
+            t.join()
+        assert errors == []
+        for name, data in contents.items():
+            assert (mnt / "m" / name).read_bytes() == data
+    assert verify_store(StorePaths(store)).ok
