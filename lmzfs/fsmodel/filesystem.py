@@ -165,6 +165,7 @@ class Filesystem:
         self._next_inode = ROOT_INODE + 1
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
+        self._to_close: list[FileData] = []
         now = time.time_ns()
         self.root = Node(ROOT_INODE, "dir", "", None, DEFAULT_DIR_MODE, self._uid, self._gid, now, now, now)
         self.root.parent = self.root
@@ -292,9 +293,23 @@ class Filesystem:
     def _maybe_drop(self, node: Node) -> None:
         if not node.linked and node.opens == 0 and node.lookups == 0 and node.inode != ROOT_INODE:
             self._inodes.pop(node.inode, None)
-            if node.data is not None:
-                node.data.close()
-                node.data = None
+            self._close_later(node)
+
+    def _close_later(self, node: Node) -> None:
+        """Under the namespace lock: the node's data is to be closed, by _close_deferred. A file's
+        lock is never taken while the namespace lock is held (a commit holds its file's lock and
+        then takes the namespace lock), so the close waits until the namespace lock is released."""
+        if node.data is not None:
+            self._to_close.append(node.data)
+            node.data = None
+
+    def _close_deferred(self) -> None:
+        while True:
+            with self._lock:
+                if not self._to_close:
+                    return
+                data = self._to_close.pop()
+            data.close()
 
     def refresh(self) -> bool:
         """Follow changes another process committed (lmz add, rm, gc); True if there were any."""
@@ -303,6 +318,7 @@ class Filesystem:
         try:
             return self._follow_others()
         finally:
+            self._close_deferred()
             self._store_lock.release()
 
     def write_catalog_copy(self) -> bool:
@@ -350,6 +366,7 @@ class Filesystem:
                 finally:
                     # our own commits do not move data_version; a copy written meanwhile might
                     self._seen_version = self.catalog.data_version()
+                    self._close_deferred()
 
     # -- where things are ------------------------------------------------------------------------
     def _node(self, inode: int) -> Node:
@@ -458,6 +475,7 @@ class Filesystem:
             if node is not None:
                 node.lookups = max(0, node.lookups - count)
                 self._maybe_drop(node)
+        self._close_deferred()
 
     def getattr(self, inode: int) -> Attributes:
         with self._lock:
@@ -827,9 +845,9 @@ class Filesystem:
         with self._lock:
             # an unlinked file's bytes go with its last close; a commit that failed keeps them
             if node.opens == 0 and node.data is not None and (not node.data.dirty or not node.linked):
-                node.data.close()
-                node.data = None
+                self._close_later(node)
             self._maybe_drop(node)
+        self._close_deferred()
 
     def create(self, parent: int, name: str, mode: int, uid: int, gid: int, flags: int) -> tuple[int, Attributes]:
         self._check_name(name)
@@ -929,9 +947,10 @@ class Filesystem:
     def _record(self, node: Node) -> None:
         """Write the node's spool record (its bytes first): called with its data's lock held."""
         data = node.data
-        with self._lock:
-            where = self._where(node)
-            meta = node.meta()
+        # read without the namespace lock (a file's lock is never held while waiting for it): a
+        # rename that races this records the file again once this returns (_rerecord_below)
+        where = self._where(node)
+        meta = node.meta()
         if where is None:
             return
         spool_file = data.ensure_spool_file()
@@ -956,35 +975,35 @@ class Filesystem:
     def commit(self, node: Node) -> bool:
         """Store the node's bytes (if it has uncommitted ones); True if it committed."""
         data = node.data
-        if data is None:
+        if data is None or not data.dirty:
             return False
-        with data.lock:
-            if not data.dirty:
+        # The store lock before the file's: a removal holding the store lock may close the file's data.
+        with self._changing(), data.lock:
+            if not data.dirty or node.data is not data:
                 return False
-            with self._changing():
-                with self._lock:
-                    if not node.linked:
-                        return False
-                    where = self._where(node)
-                    meta = node.meta()
-                    replaces = node.file_id
-                if where is None:
+            with self._lock:
+                if not node.linked:
                     return False
-                spool_id = data.spool_file.spool_id if data.spool_file is not None and data.spool_file.recorded \
-                    else None
-                content = FileContent(data.as_file(), lambda length, offset: data.read(offset, length), data.size)
-                done = commit_file(self.store, self.catalog, self._pool, self._workers, model=where[0],
-                                   path=where[1], content=content, meta=meta, replaces=replaces,
-                                   spool_id=spool_id, chunk_size=self._chunk_size)
-                for warning in done.warnings:
-                    log.info("%s/%s: %s", where[0], where[1], warning)
-                with self._lock:
-                    node.file_id = done.file_id
-                    node.size = done.size
-                data.rebase(self._base_reader(node), done.size)
-                if spool_id is not None:
-                    with self.catalog.transaction() as db:
-                        forget_spool_commit(db, spool_id)
+                where = self._where(node)
+                meta = node.meta()
+                replaces = node.file_id
+            if where is None:
+                return False
+            spool_id = data.spool_file.spool_id if data.spool_file is not None and data.spool_file.recorded \
+                else None
+            content = FileContent(data.as_file(), lambda length, offset: data.read(offset, length), data.size)
+            done = commit_file(self.store, self.catalog, self._pool, self._workers, model=where[0],
+                               path=where[1], content=content, meta=meta, replaces=replaces,
+                               spool_id=spool_id, chunk_size=self._chunk_size)
+            for warning in done.warnings:
+                log.info("%s/%s: %s", where[0], where[1], warning)
+            with self._lock:
+                node.file_id = done.file_id
+                node.size = done.size
+            data.rebase(self._base_reader(node), done.size)
+            if spool_id is not None:
+                with self.catalog.transaction() as db:
+                    forget_spool_commit(db, spool_id)
             return True
 
     def commit_idle(self, idle_seconds: float) -> int:
@@ -1028,8 +1047,8 @@ class Filesystem:
                 done += 1
             with self._lock:
                 if node.opens == 0 and node.data is not None and not node.data.dirty:
-                    node.data.close()
-                    node.data = None
+                    self._close_later(node)
+            self._close_deferred()
         return done
 
     def _node_for_record(self, record: SpoolRecord) -> Node:
