@@ -21,6 +21,7 @@ from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
 from lmzfs.store.verify import verify_store
 from lmzfs.testing.fspaths import PathDriver
+from lmzfs.testing.synthetic import small_model
 
 
 def open_fs(store: Path) -> Filesystem:
@@ -230,30 +231,29 @@ def test_rmdir_of_an_emptied_model_removes_it_like_lmz_rm(fs, p, store_dir):
 
 
 def test_a_model_added_by_lmz_add_is_served_and_a_write_into_it_encodes_only_the_chunk_it_touches(
-        fs, store_dir, minilm_path, tmp_path):
+        fs, store_dir, tmp_path):
     fs.close()
-    source = tmp_path / "src"
-    source.mkdir()
-    shutil.copyfile(minilm_path, source / "model.safetensors")
-    add_model(StorePaths(store_dir), source, "minilm")
+    source = small_model(tmp_path / "src", mib=6)
+    add_model(StorePaths(store_dir), source, "small")
+    original = (source / "model.safetensors").read_bytes()
     fs2 = open_fs(store_dir)
     try:
         p = PathDriver(fs2)
-        size = p.stat("minilm/model.safetensors").size
-        original = minilm_path.read_bytes()
-        assert p.read_file("minilm/model.safetensors") == original
+        size = p.stat("small/model.safetensors").size
+        assert p.read_file("small/model.safetensors") == original
         catalog = Catalog(StorePaths(store_dir).catalog, readonly=True)
         chunks_before = catalog.chunk_count()
-        fh = p.open("minilm/model.safetensors", os.O_RDWR)
+        assert chunks_before >= 6
+        fh = p.open("small/model.safetensors", os.O_RDWR)
         fs2.write(fh, size // 2, b"\x01\x02\x03\x04" * 1024)
         fs2.release(fh)
         changed = original[:size // 2] + b"\x01\x02\x03\x04" * 1024 + original[size // 2 + 4096:]
-        assert p.read_file("minilm/model.safetensors") == changed
+        assert p.read_file("small/model.safetensors") == changed
         assert catalog.chunk_count() - chunks_before <= 2
         catalog.close()
     finally:
         fs2.close()
-    assert stored_files(store_dir) == {"minilm/model.safetensors": hashlib.sha256(changed).hexdigest()}
+    assert stored_files(store_dir)["small/model.safetensors"] == hashlib.sha256(changed).hexdigest()
     assert verify_store(StorePaths(store_dir)).ok
 
 
@@ -294,6 +294,7 @@ _KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
     from lmzfs.fsmodel.filesystem import Filesystem
     from lmzfs.testing.fspaths import PathDriver
+from lmzfs.testing.synthetic import small_model
     fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
     p = PathDriver(fs)
     p.mkdir("m")

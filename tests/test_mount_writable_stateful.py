@@ -23,7 +23,7 @@ from lmzfs.store.verify import verify_store
 from lmzfs.testing.mount import mounted
 
 STEPS = 50
-OPS = int(os.environ.get("LMZ_RW_OPS", "800"))
+OPS = int(os.environ.get("LMZ_RW_OPS", "600"))
 
 DIRS = ["d0", "d1", "d0/s"]
 FILES = ["f0", "f1", "f2", "d0/f0", "d0/f1", "d1/f0", "d0/s/f0"]
