@@ -294,7 +294,6 @@ _KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
     from lmzfs.fsmodel.filesystem import Filesystem
     from lmzfs.testing.fspaths import PathDriver
-from lmzfs.testing.synthetic import small_model
     fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
     p = PathDriver(fs)
     p.mkdir("m")
