@@ -13,7 +13,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test

@@ -41,7 +41,7 @@ from lmzfs.fsmodel.spool import Spool, SpoolRecord
 from lmzfs.reader.filereader import FileReader
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.chunksource import ChunkSource
-from lmzfs.store.fscatalog import (EntryMeta, delete_entry, delete_xattr, ensure_fs_schema, files_below,
+from lmzfs.store.fscatalog import (EntryMeta, delete_entry, delete_xattr, ensure_fs_schema,
                                    forget_spool_commit, load_entries, load_xattrs, model_id, move_subtree,
                                    put_entry, put_xattr, remove_file_row, remove_subtree, spool_committed)
 from lmzfs.store.fscommit import FileContent, commit_file
