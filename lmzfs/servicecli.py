@@ -30,6 +30,9 @@ def add_mount_arguments(sp: argparse.ArgumentParser, parse_size) -> None:
     sp.add_argument("--workers", type=positive_int, default=None, help="parallel decodes (default: the usable CPUs)")
     sp.add_argument("--readahead", action=argparse.BooleanOptionalAction, default=None,
                     help="decode ahead of sequential readers (default: on)")
+    sp.add_argument("--writable", action="store_true",
+                    help="serve a writable file system: mkdir at the top makes a model, files written "
+                         "into it are stored as `lmz add` stores them (docs/operations.md)")
 
 
 def _no_mountpoint() -> StoreError:
@@ -46,7 +49,8 @@ def cmd_mount(args) -> int:
     if args.foreground:
         configure_logging()
     return mount(s.mountpoint, s.store, foreground=args.foreground, allow_other=s.allow_other,
-                 cache_bytes=s.cache_size, workers=s.workers, readahead=s.readahead)
+                 cache_bytes=s.cache_size, workers=s.workers, readahead=s.readahead,
+                 writable=getattr(args, "writable", False))
 
 
 def cmd_umount(args) -> int:

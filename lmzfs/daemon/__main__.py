@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=None, help="read threads (default: the usable CPUs)")
     parser.add_argument("--no-readahead", dest="readahead", action="store_false",
                         help="decode only what is read, nothing ahead of sequential readers")
+    parser.add_argument("--writable", action="store_true",
+                        help="serve a writable file system: top-level directories are models (docs/operations.md)")
     parser.add_argument("--debug", action="store_true", help="log every detail")
     # Internal: the launcher's readiness pipe, and a test hook naming the archive to serve.
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
@@ -44,12 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.foreground:
         return mount(mountpoint, store_dir, foreground=False, allow_other=args.allow_other,
                      cache_bytes=args.cache_bytes, workers=args.workers, archive_factory=args.archive_factory,
-                     readahead=args.readahead)
+                     readahead=args.readahead, writable=args.writable)
     if args.ready_fd is not None:
         os.chdir("/")     # a background server must not keep the launcher's directory busy
     return serve(mountpoint, store_dir, allow_other=args.allow_other, cache_bytes=args.cache_bytes,
                  workers=args.workers, archive_factory=args.archive_factory, ready_fd=args.ready_fd,
-                 readahead=args.readahead)
+                 readahead=args.readahead, writable=args.writable)
 
 
 if __name__ == "__main__":

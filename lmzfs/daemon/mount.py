@@ -24,6 +24,7 @@ from lmzfs.mountinfo import is_mount_point
 log = logging.getLogger(__name__)
 
 MOUNT_OPTIONS = frozenset({"fsname=lmzfs", "subtype=lmzfs", "ro", "default_permissions", "noatime"})
+WRITABLE_MOUNT_OPTIONS = frozenset({"fsname=lmzfs", "subtype=lmzfs", "default_permissions"})
 USAGE_ERROR = 2
 READY_TIMEOUT = 120.0            # opening a large store may take a while, but not forever
 LOG_NAME = "mount.log"
@@ -111,14 +112,14 @@ def _write_ready(ready_fd: int | None, message: str) -> None:
 
 def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache_bytes: int = MAX_CACHE,
           workers: int | None = None, archive_factory=None, ready_fd: int | None = None,
-          readahead: bool = True, notifier=None) -> int:
+          readahead: bool = True, notifier=None, writable: bool = False) -> int:
     """Mount and serve in this process until unmounted or sent SIGTERM/SIGINT.
 
     If *ready_fd* is given, one line goes to it once the mount is live ("ready") or has failed
     ("error STATUS MESSAGE"), and it is closed. The service manager (``$NOTIFY_SOCKET``, or
     *notifier*) gets READY=1 once the kernel has the mount and STOPPING=1 when it goes.
     *readahead* False gives the archive no read-ahead workers; reads still run in up to
-    *workers* threads.
+    *workers* threads. *writable*: serve the store as a writable file system (daemon/writable.py).
     """
     import pyfuse3
     import trio
@@ -132,11 +133,15 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     try:
         check_mountpoint(mountpoint)
-        check_store(store_dir)
-        factory = archive_factory or _default_factory
-        if isinstance(factory, str):
-            factory = _load_factory(factory)
-        archive = factory(store_dir, cache_bytes, workers if readahead else 0)
+        if writable:
+            from lmzfs.fsmodel.filesystem import Filesystem
+            archive = Filesystem(store_dir, cache_bytes=cache_bytes, workers=workers)
+        else:
+            check_store(store_dir)
+            factory = archive_factory or _default_factory
+            if isinstance(factory, str):
+                factory = _load_factory(factory)
+            archive = factory(store_dir, cache_bytes, workers if readahead else 0)
     except (MountError, StoreError) as exc:       # no store, unknown format, unreadable catalog
         _report(str(exc))
         _write_ready(ready_fd, f"error {USAGE_ERROR} {exc}")
@@ -146,8 +151,12 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
         _write_ready(ready_fd, f"error 1 cannot open the store at {store_dir}: {exc}")
         return 1
 
-    ops = LmzOperations(archive, workers=workers)
-    options = set(MOUNT_OPTIONS) | ({"allow_other"} if allow_other else set())
+    if writable:
+        from lmzfs.daemon.writable import WritableOperations
+        ops = WritableOperations(archive, workers=workers)
+    else:
+        ops = LmzOperations(archive, workers=workers)
+    options = set(WRITABLE_MOUNT_OPTIONS if writable else MOUNT_OPTIONS) | ({"allow_other"} if allow_other else set())
     # Until trio's signal receiver is installed (and after it is gone), SIGTERM and SIGINT must
     # still unmount: turn them into an exception that reaches the finally below.
     previous = {signum: signal.signal(signum, _exit_on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
@@ -186,7 +195,7 @@ def _exit_on_signal(signum, frame):
 
 def _service_status(archive, store_dir: Path, mountpoint: Path) -> str:
     try:
-        models = len({entry.model for entry in archive.files()})
+        models = archive.model_count() if hasattr(archive, "model_count") else len({e.model for e in archive.files()})
     except Exception:                       # a status line is not worth failing over
         log.exception("counting the models of %s", store_dir)
         return f"serving {store_dir} at {mountpoint}"
@@ -258,21 +267,29 @@ async def _when_initialised(ops, mountpoint, announce_ready, widened=None) -> No
 # -- the public entry points ------------------------------------------------------------------
 
 def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: bool, cache_bytes: int,
-          workers: int | None = None, archive_factory=None, readahead: bool = True) -> int:
+          workers: int | None = None, archive_factory=None, readahead: bool = True, writable: bool = False) -> int:
     """Mount the store at *mountpoint*; returns an exit status.
 
     In the foreground this serves until unmounted (call it only from a process that does nothing
     else). In the background it starts the server as a separate process, returns 0 once the mount
     is live, or prints the server's error and returns non-zero.
     """
+    from lmzfs.store.layout import StoreError, StorePaths
+
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     if foreground:
         return serve(mountpoint, store_dir, allow_other=allow_other, cache_bytes=cache_bytes,
-                     workers=workers, archive_factory=archive_factory, readahead=readahead)
+                     workers=workers, archive_factory=archive_factory, readahead=readahead, writable=writable)
     try:
         check_mountpoint(mountpoint)
-        check_store(store_dir)
+        if writable:                  # a writable mount creates its store if there is none
+            StorePaths(store_dir).create()
+        else:
+            check_store(store_dir)
     except MountError as exc:
+        _report(str(exc))
+        return USAGE_ERROR
+    except StoreError as exc:
         _report(str(exc))
         return USAGE_ERROR
     argv = [sys.executable, "-m", "lmzfs.daemon", "--foreground", "--store", str(store_dir),
@@ -283,6 +300,8 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
         argv += ["--workers", str(workers)]
     if not readahead:
         argv.append("--no-readahead")
+    if writable:
+        argv.append("--writable")
     if archive_factory is not None:
         argv += ["--archive-factory", _factory_spec(archive_factory)]
     return _launch(argv, mountpoint, store_dir / LOG_NAME)

@@ -20,7 +20,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import xxhash
 
@@ -222,67 +222,106 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
     # The one descriptor the walk's file is read through: parsing, hashing and chunking alike.
     with open(tree.open(src), "rb") as f:
         before = os.fstat(f.fileno())
-        layout = parse_open_file(src.shown, f, before.st_size)
-        # A header that is malformed or claims more than the file holds buys its bytes the quick
-        # codecs only: an input crafted to be slow to store gets no slow search.
-        hostile = layout.error is not None
-        if hostile:
-            result.warnings.append(f"{layout.error}; stored as opaque bytes")
-        plan = _FilePlan(src.rel, before.st_size, before.st_mtime, "", layout.format,
-                         tensors=[] if hostile else tensors_of(layout))
-        pairs = index.pairs(catalog, src.rel, [NewTensor(src.rel, (t.name, t.dtype, t.shape), t.offset, t.size)
-                                               for t in plan.tensors]) if index is not None else {}
-        whole = hashlib.sha256()
         # Read with pread, not mmap: a file cut short under an mmap kills the process with SIGBUS,
         # where a short read is an error that names the file.
-        window: deque[tuple[bytes, int, Future]] = deque()
-
-        def drain(keep: int) -> None:
-            while len(window) > keep:
-                cid, size, check, fut = window.popleft()
-                encoded = fut.result()
-                loc = writer.append(cid, encoded.payload)
-                new[cid] = _NewChunk(cid, size, encoded.codec, loc.pack, loc.offset, loc.length, check)
-                result.new_payload_bytes += loc.length
-
-        pending: set[bytes] = set()
-        for cp in plan_chunks(layout, chunk_size):
-            data = os.pread(f.fileno(), cp.length, cp.offset)
-            if len(data) != cp.length:
-                raise StoreError(f"{src.shown} was cut short while being added; nothing was added, "
-                                 "try again when it is stable")
-            whole.update(data)
-            cid = hashlib.sha256(data).digest()
-            check = xxhash.xxh3_128_digest(data)
-            plan.extents.append((cp.offset, cid))
-            if recoder is not None:
-                recoder.saw(cid)
-                paired = pairs.get(cp.offset)
-                if paired is not None and paired.size == cp.length:
-                    recoder.offer(cid, data, cp.hint, paired)
-                    recoder.drain(limit)
-            if cid in new or cid in pending:
-                result.reused_chunks += 1
-            elif catalog.has_chunk(cid):
-                result.reused_chunks += 1
-                plan.checks[cid] = check    # fills in the checksum of a chunk stored without one
-            else:
-                pending.add(cid)
-                result.new_chunks += 1
-                window.append((cid, cp.length, check, pool.submit(encode_chunk, data, cp.hint,
-                                                                 fast=fast or hostile, segments=segments,
-                                                                 thorough=not hostile)))
-                drain(limit)
-            del data
-            progress(cp.offset + cp.length)
-        drain(0)
+        plan = encode_file(f, lambda length, offset: os.pread(f.fileno(), length, offset), before.st_size,
+                           src.shown, catalog, writer, pool, limit, fast=fast, segments=segments,
+                           chunk_size=chunk_size, new=new, result=result, progress=progress,
+                           chain=_FileChain(index, recoder, src.rel) if index is not None else None)
+        plan.rel, plan.mtime = src.rel, before.st_mtime
         after = os.fstat(f.fileno())
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
             raise StoreError(f"{src.shown} changed while being added; nothing was added, try again when it is stable")
+    return plan
+
+
+@dataclass(frozen=True)
+class _FileChain:
+    """What pairs a file's tensors with the base model's chunks, and recodes those as deltas."""
+    index: BaseIndex
+    recoder: ChainRecoder
+    rel: str            # the file's path in the model, which pairs it with the base's file
+
+
+def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, shown: str, catalog: Catalog,
+                writer: PackWriter, pool: ThreadPoolExecutor, limit: int, *, fast: bool, segments: bool,
+                chunk_size: int, new: dict[bytes, _NewChunk], result: AddResult,
+                progress: Callable[[int], None], chain: _FileChain | None = None) -> _FilePlan:
+    """Parse, chunk, hash and encode the `size` bytes that `f` (for the container parser) and
+    `pread(length, offset)` read: what `lmz add` does to one file, and what a writable mount does
+    to a file it commits. Chunks already stored (or in `new`) are reused; new ones are appended
+    to `writer` and recorded in `new`; with `chain`, the base's paired chunks are offered to its
+    recoder. The plan's rel and mtime are the caller's to set."""
+    layout = parse_open_file(shown, f, size)
+    # A header that is malformed or claims more than the file holds buys its bytes the quick
+    # codecs only: an input crafted to be slow to store gets no slow search.
+    hostile = layout.error is not None
+    if hostile:
+        result.warnings.append(f"{layout.error}; stored as opaque bytes")
+    plan = _FilePlan("", size, 0.0, "", layout.format, tensors=[] if hostile else tensors_of(layout))
+    pairs = chain.index.pairs(catalog, chain.rel, [NewTensor(chain.rel, (t.name, t.dtype, t.shape), t.offset, t.size)
+                                                   for t in plan.tensors]) if chain is not None else {}
+    whole = hashlib.sha256()
+    window: deque[tuple[bytes, int, Future]] = deque()
+
+    def drain(keep: int) -> None:
+        while len(window) > keep:
+            cid, size, check, fut = window.popleft()
+            encoded = fut.result()
+            loc = writer.append(cid, encoded.payload)
+            new[cid] = _NewChunk(cid, size, encoded.codec, loc.pack, loc.offset, loc.length, check)
+            result.new_payload_bytes += loc.length
+
+    pending: set[bytes] = set()
+    for cp in plan_chunks(layout, chunk_size):
+        data = pread(cp.length, cp.offset)
+        if len(data) != cp.length:
+            raise StoreError(f"{shown} was cut short while being added; nothing was added, "
+                             "try again when it is stable")
+        whole.update(data)
+        cid = hashlib.sha256(data).digest()
+        check = xxhash.xxh3_128_digest(data)
+        plan.extents.append((cp.offset, cid))
+        if chain is not None:
+            chain.recoder.saw(cid)
+            paired = pairs.get(cp.offset)
+            if paired is not None and paired.size == cp.length:
+                chain.recoder.offer(cid, data, cp.hint, paired)
+                chain.recoder.drain(limit)
+        if cid in new or cid in pending:
+            result.reused_chunks += 1
+        elif catalog.has_chunk(cid):
+            result.reused_chunks += 1
+            plan.checks[cid] = check    # fills in the checksum of a chunk stored without one
+        else:
+            pending.add(cid)
+            result.new_chunks += 1
+            window.append((cid, cp.length, check, pool.submit(encode_chunk, data, cp.hint,
+                                                             fast=fast or hostile, segments=segments,
+                                                             thorough=not hostile)))
+            drain(limit)
+        del data
+        progress(cp.offset + cp.length)
+    drain(0)
     plan.sha256 = whole.hexdigest()
     result.files += 1
     result.logical_bytes += plan.size
     return plan
+
+
+def insert_new_chunks(db: sqlite3.Connection, plans: list[_FilePlan], new: dict[bytes, _NewChunk]) -> None:
+    """Inside a write transaction: record the chunks encode_file appended (with no references
+    yet) and the read checksums of reused chunks stored without one."""
+    db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3) VALUES (?,?,?,?,?,?,0,?)",
+                   [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3) for c in new.values()])
+    db.executemany("UPDATE chunks SET xxh3 = ? WHERE id = ? AND xxh3 IS NULL",
+                   [(check, cid) for p in plans for cid, check in p.checks.items()])
+
+
+def insert_tensors(db: sqlite3.Connection, file_id: int, plan: _FilePlan) -> None:
+    """Inside a write transaction: the tensors table rows of a stored file (what chain pairing reads)."""
+    db.executemany("INSERT OR IGNORE INTO tensors (file, name, dtype, shape, offset, size) VALUES (?,?,?,?,?,?)",
+                   [(file_id, t.name, t.dtype, t.shape, t.offset, t.size) for t in plan.tensors])
 
 
 def _reclaim(store: StorePaths, catalog: Catalog, packs: set[int], result: AddResult) -> None:
@@ -306,10 +345,7 @@ def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
         if row is not None:
             old_packs.add(row[0])
     with catalog.transaction() as db:
-        db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3) VALUES (?,?,?,?,?,?,0,?)",
-                       [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3) for c in new.values()])
-        db.executemany("UPDATE chunks SET xxh3 = ? WHERE id = ? AND xxh3 IS NULL",
-                       [(check, cid) for p in plans for cid, check in p.checks.items()])
+        insert_new_chunks(db, plans, new)
         model_id = db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
                               (name, time.time(), source)).lastrowid
         refs: dict[bytes, int] = {}
@@ -318,8 +354,7 @@ def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
                                  (model_id, p.rel, p.size, p.mtime, p.sha256, p.format)).lastrowid
             db.executemany("INSERT INTO extents (file, seq, offset, chunk) VALUES (?,?,?,?)",
                            [(file_id, i, off, cid) for i, (off, cid) in enumerate(p.extents)])
-            db.executemany("INSERT OR IGNORE INTO tensors (file, name, dtype, shape, offset, size) VALUES (?,?,?,?,?,?)",
-                           [(file_id, t.name, t.dtype, t.shape, t.offset, t.size) for t in p.tensors])
+            insert_tensors(db, file_id, p)
             for _, cid in p.extents:
                 refs[cid] = refs.get(cid, 0) + 1
         # Recoded chunks: new payload and base; a base's refs count the chunks coded against it.

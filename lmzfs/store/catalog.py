@@ -219,6 +219,9 @@ class Catalog:
     def __init__(self, path: Path, *, readonly: bool = False):
         self.path = path
         self.copy_due = False       # a commit whose copy is not written yet
+        # False: commits leave their copy to the caller's write_copy (a writable mount, whose
+        # many small commits would each copy the whole catalog, writes one every few seconds)
+        self.copy_after_commit = True
         if not path.exists() and list_copies(path):
             raise CatalogDamaged(path, "it is missing")
         if readonly and not path.exists():
@@ -620,4 +623,5 @@ class _Transaction:
                 self.db.execute("ROLLBACK")
             raise
         self.catalog.copy_due = True
-        self.catalog.write_copy(final=False)
+        if self.catalog.copy_after_commit:
+            self.catalog.write_copy(final=False)

@@ -11,6 +11,7 @@ scanned without the catalog. Bytes appended by an add that never committed are d
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from dataclasses import dataclass
@@ -126,7 +127,8 @@ class PackWriter:
         except OSError as exc:
             raise StoreError(f"cannot write to pack {self._pack_id}: {exc.strerror}") from exc
         if n != len(record) + len(payload):
-            raise StoreError(f"short write to pack {self._pack_id} (disk full?)")
+            raise StoreError(f"short write to pack {self._pack_id} (disk full?)") from OSError(
+                errno.ENOSPC, "short write")
         self._size += n
         return ChunkLocation(self._pack_id, offset + RECORD_HEADER.size, len(payload))
 

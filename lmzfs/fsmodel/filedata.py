@@ -1,0 +1,147 @@
+"""The bytes of one file as a writable mount sees them: its stored version with the spool in front.
+
+A FileData is the stored file (a FileReader, or nothing for a new file) of which the first
+`base_len` bytes still show, overlaid by the ranges written since its last commit (kept in a
+SpoolFile at the file's own offsets); whatever lies beyond both reads as zeros (a sparse file,
+or a file grown by truncate). Reads of a range ask the spool for what it holds and the store's
+chunk source for the rest: the unflushed data is one more source in front of the store.
+
+One lock per file: a commit holds it while it reads the file's bytes, so writes to the file wait
+for the commit, and writes to other files do not.
+"""
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+from lmzfs.fsmodel.ranges import ByteRanges
+from lmzfs.fsmodel.spool import Spool, SpoolFile
+
+
+class FileData:
+    def __init__(self, spool: Spool, base, size: int, *, spool_file: SpoolFile | None = None,
+                 base_len: int | None = None, ranges: list[tuple[int, int]] | None = None):
+        """`base`: the stored version (anything with pread(offset, length) and close()), or None."""
+        self.lock = threading.RLock()
+        self._spool = spool
+        self.base = base
+        self.base_len = size if base_len is None else base_len
+        self.size = size
+        self.spool_file = spool_file
+        self.ranges = ByteRanges(ranges)
+        self.dirty = spool_file is not None       # changed since the stored version
+        self.last_change = time.monotonic()
+
+    # -- reading ---------------------------------------------------------------------------------
+    def read(self, offset: int, length: int) -> bytes:
+        with self.lock:
+            end = min(self.size, offset + length)
+            if offset >= end:
+                return b""
+            out = []
+            for piece in self.ranges.pieces(offset, end):
+                n = piece.end - piece.start
+                if piece.inside:
+                    out.append(self.spool_file.pread(n, piece.start))
+                    continue
+                stored_end = min(piece.end, self.base_len)
+                if piece.start < stored_end and self.base is not None:
+                    data = self.base.pread(piece.start, stored_end - piece.start)
+                    if len(data) != stored_end - piece.start:
+                        raise OSError(5, "the stored file is shorter than the catalog says")
+                    out.append(data)
+                    n -= stored_end - piece.start
+                if n > 0:
+                    out.append(bytes(n))
+            return b"".join(out)
+
+    def as_file(self) -> io.BufferedReader:
+        """A read-only file object over the current bytes (for the container parser)."""
+        return io.BufferedReader(_RawView(self), buffer_size=1 << 16)
+
+    # -- changing --------------------------------------------------------------------------------
+    def ensure_spool_file(self) -> SpoolFile:
+        if self.spool_file is None:
+            self.spool_file = self._spool.new_file()
+        return self.spool_file
+
+    def _changed(self) -> None:
+        self.dirty = True
+        self.last_change = time.monotonic()
+
+    def write(self, offset: int, data: bytes) -> int:
+        with self.lock:
+            if not data:
+                return 0
+            n = self.ensure_spool_file().pwrite(data, offset)
+            self.ranges.add(offset, offset + n)
+            self.size = max(self.size, offset + n)
+            self._changed()
+            return n
+
+    def truncate(self, size: int) -> None:
+        with self.lock:
+            if size == self.size:
+                return
+            if size < self.size:
+                self.ranges.cut(size)
+                self.base_len = min(self.base_len, size)
+                if self.spool_file is not None:
+                    self.spool_file.truncate(size)
+            else:
+                # bytes of the stored version past base_len are gone; the holes of the spool read as zeros
+                self.ensure_spool_file().truncate(size)
+            self.size = size
+            self._changed()
+
+    # -- after a commit --------------------------------------------------------------------------
+    def rebase(self, base, size: int) -> None:
+        """The file's bytes are now stored as `base`: the spool's ranges are no longer needed."""
+        with self.lock:
+            if self.base is not None:
+                self.base.close()
+            self.base, self.base_len, self.size = base, size, size
+            self.ranges = ByteRanges()
+            if self.spool_file is not None:
+                self.spool_file.close()
+                self.spool_file = None
+            self.dirty = False
+
+    def close(self, *, keep_spool: bool = False) -> None:
+        """Release the stored version and (unless `keep_spool`: bytes the next mount commits) the spool."""
+        with self.lock:
+            if self.base is not None:
+                self.base.close()
+                self.base = None
+            if self.spool_file is not None and not keep_spool:
+                self.spool_file.close()
+            elif self.spool_file is not None:
+                self.spool_file.release()
+            self.spool_file = None
+
+
+class _RawView(io.RawIOBase):
+    def __init__(self, data: FileData):
+        self._data = data
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._data.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        chunk = self._data.read(self._pos, len(buffer))
+        buffer[:len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)

@@ -1,0 +1,1113 @@
+"""A writable file system over a store, with no FUSE in it: what `lmz mount --writable` serves,
+and what tests drive directly.
+
+The namespace lives in memory, loaded from the catalog (models, files, and the writable-mount
+tables of store/fscatalog.py) and kept in step with it:
+
+- The root holds models (directories); a directory that is no model's root and holds none
+  (`run1` above `run1/step-1000`) is a plain name in the tree. mkdir there creates a model, rmdir
+  of an empty model removes it as `lmz rm` does; files, symlinks and other entries live inside
+  models only (EPERM at the root).
+- Every change of the namespace or of metadata (mkdir, rmdir, unlink, rename, symlink, chmod,
+  chown, utimes, xattrs) is one catalog transaction under the store's WriterLock before the
+  call returns: durable when it returns.
+- A file's bytes are written to the spool (fsmodel/spool.py) and committed to the store
+  (store/fscommit.py, the `lmz add` machinery) on the last close, on commit_idle(), and at
+  unmount; fsync makes them durable in the spool first, and a mount commits every spool record
+  it finds (replay). A new file exists in memory only until its first commit (or in its spool
+  record, once fsync'd).
+
+Errors are OSError with the errno the caller passes on (ENOENT, EEXIST, ENOTEMPTY, EXDEV...).
+Thread-safe: in-memory state under one lock; changes to the store serialised by a second one
+(and the store's WriterLock), so the event loop can answer lookups while a commit runs.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sqlite3
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from lmzfs.fsmodel.filedata import FileData
+from lmzfs.fsmodel.spool import Spool, SpoolRecord
+from lmzfs.reader.filereader import FileReader
+from lmzfs.store.catalog import Catalog
+from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.fscatalog import (EntryMeta, delete_entry, delete_xattr, ensure_fs_schema,
+                                   forget_spool_commit, load_entries, load_xattrs, model_id, move_subtree,
+                                   put_entry, put_xattr, remove_file_row, remove_subtree, spool_committed)
+from lmzfs.store.fscommit import FileContent, commit_file
+from lmzfs.store.layout import StoreError, StorePaths
+from lmzfs.store.lock import WriterLock
+from lmzfs.store.names import RESERVED_TOP, validate_model_name
+
+log = logging.getLogger(__name__)
+
+ROOT_INODE = 1
+NAME_MAX = 255
+XATTR_NAMESPACE = b"user."
+XATTR_VALUE_MAX = 64 << 10
+DEFAULT_DIR_MODE = 0o755
+DEFAULT_FILE_MODE = 0o644
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+_TYPE_BITS = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "symlink": stat.S_IFLNK}
+
+
+def _error(code: int, what: str = "") -> OSError:
+    return OSError(code, os.strerror(code) + (f": {what}" if what else ""))
+
+
+@dataclass(frozen=True)
+class Attributes:
+    inode: int
+    mode: int                 # type and permission bits
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+@dataclass(eq=False)
+class Node:
+    inode: int
+    kind: str                                    # "dir", "file" or "symlink"
+    name: str
+    parent: "Node | None"
+    mode: int
+    uid: int
+    gid: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    target: bytes | None = None                  # a symlink's
+    children: dict[str, "Node"] = field(default_factory=dict)
+    model: str | None = None                     # a model's root directory: the model's name
+    file_id: int | None = None                   # the stored version of a file
+    size: int = 0                                # of a file with no FileData
+    data: FileData | None = None                 # a file that is open or has uncommitted bytes
+    opens: int = 0
+    lookups: int = 0
+    linked: bool = True
+    xattrs: dict[bytes, bytes] = field(default_factory=dict)
+
+    def meta(self) -> EntryMeta:
+        return EntryMeta(self.kind, self.mode, self.uid, self.gid, self.atime_ns, self.mtime_ns, self.ctime_ns,
+                         self.target)
+
+    @property
+    def current_size(self) -> int:
+        if self.kind == "symlink":
+            return len(self.target or b"")
+        return self.data.size if self.data is not None else self.size
+
+
+@dataclass
+class Handle:
+    node: Node
+    append: bool
+    writable: bool
+    changed: bool = False       # the file changed through this handle since its last flush
+
+
+@dataclass(frozen=True)
+class StatFs:
+    block_size: int
+    blocks: int
+    blocks_free: int
+    files: int
+    name_max: int = NAME_MAX
+
+
+class Filesystem:
+    def __init__(self, store_dir: Path, *, cache_bytes: int = 64 << 20, workers: int | None = None,
+                 uid: int | None = None, gid: int | None = None, chunk_size: int | None = None):
+        self.store = StorePaths(Path(store_dir))
+        self.store.create()
+        self.store.check_format()
+        self.spool = Spool(self.store.root)
+        self.spool.lock_for_mount()
+        try:
+            with WriterLock(self.store.lock):
+                self.catalog = Catalog(self.store.catalog)
+                self.catalog.copy_after_commit = False      # write_catalog_copy() writes them
+                try:
+                    ensure_fs_schema(self.catalog.db)
+                except BaseException:
+                    self.catalog.close()
+                    raise
+        except BaseException:
+            self.spool.unlock()
+            raise
+        from lmzfs.chunker import CHUNK_SIZE
+        self._chunk_size = chunk_size or CHUNK_SIZE
+        self._reads = Catalog(self.store.catalog, readonly=True)
+        self._reads_lock = threading.Lock()
+        self.source = ChunkSource(self.store, cache_bytes)
+        self._workers = workers or os.cpu_count() or 2
+        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="lmz-encode")
+        self._uid = os.getuid() if uid is None else uid
+        self._gid = os.getgid() if gid is None else gid
+        self._lock = threading.RLock()          # the in-memory namespace
+        self._store_lock = threading.RLock()    # changes to the store, one at a time
+        self._inodes: dict[int, Node] = {}
+        self._next_inode = ROOT_INODE + 1
+        self._handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._to_close: list[FileData] = []
+        now = time.time_ns()
+        self.root = Node(ROOT_INODE, "dir", "", None, DEFAULT_DIR_MODE, self._uid, self._gid, now, now, now)
+        self.root.parent = self.root
+        self._inodes[ROOT_INODE] = self.root
+        self._closed = False
+        with self._store_lock:
+            self._seen_version = self.catalog.data_version()
+            self._reload()
+        self.replayed = self._replay()
+
+    # -- loading and following the catalog -------------------------------------------------------
+    def _new_node(self, kind: str, name: str, parent: Node, meta: EntryMeta | None = None, **kw) -> Node:
+        now = time.time_ns()
+        if meta is None:
+            mode = DEFAULT_DIR_MODE if kind == "dir" else DEFAULT_FILE_MODE
+            meta = EntryMeta(kind, mode, self._uid, self._gid, now, now, now)
+        node = Node(self._next_inode, kind, name, parent, meta.mode, meta.uid, meta.gid, meta.atime_ns,
+                    meta.mtime_ns, meta.ctime_ns, meta.target, **kw)
+        self._next_inode += 1
+        self._inodes[node.inode] = node
+        return node
+
+    def _reload(self) -> None:
+        """Bring the tree in step with the catalog (at open, and after another process committed):
+        nodes that still stand keep their inode numbers; files not yet committed keep their place."""
+        db = self.catalog.db
+        wanted: dict[tuple[str, ...], tuple[str, dict]] = {(): ("dir", {})}
+
+        def ensure_dirs(parts: tuple[str, ...], model: str | None = None) -> None:
+            for depth in range(1, len(parts) + 1):
+                key = parts[:depth]
+                kind, info = wanted.setdefault(key, ("dir", {}))
+                if kind != "dir":
+                    return
+            if model is not None:
+                wanted[parts][1]["model"] = model
+
+        for m in self.catalog.models():
+            parts = tuple(m.name.split("/"))
+            ensure_dirs(parts, m.name)
+            secs = int(m.added * 1e9)
+            wanted[parts][1].setdefault("meta", EntryMeta("dir", DEFAULT_DIR_MODE, self._uid, self._gid, secs, secs, secs))
+        for f in self.catalog.files():
+            parts = tuple(f.model.split("/")) + tuple(f.path.split("/"))
+            ensure_dirs(parts[:-1])
+            ns = int(f.mtime * 1e9)
+            wanted[parts] = ("file", {"file_id": f.id, "size": f.size,
+                                      "meta": EntryMeta("file", DEFAULT_FILE_MODE, self._uid, self._gid, ns, ns, ns)})
+        for row in load_entries(db):
+            parts = tuple(row.model.split("/")) + (tuple(row.path.split("/")) if row.path else ())
+            if row.meta.kind == "file":
+                if parts in wanted and wanted[parts][0] == "file":
+                    wanted[parts][1]["meta"] = row.meta
+                continue
+            if row.meta.kind == "dir":
+                ensure_dirs(parts)
+            else:
+                ensure_dirs(parts[:-1])
+                wanted[parts] = ("symlink", {})
+            if wanted.get(parts, ("", {}))[0] == row.meta.kind:
+                wanted[parts][1]["meta"] = row.meta
+        for x in load_xattrs(db):
+            parts = tuple(x.model.split("/")) + (tuple(x.path.split("/")) if x.path else ())
+            if parts in wanted:
+                wanted[parts][1].setdefault("xattrs", {})[bytes(x.name)] = bytes(x.value)
+        with self._lock:
+            self._reconcile(self.root, (), wanted)
+
+    def _reconcile(self, directory: Node, parts: tuple[str, ...], wanted: dict,
+                   below: dict[tuple[str, ...], set[str]] | None = None) -> None:
+        if below is None:
+            below = {}
+            for key in wanted:
+                if key:
+                    below.setdefault(key[:-1], set()).add(key[-1])
+        info = wanted[parts][1]
+        directory.model = info.get("model")
+        if "meta" in info:
+            self._apply_meta(directory, info["meta"])
+        directory.xattrs = dict(info.get("xattrs", {}))
+        names = below.get(parts, set())
+        for name in list(directory.children):
+            child = directory.children[name]
+            if name in names:
+                kind, cinfo = wanted[parts + (name,)]
+                if child.kind == kind and (kind != "file" or child.file_id == cinfo.get("file_id")):
+                    continue
+            elif child.kind == "file" and child.file_id is None:
+                continue                    # not committed yet: the catalog cannot know it
+            self._detach(child)
+        for name in sorted(names):
+            kind, cinfo = wanted[parts + (name,)]
+            child = directory.children.get(name)
+            if child is None:
+                child = self._new_node(kind, name, directory, cinfo.get("meta"),
+                                       file_id=cinfo.get("file_id"), size=cinfo.get("size", 0))
+                directory.children[name] = child
+            elif kind == "file" and child.data is None:
+                child.size = cinfo["size"]
+            if kind == "dir":
+                self._reconcile(child, parts + (name,), wanted, below)
+            else:
+                if "meta" in cinfo and child.data is None:
+                    self._apply_meta(child, cinfo["meta"])
+                child.xattrs = dict(cinfo.get("xattrs", {}))
+
+    @staticmethod
+    def _apply_meta(node: Node, meta: EntryMeta) -> None:
+        node.mode, node.uid, node.gid = meta.mode, meta.uid, meta.gid
+        node.atime_ns, node.mtime_ns, node.ctime_ns = meta.atime_ns, meta.mtime_ns, meta.ctime_ns
+        if node.kind == "symlink":
+            node.target = meta.target
+
+    def _detach(self, node: Node) -> None:
+        """The node left the tree (removed here or by another process): it lives on while open or known."""
+        if node.parent is not None and node.parent.children.get(node.name) is node:
+            del node.parent.children[node.name]
+        node.linked = False
+        for child in list(node.children.values()):
+            self._detach(child)
+        if node.data is not None and node.data.spool_file is not None:
+            node.data.spool_file.forget_record()
+        self._maybe_drop(node)
+
+    def _maybe_drop(self, node: Node) -> None:
+        if not node.linked and node.opens == 0 and node.lookups == 0 and node.inode != ROOT_INODE:
+            self._inodes.pop(node.inode, None)
+            self._close_later(node)
+
+    def _close_later(self, node: Node) -> None:
+        """Under the namespace lock: the node's data is to be closed, by _close_deferred. A file's
+        lock is never taken while the namespace lock is held (a commit holds its file's lock and
+        then takes the namespace lock), so the close waits until the namespace lock is released."""
+        if node.data is not None:
+            self._to_close.append(node.data)
+            node.data = None
+
+    def _close_deferred(self) -> None:
+        while True:
+            with self._lock:
+                if not self._to_close:
+                    return
+                data = self._to_close.pop()
+            data.close()
+
+    def refresh(self) -> bool:
+        """Follow changes another process committed (lmz add, rm, gc); True if there were any."""
+        if not self._store_lock.acquire(blocking=False):
+            return False                # a change of ours is running; it looks before it writes
+        try:
+            return self._follow_others()
+        finally:
+            self._close_deferred()
+            self._store_lock.release()
+
+    def write_catalog_copy(self) -> bool:
+        """Copy the catalog beside it if a commit since the last copy is not in one (catalogcopies.py);
+        every commit would cost a copy of the whole catalog, so the mount writes one now and then
+        (the daemon: every few seconds) and at close. True if one was written."""
+        with self._store_lock:
+            if not self.catalog.copy_due or self._closed:
+                return False
+            with WriterLock(self.store.lock):
+                self.catalog.write_copy(final=False)
+                self._seen_version = self.catalog.data_version()
+            return not self.catalog.copy_due
+
+    def _follow_others(self) -> bool:
+        version = self.catalog.data_version()
+        if version == self._seen_version:
+            return False
+        self._seen_version = version
+        self._reload()
+        return True
+
+    @contextmanager
+    def _changing(self) -> Iterator:
+        """One change to the store: ours alone (in this process and across processes), made on
+        the catalog as it is now."""
+        with self._store_lock:
+            if self._closed:
+                raise _error(errno.EROFS, "the file system is closing")
+            with WriterLock(self.store.lock):
+                self._follow_others()
+                try:
+                    yield
+                except StoreError as exc:
+                    log.error("%s", exc)
+                    cause = exc.__cause__
+                    code = cause.errno if isinstance(cause, OSError) and cause.errno else errno.EIO
+                    if isinstance(cause, sqlite3.Error) and getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                        code = errno.ENOSPC
+                    raise _error(code, str(exc)) from None
+                except sqlite3.Error as exc:
+                    log.error("catalog: %s", exc)
+                    raise _error(errno.ENOSPC if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+                                 else errno.EIO, str(exc)) from None
+                finally:
+                    # our own commits do not move data_version; a copy written meanwhile might
+                    self._seen_version = self.catalog.data_version()
+                    self._close_deferred()
+
+    # -- where things are ------------------------------------------------------------------------
+    def _node(self, inode: int) -> Node:
+        node = self._inodes.get(inode)
+        if node is None:
+            raise _error(errno.ENOENT)
+        return node
+
+    def _dir(self, inode: int) -> Node:
+        node = self._node(inode)
+        if node.kind != "dir":
+            raise _error(errno.ENOTDIR)
+        if not node.linked:
+            raise _error(errno.ENOENT)
+        return node
+
+    @staticmethod
+    def _where(node: Node) -> tuple[str, str] | None:
+        """(model, path inside it) of a node in a model; None at the root and above models."""
+        parts: list[str] = []
+        while node.model is None:
+            if node.parent is node or node.parent is None:
+                return None
+            parts.append(node.name)
+            node = node.parent
+        return node.model, "/".join(reversed(parts))
+
+    def _path_parts(self, node: Node) -> list[str]:
+        parts = []
+        while node.parent is not node and node.parent is not None:
+            parts.append(node.name)
+            node = node.parent
+        return list(reversed(parts))
+
+    def _in_model(self, directory: Node) -> tuple[str, str]:
+        where = self._where(directory)
+        if where is None:
+            raise _error(errno.EPERM, "only directories (models) at the top of a writable mount")
+        return where
+
+    @staticmethod
+    def _join(path: str, name: str) -> str:
+        return f"{path}/{name}" if path else name
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise _error(errno.ENAMETOOLONG)
+        if "/" in name or name in ("", ".", ".."):
+            raise _error(errno.EINVAL)
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _error(errno.EILSEQ, "names are stored as UTF-8") from None
+
+    def attributes(self, node: Node) -> Attributes:
+        nlink = 0 if not node.linked else (
+            2 + sum(1 for c in node.children.values() if c.kind == "dir") if node.kind == "dir" else 1)
+        return Attributes(node.inode, _TYPE_BITS[node.kind] | node.mode, nlink, node.uid, node.gid,
+                          node.current_size, node.atime_ns, node.mtime_ns, node.ctime_ns)
+
+    # -- queries ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Inodes known (in the tree, or unlinked but still open or known to the kernel)."""
+        return len(self._inodes)
+
+    def model_count(self) -> int:
+        with self._lock:
+            stack, count = [self.root], 0
+            while stack:
+                node = stack.pop()
+                if node.model is not None:
+                    count += 1
+                else:
+                    stack.extend(c for c in node.children.values() if c.kind == "dir")
+            return count
+
+    def generation(self) -> int:
+        """Changes whenever another process commits to the catalog (what the service status follows)."""
+        return self._seen_version
+
+    def lookup(self, parent: int, name: str) -> Attributes:
+        with self._lock:
+            directory = self._dir(parent)
+            if name == ".":
+                node = directory
+            elif name == "..":
+                node = directory.parent
+            else:
+                node = directory.children.get(name)
+            if node is None:
+                raise _error(errno.ENOENT)
+            node.lookups += 1
+            return self.attributes(node)
+
+    def remember(self, inode: int) -> None:
+        """The kernel got a reference other than by lookup (an entry of readdirplus)."""
+        with self._lock:
+            node = self._inodes.get(inode)
+            if node is not None:
+                node.lookups += 1
+
+    def forget(self, inode: int, count: int) -> None:
+        with self._lock:
+            node = self._inodes.get(inode)
+            if node is not None:
+                node.lookups = max(0, node.lookups - count)
+                self._maybe_drop(node)
+        self._close_deferred()
+
+    def getattr(self, inode: int) -> Attributes:
+        with self._lock:
+            return self.attributes(self._node(inode))
+
+    def readdir(self, inode: int) -> list[tuple[str, Attributes]]:
+        with self._lock:
+            directory = self._dir(inode)
+            return [(name, self.attributes(directory.children[name])) for name in sorted(directory.children)]
+
+    def readlink(self, inode: int) -> bytes:
+        node = self._node(inode)
+        if node.kind != "symlink":
+            raise _error(errno.EINVAL)
+        return node.target or b""
+
+    def statfs(self) -> StatFs:
+        st = os.statvfs(self.store.root)
+        with self._lock:
+            files = len(self._inodes)
+        return StatFs(st.f_frsize, st.f_blocks, st.f_bavail, files)
+
+    # -- directories, symlinks -------------------------------------------------------------------
+    def _touch_dir(self, directory: Node, now: int) -> None:
+        directory.mtime_ns = directory.ctime_ns = now
+
+    def _store_dir_meta(self, db, directory: Node) -> None:
+        where = self._where(directory)
+        if where is not None:
+            put_entry(db, model_id(db, where[0]), where[1], directory.meta())
+
+    def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Attributes:
+        self._check_name(name)
+        with self._changing():
+            with self._lock:
+                directory = self._dir(parent)
+                if name in directory.children:
+                    raise _error(errno.EEXIST)
+                where = self._where(directory)
+            now = time.time_ns()
+            meta = EntryMeta("dir", stat.S_IMODE(mode), uid, gid, now, now, now)
+            if where is None:
+                model = "/".join(self._path_parts(directory) + [name])
+                self._create_model(model, meta)
+            else:
+                with self.catalog.transaction() as db:
+                    put_entry(db, model_id(db, where[0]), self._join(where[1], name), meta)
+                    self._touch_dir(directory, now)
+                    self._store_dir_meta(db, directory)
+            with self._lock:
+                node = self._new_node("dir", name, directory, meta, model=model if where is None else None)
+                directory.children[name] = node
+                self._touch_dir(directory, now)
+                node.lookups += 1
+                return self.attributes(node)
+
+    def _create_model(self, model: str, meta: EntryMeta) -> None:
+        try:
+            validate_model_name(model)
+        except StoreError as exc:
+            raise _error(errno.EINVAL, str(exc)) from None
+        if model.split("/")[0] in RESERVED_TOP:
+            raise _error(errno.EINVAL)
+        with self.catalog.transaction() as db:
+            for (other,) in db.execute("SELECT name FROM models"):
+                if other == model or other.startswith(model + "/") or model.startswith(other + "/"):
+                    raise _error(errno.EEXIST, f"model {other!r} is in the way")
+            mid = db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
+                             (model, meta.mtime_ns / 1e9, "writable mount")).lastrowid
+            put_entry(db, mid, "", meta)
+
+    def rmdir(self, parent: int, name: str) -> None:
+        with self._changing():
+            with self._lock:
+                directory = self._dir(parent)
+                node = directory.children.get(name)
+                if node is None:
+                    raise _error(errno.ENOENT)
+                if node.kind != "dir":
+                    raise _error(errno.ENOTDIR)
+                if node.children:
+                    raise _error(errno.ENOTEMPTY)
+                where = self._where(node)
+            now = time.time_ns()
+            if node.model is not None:
+                with self.catalog.transaction() as db:
+                    mid = model_id(db, node.model)
+                    remove_subtree(db, mid, "")
+                    db.execute("DELETE FROM models WHERE id = ?", (mid,))
+            elif where is not None:
+                with self.catalog.transaction() as db:
+                    mid = model_id(db, where[0])
+                    delete_entry(db, mid, where[1])
+                    self._touch_dir(directory, now)
+                    self._store_dir_meta(db, directory)
+            with self._lock:
+                self._touch_dir(directory, now)
+                self._detach(node)
+
+    def symlink(self, parent: int, name: str, target: bytes, uid: int, gid: int) -> Attributes:
+        self._check_name(name)
+        with self._changing():
+            with self._lock:
+                directory = self._dir(parent)
+                if name in directory.children:
+                    raise _error(errno.EEXIST)
+                model, path = self._in_model(directory)
+            now = time.time_ns()
+            meta = EntryMeta("symlink", 0o777, uid, gid, now, now, now, bytes(target))
+            with self.catalog.transaction() as db:
+                put_entry(db, model_id(db, model), self._join(path, name), meta)
+                self._touch_dir(directory, now)
+                self._store_dir_meta(db, directory)
+            with self._lock:
+                node = self._new_node("symlink", name, directory, meta)
+                directory.children[name] = node
+                node.lookups += 1
+                return self.attributes(node)
+
+    # -- removing and renaming -------------------------------------------------------------------
+    def unlink(self, parent: int, name: str) -> None:
+        with self._changing():
+            with self._lock:
+                directory = self._dir(parent)
+                node = directory.children.get(name)
+                if node is None:
+                    raise _error(errno.ENOENT)
+                if node.kind == "dir":
+                    raise _error(errno.EISDIR)
+                model, path = self._in_model(directory)
+            now = time.time_ns()
+            self._touch_dir(directory, now)
+            # A file never committed has nothing in the catalog to remove (its directory's times
+            # are stored with the next change): unlinking it needs no disk space, which is what
+            # frees a full disk of the spool's bytes.
+            if node.kind != "file" or node.file_id is not None or node.xattrs:
+                with self.catalog.transaction() as db:
+                    self._remove_stored(db, node, model_id(db, model), self._join(path, name))
+                    self._store_dir_meta(db, directory)
+            with self._lock:
+                node.ctime_ns = now
+                self._detach(node)
+
+    def _remove_stored(self, db, node: Node, mid: int, path: str) -> None:
+        if node.file_id is not None:
+            remove_file_row(db, node.file_id)
+            node.file_id = None
+        delete_entry(db, mid, path)
+
+    def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0) -> None:
+        self._check_name(new_name)
+        if flags & RENAME_EXCHANGE:
+            raise _error(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        with self._changing():
+            with self._lock:
+                source_dir, target_dir = self._dir(parent), self._dir(new_parent)
+                node = source_dir.children.get(name)
+                if node is None:
+                    raise _error(errno.ENOENT)
+                if source_dir is target_dir and name == new_name:
+                    return
+                ancestor = target_dir
+                while True:
+                    if ancestor is node:
+                        raise _error(errno.EINVAL, "a directory cannot move into itself")
+                    if ancestor.parent is ancestor:
+                        break
+                    ancestor = ancestor.parent
+                victim = target_dir.children.get(new_name)
+                if victim is not None:
+                    if flags & RENAME_NOREPLACE:
+                        raise _error(errno.EEXIST)
+                    if node.kind == "dir" and victim.kind != "dir":
+                        raise _error(errno.ENOTDIR)
+                    if node.kind != "dir" and victim.kind == "dir":
+                        raise _error(errno.EISDIR)
+                    if victim.kind == "dir" and victim.children:
+                        raise _error(errno.ENOTEMPTY)
+                old_where, new_dir_where = self._where(node), self._where(target_dir)
+            now = time.time_ns()
+            if node.model is not None or (old_where is None and node.kind == "dir"):
+                self._rename_models(node, source_dir, target_dir, new_name, victim, new_dir_where)
+            else:
+                if old_where is None or new_dir_where is None:
+                    raise _error(errno.EXDEV, "entries move between models or to the top level by copying")
+                new_path = self._join(new_dir_where[1], new_name)
+                with self.catalog.transaction() as db:
+                    old_mid, new_mid = model_id(db, old_where[0]), model_id(db, new_dir_where[0])
+                    if victim is not None:
+                        if victim.kind == "dir":
+                            remove_subtree(db, new_mid, new_path)
+                        else:
+                            self._remove_stored(db, victim, new_mid, new_path)
+                    move_subtree(db, old_mid, old_where[1], new_mid, new_path)
+                    node.ctime_ns = now
+                    self._touch_dir(source_dir, now)
+                    self._touch_dir(target_dir, now)
+                    self._store_dir_meta(db, source_dir)
+                    self._store_dir_meta(db, target_dir)
+                    if node.kind != "file" or node.file_id is not None:
+                        put_entry(db, new_mid, new_path, node.meta())
+            with self._lock:
+                if victim is not None:
+                    self._detach(victim)
+                del source_dir.children[name]
+                node.name, node.parent = new_name, target_dir
+                target_dir.children[new_name] = node
+                self._touch_dir(source_dir, now)
+                self._touch_dir(target_dir, now)
+            self._rerecord_below(node)
+
+    def _rename_models(self, node: Node, source_dir: Node, target_dir: Node, new_name: str,
+                       victim: Node | None, new_dir_where) -> None:
+        """Rename a model, or a directory above models: the models' names change."""
+        if new_dir_where is not None:
+            raise _error(errno.EXDEV, "a model cannot move inside another model")
+        old_prefix = "/".join(self._path_parts(node))
+        new_prefix = "/".join(self._path_parts(target_dir) + [new_name])
+        with self.catalog.transaction() as db:
+            if victim is not None:
+                if victim.model is not None:
+                    db.execute("DELETE FROM models WHERE name = ?", (victim.model,))
+            for mid, model in db.execute("SELECT id, name FROM models").fetchall():
+                if model == old_prefix or model.startswith(old_prefix + "/"):
+                    renamed = new_prefix + model[len(old_prefix):]
+                    try:
+                        validate_model_name(renamed)
+                    except StoreError as exc:
+                        raise _error(errno.EINVAL, str(exc)) from None
+                    db.execute("UPDATE models SET name = ? WHERE id = ?", (renamed, mid))
+        with self._lock:
+            stack = [node]
+            while stack:
+                n = stack.pop()
+                if n.model is not None:
+                    n.model = new_prefix + n.model[len(old_prefix):]
+                elif self._where(n) is None:
+                    stack.extend(c for c in n.children.values() if c.kind == "dir")
+
+    def _rerecord_below(self, node: Node) -> None:
+        """Spool records of uncommitted files name their path: rewrite those a rename moved."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if n.kind == "file" and n.data is not None and n.data.spool_file is not None \
+                    and n.data.spool_file.recorded:
+                with n.data.lock:
+                    self._record(n)
+
+    # -- attributes ------------------------------------------------------------------------------
+    def setattr(self, inode: int, *, mode: int | None = None, uid: int | None = None, gid: int | None = None,
+                size: int | None = None, atime_ns: int | None = None, mtime_ns: int | None = None,
+                fh: int | None = None) -> Attributes:
+        """`fh`: the handle a size change came through (ftruncate), whose flush commits it."""
+        node = self._node(inode)
+        if fh is not None and size is not None and fh in self._handles:
+            self._handles[fh].changed = True
+        now = time.time_ns()
+        if size is not None:
+            if node.kind != "file":
+                raise _error(errno.EISDIR if node.kind == "dir" else errno.EINVAL)
+            data = self._data(node)
+            try:
+                if size != data.size:
+                    data.truncate(size)
+                    node.mtime_ns = now
+            finally:
+                self._release_data(node)
+        with self._lock:
+            if mode is not None:
+                node.mode = stat.S_IMODE(mode)
+            if uid is not None:
+                node.uid = uid
+            if gid is not None:
+                node.gid = gid
+            if atime_ns is not None:
+                node.atime_ns = atime_ns
+            if mtime_ns is not None:
+                node.mtime_ns = mtime_ns
+            node.ctime_ns = now
+            where = self._where(node) if node.linked else None
+            stored = node.kind != "file" or node.file_id is not None
+        if where is not None and stored and (mode, uid, gid, atime_ns, mtime_ns) != (None,) * 5:
+            with self._changing():
+                with self.catalog.transaction() as db:
+                    put_entry(db, model_id(db, where[0]), where[1], node.meta())
+        return self.getattr(inode)
+
+    def getxattr(self, inode: int, name: bytes) -> bytes:
+        node = self._node(inode)
+        value = node.xattrs.get(name)
+        if value is None:
+            raise _error(errno.ENODATA)
+        return value
+
+    def listxattr(self, inode: int) -> list[bytes]:
+        return sorted(self._node(inode).xattrs)
+
+    def setxattr(self, inode: int, name: bytes, value: bytes) -> None:
+        if not name.startswith(XATTR_NAMESPACE) or len(name) == len(XATTR_NAMESPACE):
+            raise _error(errno.EOPNOTSUPP, "only user.* attributes")
+        if len(value) > XATTR_VALUE_MAX:
+            raise _error(errno.E2BIG)
+        with self._changing():
+            node = self._node(inode)
+            where = self._where(node) if node.linked else None
+            if where is None and node.linked:
+                raise _error(errno.EPERM, "attributes live inside models")
+            if where is not None:
+                with self.catalog.transaction() as db:
+                    put_xattr(db, model_id(db, where[0]), where[1], name, value)
+            with self._lock:
+                node.xattrs[name] = bytes(value)
+                node.ctime_ns = time.time_ns()
+
+    def removexattr(self, inode: int, name: bytes) -> None:
+        with self._changing():
+            node = self._node(inode)
+            if name not in node.xattrs:
+                raise _error(errno.ENODATA)
+            where = self._where(node) if node.linked else None
+            if where is not None:
+                with self.catalog.transaction() as db:
+                    delete_xattr(db, model_id(db, where[0]), where[1], name)
+            with self._lock:
+                del node.xattrs[name]
+
+    # -- files -----------------------------------------------------------------------------------
+    def _base_reader(self, node: Node) -> FileReader | None:
+        if node.file_id is None:
+            return None
+        with self._reads_lock:
+            row = self._reads.file_by_id(node.file_id)
+            if row is None:
+                raise _error(errno.ENOENT, "the file was removed from the store")
+            extents = self._reads.extents(node.file_id)
+        return FileReader(self.source, None, f"{row.model}/{row.path}", row.size, extents)
+
+    def _data(self, node: Node) -> FileData:
+        """The node's FileData, made if need be, held (one open) until _release_data."""
+        with self._lock:
+            node.opens += 1
+            if node.data is not None:
+                return node.data
+        try:
+            base = self._base_reader(node)
+        except BaseException:
+            with self._lock:
+                node.opens -= 1
+            raise
+        with self._lock:
+            if node.data is None:
+                node.data = FileData(self.spool, base, node.size)
+            elif base is not None:
+                base.close()
+            return node.data
+
+    def _release_data(self, node: Node) -> None:
+        with self._lock:
+            node.opens -= 1
+            last = node.opens == 0
+        if not last:
+            return
+        if node.data is not None and node.data.dirty and node.linked:
+            self.commit(node)
+        with self._lock:
+            # an unlinked file's bytes go with its last close; a commit that failed keeps them
+            if node.opens == 0 and node.data is not None and (not node.data.dirty or not node.linked):
+                self._close_later(node)
+            self._maybe_drop(node)
+        self._close_deferred()
+
+    def create(self, parent: int, name: str, mode: int, uid: int, gid: int, flags: int) -> tuple[int, Attributes]:
+        self._check_name(name)
+        with self._lock:
+            directory = self._dir(parent)
+            self._in_model(directory)
+            existing = directory.children.get(name)
+            if existing is not None:
+                if flags & os.O_EXCL:
+                    raise _error(errno.EEXIST)
+                node = existing
+                node.lookups += 1
+            else:
+                now = time.time_ns()
+                meta = EntryMeta("file", stat.S_IMODE(mode), uid, gid, now, now, now)
+                node = self._new_node("file", name, directory, meta)
+                node.data = FileData(self.spool, None, 0)
+                node.data.dirty = True                # a new file is committed even if empty
+                directory.children[name] = node
+                self._touch_dir(directory, now)
+                node.lookups += 1
+        fh = self.open(node.inode, flags & ~os.O_CREAT & ~os.O_EXCL)
+        return fh, self.getattr(node.inode)
+
+    def open(self, inode: int, flags: int) -> int:
+        node = self._node(inode)
+        if node.kind == "dir":
+            raise _error(errno.EISDIR)
+        if node.kind != "file":
+            raise _error(errno.ELOOP)
+        data = self._data(node)
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        changed = writable and data.dirty and node.file_id is None       # a new file: committed even if empty
+        if flags & os.O_TRUNC and writable and data.size:
+            data.truncate(0)
+            node.mtime_ns = node.ctime_ns = time.time_ns()
+            changed = True
+        with self._lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = Handle(node, bool(flags & os.O_APPEND), writable, changed)
+            return fh
+
+    def _handle(self, fh: int) -> Handle:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise _error(errno.EBADF)
+        return handle
+
+    def read(self, fh: int, offset: int, length: int) -> bytes:
+        handle = self._handle(fh)
+        return handle.node.data.read(offset, length)
+
+    def write(self, fh: int, offset: int, data: bytes) -> int:
+        handle = self._handle(fh)
+        if not handle.writable:
+            raise _error(errno.EBADF)
+        node = handle.node
+        with node.data.lock:
+            if handle.append:
+                offset = node.data.size
+            n = node.data.write(offset, data)
+        handle.changed = True
+        node.mtime_ns = node.ctime_ns = time.time_ns()
+        return n
+
+    def try_write(self, fh: int, offset: int, data: bytes) -> int | None:
+        """write(), unless the file is being committed (then None: nothing was written)."""
+        lock = self._handle(fh).node.data.lock
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            return self.write(fh, offset, data)
+        finally:
+            lock.release()
+
+    def flush(self, fh: int) -> None:
+        """A close of a descriptor (close(2) waits for it): what changed through it is committed."""
+        handle = self._handle(fh)
+        if handle.changed:
+            handle.changed = False
+            self.commit(handle.node)
+
+    def release(self, fh: int) -> None:
+        with self._lock:
+            handle = self._handles.pop(fh, None)
+        if handle is not None:
+            self._release_data(handle.node)
+
+    def fsync(self, fh: int) -> None:
+        """The file's bytes and metadata are durable when this returns (in the spool or the store)."""
+        node = self._handle(fh).node
+        with node.data.lock:
+            if node.data.dirty and node.linked:
+                self._record(node)
+
+    def _record(self, node: Node) -> None:
+        """Write the node's spool record (its bytes first): called with its data's lock held."""
+        data = node.data
+        # read without the namespace lock (a file's lock is never held while waiting for it): a
+        # rename that races this records the file again once this returns (_rerecord_below)
+        where = self._where(node)
+        meta = node.meta()
+        if where is None:
+            return
+        spool_file = data.ensure_spool_file()
+        base_sha = None
+        if node.file_id is not None:
+            with self._reads_lock:
+                row = self._reads.file_by_id(node.file_id)
+            base_sha = row.sha256 if row is not None else None
+        spool_file.record(SpoolRecord(spool_file.spool_id, where[0], where[1], node.file_id, base_sha,
+                                      data.base_len, data.size, data.ranges.as_list(), meta))
+
+    def sync(self) -> None:
+        """Every file's written bytes durable (syncfs)."""
+        with self._lock:
+            nodes = [n for n in self._inodes.values() if n.data is not None and n.data.dirty and n.linked]
+        for node in nodes:
+            with node.data.lock:
+                if node.data.dirty:
+                    self._record(node)
+
+    # -- commits ---------------------------------------------------------------------------------
+    def commit(self, node: Node) -> bool:
+        """Store the node's bytes (if it has uncommitted ones); True if it committed."""
+        data = node.data
+        if data is None or not data.dirty:
+            return False
+        # The store lock before the file's: a removal holding the store lock may close the file's data.
+        with self._changing(), data.lock:
+            if not data.dirty or node.data is not data:
+                return False
+            with self._lock:
+                if not node.linked:
+                    return False
+                where = self._where(node)
+                meta = node.meta()
+                replaces = node.file_id
+            if where is None:
+                return False
+            spool_id = data.spool_file.spool_id if data.spool_file is not None and data.spool_file.recorded \
+                else None
+            content = FileContent(data.as_file(), lambda length, offset: data.read(offset, length), data.size)
+            done = commit_file(self.store, self.catalog, self._pool, self._workers, model=where[0],
+                               path=where[1], content=content, meta=meta, replaces=replaces,
+                               spool_id=spool_id, chunk_size=self._chunk_size)
+            for warning in done.warnings:
+                log.info("%s/%s: %s", where[0], where[1], warning)
+            with self._lock:
+                node.file_id = done.file_id
+                node.size = done.size
+            data.rebase(self._base_reader(node), done.size)
+            if spool_id is not None:
+                with self.catalog.transaction() as db:
+                    forget_spool_commit(db, spool_id)
+            return True
+
+    def commit_idle(self, idle_seconds: float) -> int:
+        """Commit files unchanged for idle_seconds; how many were committed."""
+        now = time.monotonic()
+        with self._lock:
+            nodes = [n for n in self._inodes.values()
+                     if n.data is not None and n.data.dirty and n.linked and now - n.data.last_change >= idle_seconds]
+        done = 0
+        for node in nodes:
+            try:
+                done += self.commit(node)
+            except OSError as exc:
+                log.error("committing %s: %s", "/".join(self._path_parts(node)), exc)
+        return done
+
+    def _replay(self) -> int:
+        """Commit every spool record a previous mount left (it was fsync'd, so it must not be lost)."""
+        records = self.spool.records()
+        for path in self.spool.leftover_data():
+            log.info("keeping %s: written but never fsync'd before the mount ended", path)
+        done = 0
+        for record in records:
+            with self._store_lock:
+                if spool_committed(self.catalog.db, record.spool_id):
+                    self.spool.remove(record.spool_id)
+                    with WriterLock(self.store.lock), self.catalog.transaction() as db:
+                        forget_spool_commit(db, record.spool_id)
+                    continue
+            try:
+                node = self._node_for_record(record)
+            except StoreError as exc:
+                log.error("%s", exc)
+                continue
+            spool_file = self.spool.reopen(record)
+            base = self._base_reader(node) if node.file_id is not None else None
+            node.data = FileData(self.spool, base, record.size, spool_file=spool_file,
+                                 base_len=record.base_len if base is not None else 0, ranges=record.ranges)
+            self._apply_meta(node, record.meta)
+            if self.commit(node):
+                done += 1
+            with self._lock:
+                if node.opens == 0 and node.data is not None and not node.data.dirty:
+                    self._close_later(node)
+            self._close_deferred()
+        return done
+
+    def _node_for_record(self, record: SpoolRecord) -> Node:
+        with self._lock:
+            if record.file_id is not None:
+                for node in self._inodes.values():
+                    if node.file_id == record.file_id:
+                        with self._reads_lock:
+                            row = self._reads.file_by_id(record.file_id)
+                        if row is not None and row.sha256 == record.base_sha256:
+                            return node
+                        raise StoreError(f"spool record {record.spool_id} changes a version of {record.model}/"
+                                         f"{record.path} that is no longer stored; it is kept in {self.spool.dir}")
+            # a new file (or its stored version is gone): recreate it where the record puts it
+            directory = self.root
+            parts = record.model.split("/") + record.path.split("/")
+            for part in parts[:-1]:
+                child = directory.children.get(part)
+                if child is None:
+                    child = self._new_node("dir", part, directory)
+                    directory.children[part] = child
+                directory = child
+            if self._where(directory) is None:
+                raise StoreError(f"spool record {record.spool_id}: model {record.model!r} is gone; it is kept "
+                                 f"in {self.spool.dir}")
+            node = directory.children.get(parts[-1])
+            if node is None or node.kind != "file":
+                node = self._new_node("file", parts[-1], directory, record.meta)
+                directory.children[parts[-1]] = node
+            return node
+
+    # -- the end ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Commit what is uncommitted (what cannot be is kept in the spool), and release the store."""
+        if self._closed:
+            return
+        with self._lock:
+            nodes = [n for n in self._inodes.values() if n.data is not None]
+        for node in nodes:
+            if node.data is not None and node.data.dirty and node.linked:
+                try:
+                    with node.data.lock:
+                        self._record(node)          # durable first, whatever the commit does
+                    self.commit(node)
+                except (OSError, StoreError) as exc:
+                    log.error("%s stays in the spool: %s", "/".join(self._path_parts(node)), exc)
+        with self._store_lock:
+            self._closed = True
+        for node in nodes:
+            if node.data is not None:
+                node.data.close(keep_spool=node.data.dirty and node.linked)
+                node.data = None
+        self._pool.shutdown(wait=True)
+        self.source.close()
+        self._reads.close()
+        try:
+            with WriterLock(self.store.lock):
+                self.catalog.close()                # writes the catalog's copy if one is due
+        except StoreError as exc:
+            log.error("%s", exc)
+        finally:
+            self.spool.unlock()

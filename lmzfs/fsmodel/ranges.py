@@ -1,0 +1,66 @@
+"""A set of byte ranges: which parts of a file the spool holds."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Piece:
+    start: int
+    end: int
+    inside: bool      # the range lies in the set
+
+
+class ByteRanges:
+    """Disjoint, sorted, non-touching [start, end) ranges."""
+
+    def __init__(self, ranges: list[tuple[int, int]] | None = None):
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for start, end in ranges or ():
+            self.add(start, end)
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        # every range that overlaps or touches [start, end) merges into it
+        lo = bisect.bisect_left(self._ends, start)
+        hi = bisect.bisect_right(self._starts, end)
+        if lo < hi:
+            start = min(start, self._starts[lo])
+            end = max(end, self._ends[hi - 1])
+        self._starts[lo:hi] = [start]
+        self._ends[lo:hi] = [end]
+
+    def cut(self, size: int) -> None:
+        """Drop everything at or past `size`."""
+        i = bisect.bisect_left(self._ends, size + 1)
+        del self._starts[i + 1:], self._ends[i + 1:]
+        if i < len(self._starts):
+            if self._starts[i] >= size:
+                del self._starts[i], self._ends[i]
+            else:
+                self._ends[i] = size
+
+    def pieces(self, start: int, end: int) -> list[Piece]:
+        """[start, end) cut where the set begins or ends, each piece saying whether it is inside."""
+        out: list[Piece] = []
+        pos = start
+        i = bisect.bisect_right(self._ends, start)
+        while pos < end:
+            if i < len(self._starts) and self._starts[i] <= pos:
+                stop = min(end, self._ends[i])
+                out.append(Piece(pos, stop, True))
+                i += 1
+            else:
+                stop = min(end, self._starts[i]) if i < len(self._starts) else end
+                out.append(Piece(pos, stop, False))
+            pos = stop
+        return out
+
+    def as_list(self) -> list[tuple[int, int]]:
+        return list(zip(self._starts, self._ends))
+
+    def __bool__(self) -> bool:
+        return bool(self._starts)

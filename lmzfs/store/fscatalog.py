@@ -1,0 +1,222 @@
+"""The writable mount's part of the catalog: what a file system holds beyond the models' files.
+
+`lmz add` stores files; a file system also has directories (empty ones too), symlinks, each
+entry's mode, owner and times, and user.* extended attributes. They live in two tables of their
+own beside the version 2 schema (docs/format.md, "Writable mount tables, fs version 1"), created
+the first time a writable mount opens the store and marked by meta's `fs_version`:
+
+- fs_entries: one row per directory, symlink or file (kind), keyed by (model id, path inside the
+  model; "" is the model's own directory). A file's bytes stay in files/extents; its row here only
+  holds its metadata. A file or directory with no row (stored by `lmz add`) reads as the defaults.
+- fs_xattrs: user.* attributes, keyed by (model id, path, name).
+- fs_spool_commits: the spool records (lmzfs/fsmodel/spool.py) whose files are committed, named
+  in the commit's own transaction so that a crash before the record is removed cannot commit
+  it twice.
+
+A trigger removes both tables' rows of a model when its models row goes (`lmz rm`), so nothing
+that predates these tables needs to know them. Readers that do not know the tables ignore them
+(the read-only mount shows the models' files as before); a writable mount refuses an fs_version
+it does not know.
+"""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from lmzfs.store.layout import StoreError
+
+FS_VERSION = 1
+READABLE_FS_VERSIONS = ("1",)
+
+FS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fs_entries (
+    model INTEGER NOT NULL REFERENCES models(id),
+    path TEXT NOT NULL,           -- inside the model, "/"-separated; "" is the model's directory
+    kind TEXT NOT NULL,           -- 'dir', 'file' or 'symlink'
+    mode INTEGER NOT NULL,        -- permission bits (S_IMODE)
+    uid INTEGER NOT NULL,
+    gid INTEGER NOT NULL,
+    atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    target BLOB,                  -- a symlink's target; NULL otherwise
+    PRIMARY KEY (model, path)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fs_xattrs (
+    model INTEGER NOT NULL REFERENCES models(id),
+    path TEXT NOT NULL,
+    name BLOB NOT NULL,           -- "user.*"
+    value BLOB NOT NULL,
+    PRIMARY KEY (model, path, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fs_spool_commits (
+    spool TEXT PRIMARY KEY        -- a spool record whose file this catalog holds committed
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS fs_rows_of_removed_model AFTER DELETE ON models BEGIN
+    DELETE FROM fs_entries WHERE model = OLD.id;
+    DELETE FROM fs_xattrs WHERE model = OLD.id;
+END;
+"""
+
+KINDS = ("dir", "file", "symlink")
+
+
+@dataclass(frozen=True)
+class EntryMeta:
+    """What fs_entries holds of one entry."""
+    kind: str
+    mode: int
+    uid: int
+    gid: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    target: bytes | None = None
+
+
+@dataclass(frozen=True)
+class FsEntryRow:
+    model: str
+    path: str
+    meta: EntryMeta
+
+
+@dataclass(frozen=True)
+class XattrRow:
+    model: str
+    path: str
+    name: bytes
+    value: bytes
+
+
+def ensure_fs_schema(db: sqlite3.Connection) -> None:
+    """Create the tables (a catalog without them gets them, marked fs_version 1); refuse an
+    fs_version this code does not know. Call outside a transaction, under the writer lock."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'fs_version'").fetchone()
+    if row is not None and row[0] not in READABLE_FS_VERSIONS:
+        raise StoreError(f"the store's writable-mount tables are version {row[0]}; this lmzfs knows "
+                         f"versions {', '.join(READABLE_FS_VERSIONS)}")
+    if row is None:
+        db.execute("BEGIN IMMEDIATE")     # not executescript, which commits on its own
+        try:
+            for statement in _statements(FS_SCHEMA):
+                db.execute(statement)
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('fs_version', ?)", (str(FS_VERSION),))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of a script (triggers hold semicolons inside BEGIN ... END)."""
+    out, current = [], ""
+    for line in script.splitlines():
+        current += line + "\n"
+        if sqlite3.complete_statement(current):
+            out.append(current.strip())
+            current = ""
+    return out
+
+
+def has_fs_tables(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fs_entries'").fetchone() is not None
+
+
+def load_entries(db: sqlite3.Connection) -> list[FsEntryRow]:
+    if not has_fs_tables(db):
+        return []
+    rows = db.execute("SELECT m.name, e.path, e.kind, e.mode, e.uid, e.gid, e.atime_ns, e.mtime_ns, e.ctime_ns, "
+                      "e.target FROM fs_entries e JOIN models m ON m.id = e.model ORDER BY m.name, e.path")
+    out = []
+    for name, path, kind, *rest in rows:
+        if kind not in KINDS:
+            raise StoreError(f"catalog: entry {name}/{path} has the unknown kind {kind!r}")
+        out.append(FsEntryRow(name, path, EntryMeta(kind, *rest)))
+    return out
+
+
+def load_xattrs(db: sqlite3.Connection) -> list[XattrRow]:
+    if not has_fs_tables(db):
+        return []
+    return [XattrRow(*r) for r in db.execute(
+        "SELECT m.name, x.path, x.name, x.value FROM fs_xattrs x JOIN models m ON m.id = x.model")]
+
+
+# -- inside a write transaction ---------------------------------------------------------------
+
+def model_id(db: sqlite3.Connection, name: str) -> int:
+    row = db.execute("SELECT id FROM models WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        raise StoreError(f"model {name!r} is no longer in the store")
+    return row[0]
+
+
+def put_entry(db: sqlite3.Connection, model: int, path: str, meta: EntryMeta) -> None:
+    db.execute("INSERT OR REPLACE INTO fs_entries VALUES (?,?,?,?,?,?,?,?,?,?)",
+               (model, path, meta.kind, meta.mode, meta.uid, meta.gid, meta.atime_ns, meta.mtime_ns,
+                meta.ctime_ns, meta.target))
+
+
+def delete_entry(db: sqlite3.Connection, model: int, path: str) -> None:
+    db.execute("DELETE FROM fs_entries WHERE model = ? AND path = ?", (model, path))
+    db.execute("DELETE FROM fs_xattrs WHERE model = ? AND path = ?", (model, path))
+
+
+def put_xattr(db: sqlite3.Connection, model: int, path: str, name: bytes, value: bytes) -> None:
+    db.execute("INSERT OR REPLACE INTO fs_xattrs VALUES (?,?,?,?)", (model, path, name, value))
+
+
+def delete_xattr(db: sqlite3.Connection, model: int, path: str, name: bytes) -> None:
+    db.execute("DELETE FROM fs_xattrs WHERE model = ? AND path = ? AND name = ?", (model, path, name))
+
+
+def _below(path: str) -> tuple[str, tuple]:
+    """A WHERE clause for `path` and everything under it (no LIKE: names may hold % and _)."""
+    if path == "":
+        return "1", ()
+    return "(path = ? OR substr(path, 1, ?) = ?)", (path, len(path) + 1, path + "/")
+
+
+def move_subtree(db: sqlite3.Connection, model: int, old: str, new_model: int, new: str) -> None:
+    """Rename `old` (a file or a directory and everything below it) to `new`, in fs_entries,
+    fs_xattrs and files alike."""
+    where, args = _below(old)
+    cut = len(old) + 1
+    for table in ("fs_entries", "fs_xattrs", "files"):
+        db.execute(f"UPDATE {table} SET model = ?, path = ? || substr(path, ?) WHERE model = ? AND {where}",
+                   (new_model, new, cut, model, *args))
+
+
+def remove_file_row(db: sqlite3.Connection, file_id: int) -> None:
+    """Drop a stored file: its extents' references, its extents and tensors, its files row."""
+    db.execute("UPDATE chunks SET refs = refs - (SELECT COUNT(*) FROM extents e WHERE e.file = ? AND e.chunk = chunks.id) "
+               "WHERE id IN (SELECT chunk FROM extents WHERE file = ?)", (file_id, file_id))
+    db.execute("DELETE FROM extents WHERE file = ?", (file_id,))
+    db.execute("DELETE FROM tensors WHERE file = ?", (file_id,))
+    db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+
+
+def files_below(db: sqlite3.Connection, model: int, path: str) -> list[int]:
+    where, args = _below(path)
+    return [r[0] for r in db.execute(f"SELECT id FROM files WHERE model = ? AND {where}", (model, *args))]
+
+
+def remove_subtree(db: sqlite3.Connection, model: int, path: str) -> None:
+    """Remove `path` and everything below it: files (with their references), entries, xattrs."""
+    for file_id in files_below(db, model, path):
+        remove_file_row(db, file_id)
+    where, args = _below(path)
+    db.execute(f"DELETE FROM fs_entries WHERE model = ? AND {where}", (model, *args))
+    db.execute(f"DELETE FROM fs_xattrs WHERE model = ? AND {where}", (model, *args))
+
+
+def spool_committed(db: sqlite3.Connection, spool_id: str) -> bool:
+    if not has_fs_tables(db):
+        return False
+    return db.execute("SELECT 1 FROM fs_spool_commits WHERE spool = ?", (spool_id,)).fetchone() is not None
+
+
+def forget_spool_commit(db: sqlite3.Connection, spool_id: str) -> None:
+    db.execute("DELETE FROM fs_spool_commits WHERE spool = ?", (spool_id,))

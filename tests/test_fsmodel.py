@@ -1,0 +1,340 @@
+"""The writable file system model (lmzfs/fsmodel/), driven without FUSE."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lmzfs.fsmodel.filesystem import RENAME_EXCHANGE, RENAME_NOREPLACE, Filesystem
+from lmzfs.store.add import add_model
+from lmzfs.store.catalog import Catalog
+from lmzfs.store.gc import collect_garbage
+from lmzfs.store.layout import StoreError, StorePaths
+from lmzfs.store.remove import remove_models
+from lmzfs.store.verify import verify_store
+from lmzfs.testing.fspaths import PathDriver
+from lmzfs.testing.synthetic import small_model
+
+
+def open_fs(store: Path) -> Filesystem:
+    return Filesystem(store, cache_bytes=16 << 20, workers=2)
+
+
+@pytest.fixture
+def fs(store_dir):
+    filesystem = open_fs(store_dir)
+    yield filesystem
+    filesystem.close()
+
+
+@pytest.fixture
+def p(fs) -> PathDriver:
+    return PathDriver(fs)
+
+
+def errno_of(call, *args) -> int:
+    with pytest.raises(OSError) as info:
+        call(*args)
+    return info.value.errno
+
+
+def reopen(fs: Filesystem, store: Path) -> PathDriver:
+    fs.close()
+    return PathDriver(open_fs(store))
+
+
+def stored_files(store: Path) -> dict[str, str]:
+    catalog = Catalog(StorePaths(store).catalog, readonly=True)
+    try:
+        return {f"{f.model}/{f.path}": f.sha256 for f in catalog.files()}
+    finally:
+        catalog.close()
+
+
+def test_a_file_written_and_closed_reads_back_and_is_stored_with_its_sha256(p, store_dir):
+    p.mkdir("m")
+    data = os.urandom(100_000) + b"tail"
+    p.write_file("m/data.bin", data)
+    assert p.read_file("m/data.bin") == data
+    assert stored_files(store_dir) == {"m/data.bin": hashlib.sha256(data).hexdigest()}
+    assert verify_store(StorePaths(store_dir)).ok
+
+
+def test_everything_survives_a_remount_directories_symlinks_modes_times_xattrs(fs, p, store_dir):
+    p.mkdir("m")
+    p.mkdir("m/empty", 0o700)
+    p.mkdir("m/d")
+    p.write_file("m/d/f.txt", b"text\n")
+    p.symlink(b"d/f.txt", "m/link")
+    fs.setattr(p.stat("m/d/f.txt").inode, mode=0o600, mtime_ns=1_000_000_000_123, atime_ns=2_000_000_000_000)
+    fs.setxattr(p.stat("m/d/f.txt").inode, b"user.note", b"kept")
+    p = reopen(fs, store_dir)
+    try:
+        assert p.listdir("m") == ["d", "empty", "link"]
+        assert p.listdir("m/empty") == []
+        assert p.stat("m/empty").mode & 0o7777 == 0o700
+        st = p.stat("m/d/f.txt")
+        assert (st.mode & 0o7777, st.mtime_ns, st.atime_ns) == (0o600, 1_000_000_000_123, 2_000_000_000_000)
+        assert p.fs.readlink(p.stat("m/link").inode) == b"d/f.txt"
+        assert p.fs.getxattr(st.inode, b"user.note") == b"kept"
+        assert p.fs.listxattr(st.inode) == [b"user.note"]
+        assert p.read_file("m/d/f.txt") == b"text\n"
+    finally:
+        p.fs.close()
+
+
+def test_only_user_xattrs_are_accepted(fs, p):
+    p.mkdir("m")
+    p.write_file("m/f", b"x")
+    inode = p.stat("m/f").inode
+    assert errno_of(fs.setxattr, inode, b"trusted.x", b"1") == errno.EOPNOTSUPP
+    assert errno_of(fs.getxattr, inode, b"user.none") == errno.ENODATA
+    fs.setxattr(inode, b"user.a", b"1")
+    fs.removexattr(inode, b"user.a")
+    assert fs.listxattr(inode) == []
+
+
+def test_writes_past_the_end_leave_a_hole_of_zeros(fs, p):
+    p.mkdir("m")
+    fh = p.open("m/sparse", os.O_CREAT | os.O_RDWR)
+    fs.write(fh, 1 << 20, b"end")
+    assert fs.read(fh, 0, 4) == b"\0\0\0\0"
+    fs.release(fh)
+    data = p.read_file("m/sparse")
+    assert data == bytes(1 << 20) + b"end"
+
+
+def test_truncate_down_then_up_reads_zeros_where_the_old_bytes_were(fs, p):
+    p.mkdir("m")
+    p.write_file("m/f", b"A" * 5000)
+    inode = p.stat("m/f").inode
+    fs.setattr(inode, size=1000)
+    fs.setattr(inode, size=3000)
+    assert p.read_file("m/f") == b"A" * 1000 + bytes(2000)
+
+
+def test_o_trunc_empties_and_o_append_writes_at_the_end(fs, p):
+    p.mkdir("m")
+    p.write_file("m/log", b"first\n")
+    fh = p.open("m/log", os.O_WRONLY | os.O_APPEND)
+    fs.write(fh, 0, b"second\n")
+    fs.release(fh)
+    assert p.read_file("m/log") == b"first\nsecond\n"
+    fh = p.open("m/log", os.O_WRONLY | os.O_TRUNC)
+    fs.release(fh)
+    assert p.read_file("m/log") == b""
+
+
+def test_o_excl_refuses_an_existing_file(fs, p):
+    p.mkdir("m")
+    p.write_file("m/f", b"x")
+    assert errno_of(p.open, "m/f", os.O_CREAT | os.O_EXCL | os.O_WRONLY) == errno.EEXIST
+
+
+def test_opening_read_write_and_closing_without_writing_commits_nothing(fs, p, store_dir):
+    p.mkdir("m")
+    p.write_file("m/f", b"x" * 10)
+    catalog = Catalog(StorePaths(store_dir).catalog, readonly=True)
+    generation = catalog.db.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
+    fs.release(p.open("m/f", os.O_RDWR))
+    assert catalog.db.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone() == generation
+    catalog.close()
+    assert os.listdir(StorePaths(store_dir).root / "spool") == ["mount.lock"]
+
+
+def test_an_unlinked_open_file_stays_readable_and_writable_until_closed(fs, p, store_dir):
+    p.mkdir("m")
+    p.write_file("m/f", b"stored bytes")
+    fh = p.open("m/f", os.O_RDWR)
+    p.unlink("m/f")
+    assert p.listdir("m") == []
+    fs.write(fh, 0, b"STORED")
+    assert fs.read(fh, 0, 100) == b"STORED bytes"
+    fs.release(fh)
+    assert stored_files(store_dir) == {}
+    assert os.listdir(StorePaths(store_dir).root / "spool") == ["mount.lock"]
+
+
+def test_a_file_renamed_while_open_keeps_its_data_and_commits_under_its_new_name(fs, p, store_dir):
+    p.mkdir("m")
+    p.mkdir("m/d")
+    fh = p.open("m/d/f", os.O_CREAT | os.O_WRONLY)
+    fs.write(fh, 0, b"before ")
+    p.rename("m/d", "m/e")
+    fs.write(fh, 7, b"after")
+    fs.release(fh)
+    assert p.read_file("m/e/f") == b"before after"
+    assert list(stored_files(store_dir)) == ["m/e/f"]
+
+
+def test_rename_over_a_file_and_over_an_empty_directory_and_the_refusals(fs, p, store_dir):
+    p.mkdir("m")
+    p.write_file("m/a", b"a")
+    p.write_file("m/b", b"b")
+    p.rename("m/a", "m/b")
+    assert p.listdir("m") == ["b"] and p.read_file("m/b") == b"a"
+    p.mkdir("m/d1")
+    p.mkdir("m/d2")
+    p.write_file("m/d1/x", b"x")
+    p.rename("m/d1", "m/d2")
+    assert p.listdir("m") == ["b", "d2"] and p.read_file("m/d2/x") == b"x"
+    p.mkdir("m/full")
+    p.write_file("m/full/y", b"y")
+    p.mkdir("m/d3")
+    assert errno_of(p.rename, "m/d3", "m/full") == errno.ENOTEMPTY
+    assert errno_of(p.rename, "m/b", "m/d3") == errno.EISDIR
+    assert errno_of(p.rename, "m/d3", "m/b") == errno.ENOTDIR
+    assert errno_of(p.rename, "m/d2", "m/d2/x2") == errno.EINVAL
+    p.write_file("m/c", b"c")
+    assert errno_of(p.rename, "m/c", "m/b", RENAME_NOREPLACE) == errno.EEXIST
+    assert errno_of(p.rename, "m/c", "m/b", RENAME_EXCHANGE) == errno.EINVAL
+    assert stored_files(store_dir).keys() == {"m/b", "m/c", "m/d2/x", "m/full/y"}
+    assert verify_store(StorePaths(store_dir)).ok
+
+
+def test_a_model_directory_renames_as_the_model_and_moves_between_models_work(fs, p, store_dir):
+    p.mkdir("m")
+    p.mkdir("n")
+    p.write_file("m/f", b"f")
+    p.rename("m/f", "n/f")
+    p.rename("n", "renamed")
+    assert stored_files(store_dir).keys() == {"renamed/f"}
+    assert errno_of(p.rename, "renamed", "m/inside") == errno.EXDEV
+    assert errno_of(p.write_file, "top-level-file", b"x") == errno.EPERM
+
+
+def test_rmdir_of_an_emptied_model_removes_it_like_lmz_rm(fs, p, store_dir):
+    p.mkdir("m")
+    p.mkdir("m/sub")
+    p.write_file("m/sub/f", os.urandom(5000))
+    assert errno_of(p.rmdir, "m") == errno.ENOTEMPTY
+    p.unlink("m/sub/f")
+    p.rmdir("m/sub")
+    p.rmdir("m")
+    catalog = Catalog(StorePaths(store_dir).catalog, readonly=True)
+    try:
+        assert catalog.models() == []
+        assert catalog.db.execute("SELECT COUNT(*) FROM chunks WHERE refs > 0").fetchone()[0] == 0
+        assert catalog.db.execute("SELECT COUNT(*) FROM fs_entries").fetchone()[0] == 0
+    finally:
+        catalog.close()
+    collect_garbage(StorePaths(store_dir))
+    assert verify_store(StorePaths(store_dir)).ok
+
+
+def test_a_model_added_by_lmz_add_is_served_and_a_write_into_it_encodes_only_the_chunk_it_touches(
+        fs, store_dir, tmp_path):
+    fs.close()
+    source = small_model(tmp_path / "src", mib=6)
+    add_model(StorePaths(store_dir), source, "small")
+    original = (source / "model.safetensors").read_bytes()
+    fs2 = open_fs(store_dir)
+    try:
+        p = PathDriver(fs2)
+        size = p.stat("small/model.safetensors").size
+        assert p.read_file("small/model.safetensors") == original
+        catalog = Catalog(StorePaths(store_dir).catalog, readonly=True)
+        chunks_before = catalog.chunk_count()
+        assert chunks_before >= 6
+        fh = p.open("small/model.safetensors", os.O_RDWR)
+        fs2.write(fh, size // 2, b"\x01\x02\x03\x04" * 1024)
+        fs2.release(fh)
+        changed = original[:size // 2] + b"\x01\x02\x03\x04" * 1024 + original[size // 2 + 4096:]
+        assert p.read_file("small/model.safetensors") == changed
+        assert catalog.chunk_count() - chunks_before <= 2
+        catalog.close()
+    finally:
+        fs2.close()
+    assert stored_files(store_dir)["small/model.safetensors"] == hashlib.sha256(changed).hexdigest()
+    assert verify_store(StorePaths(store_dir)).ok
+
+
+def test_a_second_filesystem_on_the_same_store_is_refused(fs, store_dir):
+    with pytest.raises(StoreError, match="already mounted writable"):
+        open_fs(store_dir)
+
+
+def test_lmz_add_and_rm_beside_the_filesystem_show_up_after_refresh(fs, p, store_dir, tmp_path):
+    p.mkdir("mine")
+    p.write_file("mine/f", b"mine")
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "g.txt").write_text("theirs")
+    add_model(StorePaths(store_dir), source, "theirs")
+    assert fs.refresh()
+    assert p.listdir("") == ["mine", "theirs"]
+    assert p.read_file("theirs/g.txt") == b"theirs"
+    remove_models(StorePaths(store_dir), ["theirs"])
+    fs.refresh()
+    assert p.listdir("") == ["mine"]
+    collect_garbage(StorePaths(store_dir))
+    p.write_file("mine/f2", b"after gc")
+    assert p.read_file("mine/f") == b"mine"
+    assert verify_store(StorePaths(store_dir)).ok
+
+
+def test_an_idle_file_is_committed_by_commit_idle_while_still_open(fs, p, store_dir):
+    p.mkdir("m")
+    fh = p.open("m/f", os.O_CREAT | os.O_WRONLY)
+    fs.write(fh, 0, b"idle")
+    assert fs.commit_idle(0.0) == 1
+    assert list(stored_files(store_dir)) == ["m/f"]
+    fs.release(fh)
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    from lmzfs.fsmodel.filesystem import Filesystem
+    from lmzfs.testing.fspaths import PathDriver
+    fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
+    p = PathDriver(fs)
+    p.mkdir("m")
+    p.write_file("m/committed", b"closed before the kill")
+    fh = p.open("m/committed", os.O_WRONLY)
+    fs.write(fh, 0, b"CLOSED")
+    fs.fsync(fh)
+    fh2 = p.open("m/new", os.O_CREAT | os.O_WRONLY)
+    fs.write(fh2, 0, b"fsync'd new file")
+    fs.fsync(fh2)
+    p.rename("m/new", "m/renamed")     # a rename of a recorded file records it again
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_fsynced_writes_survive_a_kill_and_are_committed_at_the_next_open(store_dir):
+    run = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(store_dir)], capture_output=True)
+    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
+    fs = open_fs(store_dir)
+    try:
+        assert fs.replayed == 2
+        p = PathDriver(fs)
+        assert p.read_file("m/committed") == b"CLOSED before the kill"
+        assert p.read_file("m/renamed") == b"fsync'd new file"
+    finally:
+        fs.close()
+    assert verify_store(StorePaths(store_dir)).ok
+    assert sorted(os.listdir(StorePaths(store_dir).root / "spool"))[-1] == "mount.lock"
+
+
+def test_the_catalog_copy_follows_on_write_catalog_copy_and_at_close_not_at_every_commit(fs, p, store_dir):
+    from lmzfs.store.catalogcopies import list_copies
+    catalog_path = StorePaths(store_dir).catalog
+    p.mkdir("m")
+    before = [c.generation for c in list_copies(catalog_path)]
+    p.write_file("m/a", b"a")
+    p.write_file("m/b", b"b")
+    assert [c.generation for c in list_copies(catalog_path)] == before
+    assert fs.write_catalog_copy()
+    newest = list_copies(catalog_path)[0].generation
+    p.write_file("m/c", b"c")
+    fs.close()
+    assert list_copies(catalog_path)[0].generation > newest
+    from lmzfs.store.catalogcheck import diagnose
+    assert diagnose(StorePaths(store_dir), check_packs=True).sound
