@@ -13,7 +13,7 @@ added to the catalog, the seconds until close returned, and the 4 KiB read back.
 
 The mixed tree: a corpus model, the standard library's `.py` files of the Python running the bench
 (its `sysconfig` stdlib path, without site-packages; a bounded number of files) and the JSON files
-found there and in the repo's docs/, copied into one model of a fresh writable mount; saved %
+found in that standard library and in the bench venv's installed packages (their data files), copied into one model of a fresh writable mount; saved %
 beside zstd level 3 of each file on its own (the zstandard module, sizes summed).
 """
 from __future__ import annotations
@@ -30,7 +30,6 @@ from pathlib import Path
 import common
 from common import ToolError, describe, du_bytes, files_under, link_dir, log, mounted, run, sha256_file
 
-HERE = Path(__file__).resolve().parent
 WRITE_SIZE = 4096
 MIXED_PY_FILES = 2000               # bound on the standard library files the mixed tree takes
 MIXED_JSON_BYTES = 8 << 20          # and on its JSON
@@ -138,7 +137,8 @@ def mixed_tree(model: Path, dest: Path, *, py_files: int = MIXED_PY_FILES, json_
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(f, target)
     jsons, taken = [], 0
-    for f in sorted(p for root in (HERE.parent / "docs", stdlib) for p in root.rglob("*.json") if p.is_file()):
+    packages = Path(sysconfig.get_path("purelib"))           # the bench venv's: its packages' JSON data
+    for f in _json_files([stdlib], skip) + _json_files([packages], {"__pycache__"}):
         if taken + f.stat().st_size > json_bytes:
             continue
         target = dest / "json" / f"{len(jsons):03d}-{f.name}"
@@ -147,6 +147,18 @@ def mixed_tree(model: Path, dest: Path, *, py_files: int = MIXED_PY_FILES, json_
         jsons.append(f.name)
         taken += f.stat().st_size
     return {"stdlib": str(stdlib), "py_files": min(py_files, len(sources)), "json_files": len(jsons)}
+
+
+def _json_files(roots: list[Path], skip: set[str]) -> list[Path]:
+    """The JSON files under roots (not below directories named in skip), each once, in a stable order."""
+    found: dict[Path, None] = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in skip)
+            for name in sorted(filenames):
+                if name.endswith(".json"):
+                    found.setdefault(Path(dirpath, name).resolve(), None)
+    return list(found)
 
 
 def zstd_per_file(root: Path, level: int = ZSTD_LEVEL) -> dict[str, int]:
