@@ -15,7 +15,10 @@
 5. Checkpoint chains (bench/chains_table.py): the quire releases and the training chains of
    bench/trainchain.py added member by member, beside lmzip's archive of all members; reads of the
    newest and oldest member through the mount beside a standalone copy.
-6. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
+6. Writable mount (bench/writable_table.py): `cp` of minilm and astra into `lmz mount --writable`
+   beside `lmz add` of them (stored bytes, seconds), a 4 KiB write into the middle of astra, and a
+   mixed tree (a model, Python source, JSON) beside zstd -3 per file.
+7. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
    JSON goes beside the Markdown (docs/results.json) unless told otherwise: it is committed with
    it, so that a later run of one section can be merged into it on any machine (bench/merge.py).
 
@@ -40,12 +43,14 @@ import chains_table  # noqa: E402
 import common  # noqa: E402
 import compress_table  # noqa: E402
 import mount_table  # noqa: E402
+import writable_table  # noqa: E402
 from common import LoadMonitor, code_state, describe, fetch_corpus, freeze_lmzfs, log, machine, sha256_file  # noqa: E402
 from report import markdown  # noqa: E402
 from tools import Subject, ZipNNArchive, all_tools  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire"]
+WRITABLE = ("minilm", "astra")      # the first is also the mixed tree's model
 CHAIN = ("quire", "quire@0.3.1")
 CHAIN_NOTE = ("Two successive releases of the same model (v0.3.0 then v0.3.1). Stores add both as one "
               "model (lmzfs shares identical chunks across the whole store, so two models would cost the "
@@ -105,6 +110,11 @@ def odd_things(res: dict) -> list[str]:
         for row in m.get("rss") or []:
             if row.get("error"):
                 odd.append(f"mount rss {row['label']} {row['cache_size']}: {row['error'][:300]}")
+    w = res.get("writable")
+    if isinstance(w, dict):
+        failed = [("writable table", w)] + [(f"writable {r.get('model')}", r) for r in w.get("models", [])] \
+            + [("writable mixed tree", w.get("mixed") or {})]
+        odd += [f"{what} failed: {x['error'][:300]}" for what, x in failed if x.get("error")]
     return odd
 
 
@@ -123,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-mount", action="store_true")
     ap.add_argument("--skip-codec-speed", action="store_true")
     ap.add_argument("--skip-chains", action="store_true", help="leave out the checkpoint-chain table")
+    ap.add_argument("--skip-writable", action="store_true", help="leave out the writable-mount table")
     ap.add_argument("--tmpdir", type=Path, help="where stores, archives and mounts go (default: system temp)")
     ap.add_argument("--no-freeze", action="store_true",
                     help="run the working tree's lmzfs as it is at each moment, instead of a copy frozen at the "
@@ -213,6 +224,8 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         need.update(CHAIN)
     if not args.skip_mount:
         need.update(["astra", "smollm2"])
+    if not args.skip_writable:
+        need.update(WRITABLE)
     paths: dict[str, Path] = {}
     for name in [n for n in [*SINGLE, CHAIN[1]] if n in need]:
         log(f"corpus: {name}")
@@ -247,6 +260,13 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
                 res["chains"] = chains_table.measure(chains, args.runs, Path(tmp) / "chains")
             except Exception as exc:
                 res["chains"] = {"error": describe(exc)}
+            save()
+        if not args.skip_writable:
+            try:
+                res["writable"] = writable_table.measure({n: paths[n] for n in WRITABLE if n in paths},
+                                                         paths.get(WRITABLE[0]), args.runs, Path(tmp) / "writable")
+            except Exception as exc:
+                res["writable"] = {"error": describe(exc)}
             save()
         if not args.skip_mount:
             work = Path(tmp) / "mount"

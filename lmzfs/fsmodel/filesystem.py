@@ -962,15 +962,6 @@ class Filesystem:
         spool_file.record(SpoolRecord(spool_file.spool_id, where[0], where[1], node.file_id, base_sha,
                                       data.base_len, data.size, data.ranges.as_list(), meta))
 
-    def sync(self) -> None:
-        """Every file's written bytes durable (syncfs)."""
-        with self._lock:
-            nodes = [n for n in self._inodes.values() if n.data is not None and n.data.dirty and n.linked]
-        for node in nodes:
-            with node.data.lock:
-                if node.data.dirty:
-                    self._record(node)
-
     # -- commits ---------------------------------------------------------------------------------
     def commit(self, node: Node) -> bool:
         """Store the node's bytes (if it has uncommitted ones); True if it committed."""

@@ -1,0 +1,71 @@
+"""The bench's writable-mount section (bench/writable_table.py) judges issue 27's goals from a
+run's own numbers, and report.py renders them."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+try:
+    import report
+    import writable_table
+finally:    # bench/ has modules named like common ones (common, tools): keep them off other tests' path
+    sys.path.remove(str(BENCH))
+
+
+def section(cp_stored: int = 1_005_000, cp_s: float = 8.0, chunks_added: int = 2) -> dict:
+    """Two models, two runs each: lmz add stores 1,000,000 B in 5 s; the mixed tree saves 60% (zstd: 50%)."""
+    def model(name: str) -> dict:
+        return {"model": name, "files": [f"{name}.safetensors"], "logical_bytes": 235_000_000,
+                "add_s": [5.0, 5.0], "cp_s": [cp_s, cp_s], "add_stored_bytes": [1_000_000] * 2,
+                "cp_stored_bytes": [cp_stored] * 2,
+                "write": {"file": f"{name}.safetensors", "file_bytes": 235_000_000, "offset": 117_500_000,
+                          "close_s": 1.5, "chunks_added": chunks_added, "payload_bytes_added": 700_000}}
+    mixed = {"model": "m.safetensors", "stdlib": "/usr/lib/python3.11", "py_files": 10, "json_files": 1,
+             "logical_bytes": {"model": 600, "stdlib": 300, "json": 100},
+             "file_counts": {"model": 1, "stdlib": 10, "json": 1},
+             "zstd_bytes": {"model": 400, "stdlib": 80, "json": 20},
+             "stored_bytes": {"model": 300, "stdlib": 80, "json": 20}, "stored_total_bytes": 400, "cp_s": 2.0}
+    return {"runs": 2, "models": [model("minilm"), model("astra")], "mixed": mixed}
+
+
+def verdicts(w: dict) -> list[bool | None]:
+    return [c.met for c in writable_table.goals(w)]
+
+
+def test_a_run_that_meets_every_goal_is_judged_met_on_every_line():
+    checks = writable_table.goals(section())
+    assert [c.met for c in checks] == [True, True, True, True]
+    assert checks[0].measured == "minilm: +0.500%, astra: +0.500%"
+    assert checks[1].measured == "0.62× (cp 8.0 s, add 5.0 s, median of 2 runs)"
+    assert checks[2].measured == "2 chunk(s), 700,000 B of new payload; close() returned after 1.50 s"
+    assert checks[3].measured == "60.0% against zstd -3's 50.0%"
+
+
+def test_stored_bytes_more_than_one_percent_over_lmz_add_are_not_met():
+    assert verdicts(section(cp_stored=1_010_001))[0] is False
+    assert verdicts(section(cp_stored=991_000))[0] is True
+
+
+def test_cp_slower_than_half_of_lmz_add_and_a_write_of_three_chunks_are_not_met():
+    got = verdicts(section(cp_s=10.01, chunks_added=3))
+    assert got[1:3] == [False, False]
+    assert verdicts(section(cp_s=10.0))[1] is True
+
+
+def test_a_model_that_failed_leaves_its_goals_not_measured_and_its_row_says_why():
+    w = section()
+    w["models"][1] = {"model": "astra", "error": "ToolError: mount exited 2"}
+    del w["mixed"]
+    assert verdicts(w)[1:] == [None, None, None]
+    page = "\n".join(report.writable_md(w))
+    assert "| astra | n/a: ToolError: mount exited 2 |" in page
+
+
+def test_the_report_renders_the_goal_table_the_model_rows_and_the_mixed_tree_total():
+    page = report.writable_md(section())
+    assert "| astra | 235,000,000 | 1,000,000 | 1,005,000 | +0.500% | 5.00 (5.00) | 8.00 (8.00) | 0.62 (0.62) |" in page
+    assert "| astra | 235,000,000 | 117,500,000 | 2 | 700,000 | 1.50 |" in page
+    assert "| **all** | 12 | 1,000 | 400 | 60.0% | 500 | 50.0% |" in page
+    assert "| model | 1 | 600 | 300 | 50.0% | 400 | 33.3% |" in page
