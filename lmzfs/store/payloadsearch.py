@@ -1,0 +1,228 @@
+"""Where each chunk of a restored catalog copy lies now, for `lmz verify --repair`.
+
+A copy may be older than the payloads in the packs: since it was written an add may have recoded
+chunks as deltas, a rewrite pass may have given them new payloads (alone again, against their
+reference, or against another chunk), and gc or compact may have moved or dropped the old ones.
+A chunk's id is its plain bytes, so whichever payload decodes to bytes with that SHA-256 serves
+it; what the catalog must learn is that payload's place, codec and reference.
+
+Three sources say where a chunk's payload may be, tried newest first: the damaged catalog's own
+row for the chunk (as far as its file still reads), each record of the chunk in the packs (the
+highest pack, then the furthest offset first: packs and records are only ever appended), and the
+copy's row. A payload's header names its codec; a delta payload needs its reference, which only
+a catalog row can name (the damaged catalog's or the copy's). A chunk whose copy row names a record
+that is there, and which no newer row contradicts, is taken as it is without decoding, as before
+chains: a record never changes once written. Every other answer is decoded and checked against
+the chunk's id before it is taken, so nothing the damaged file says is trusted.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sqlite3
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmzfs.codecs import REGISTRY, Codec, CodecError, decode_chunk, parse_payload
+from lmzfs.store.catalogcheck import PackIndex
+from lmzfs.store.layout import StorePaths
+from lmzfs.store.packs import ChunkLocation, PackDamaged, read_payload
+
+# Plain bytes of decoded chunks kept while searching (references of the chunks still to place).
+_PLAIN_CACHE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """What a catalog says of one chunk's payload."""
+    id: bytes
+    size: int
+    codec: str
+    location: ChunkLocation
+    base: bytes | None
+
+
+@dataclass(frozen=True)
+class Placement:
+    changed: dict[bytes, ChunkRow]      # chunk -> the row that now serves it, where the copy's does not
+    lost: set[bytes]                    # chunks no payload of which decodes to their bytes
+
+
+def chunk_rows(db: sqlite3.Connection) -> dict[bytes, ChunkRow]:
+    """The chunk rows of a sound catalog (the restored copy)."""
+    has_base = "base" in {r[1] for r in db.execute("PRAGMA table_info(chunks)")}
+    query = f"SELECT id, size, codec, pack, offset, length, {'base' if has_base else 'NULL'} FROM chunks"
+    return {cid: ChunkRow(cid, size, codec, ChunkLocation(pack, offset, length), base)
+            for cid, size, codec, pack, offset, length, base in db.execute(query)}
+
+
+def salvage_chunk_rows(path: Path | None) -> dict[bytes, ChunkRow]:
+    """The chunk rows a damaged catalog file still yields, read until the first error; rows
+    whose values have the wrong types are skipped. Nothing here is trusted: each is decoded
+    and checked before it is used. The file (with its -wal) is read from a scratch copy, so that
+    nothing SQLite writes when it opens one lands beside the damaged file kept for inspection."""
+    out: dict[bytes, ChunkRow] = {}
+    if path is None or not path.exists():
+        return out
+    with tempfile.TemporaryDirectory(prefix="lmz-salvage-") as scratch:
+        copy = Path(scratch) / "catalog.sqlite"
+        try:
+            shutil.copyfile(path, copy)
+            wal = path.with_name(path.name + "-wal")
+            if wal.exists():
+                shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+            db = sqlite3.connect(copy, isolation_level=None)
+        except (OSError, sqlite3.Error):
+            return out
+        try:
+            has_base = "base" in {r[1] for r in db.execute("PRAGMA table_info(chunks)")}
+            cursor = db.execute(f"SELECT id, size, codec, pack, offset, length, {'base' if has_base else 'NULL'} "
+                                f"FROM chunks")
+            for cid, size, codec, pack, offset, length, base in cursor:
+                if isinstance(cid, bytes) and len(cid) == 32 and isinstance(codec, str) and \
+                        all(isinstance(v, int) for v in (size, pack, offset, length)) and \
+                        (base is None or isinstance(base, bytes) and len(base) == 32):
+                    out[cid] = ChunkRow(cid, size, codec, ChunkLocation(pack, offset, length), base)
+        except sqlite3.Error:
+            pass        # what was read before the damage stands
+        finally:
+            db.close()
+    return out
+
+
+class _Search:
+    def __init__(self, store: StorePaths, rows: dict[bytes, ChunkRow], salvaged: dict[bytes, ChunkRow],
+                 index: PackIndex):
+        self.store = store
+        self.rows = rows
+        self.salvaged = salvaged
+        self.index = index
+        self.placed: dict[bytes, ChunkRow] = {}
+        self.lost: set[bytes] = set()
+        self._busy: set[bytes] = set()          # chunks being placed (a reference loop is no answer)
+        self._plain: OrderedDict[bytes, bytes] = OrderedDict()
+        self._plain_bytes = 0
+        self._fds: dict[int, int] = {}
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+
+    def trusted(self, cid: bytes) -> bool:
+        """The copy's row names a record in its pack and no newer row says otherwise."""
+        row = self.rows[cid]
+        newer = self.salvaged.get(cid)
+        return row.location in self.index.records.get(cid, ()) and (newer is None or newer == row)
+
+    def place(self, cid: bytes) -> ChunkRow | None:
+        if cid in self.placed:
+            return self.placed[cid]
+        if cid in self.lost or cid in self._busy or cid not in self.rows:
+            return None
+        self._busy.add(cid)
+        try:
+            row = self.rows[cid]
+            if self.trusted(cid):
+                self.placed[cid] = row
+                return row
+            for candidate in self._candidates(row):
+                plain = self._decode(candidate)
+                if plain is not None:
+                    self.placed[cid] = candidate
+                    self._keep(cid, plain)
+                    return candidate
+            self.lost.add(cid)
+            return None
+        finally:
+            self._busy.discard(cid)
+
+    def _candidates(self, row: ChunkRow) -> list[ChunkRow]:
+        """Rows that may serve the chunk, newest source first; the codec and reference of a pack
+        record are read off its payload and the rows that name a reference."""
+        newer = self.salvaged.get(row.id)
+        bases = [b for b in dict.fromkeys([newer.base if newer else None, row.base]) if b is not None]
+        out: list[ChunkRow] = []
+        if newer is not None and newer.size == row.size:
+            out.append(newer)
+        for loc in sorted(self.index.records.get(row.id, ()), key=lambda l: (l.pack, l.offset), reverse=True):
+            codec = self._codec_of(row.id, loc)
+            if codec is None:
+                continue
+            if codec.reference:
+                out.extend(ChunkRow(row.id, row.size, codec.name, loc, b) for b in bases)
+            else:
+                out.append(ChunkRow(row.id, row.size, codec.name, loc, None))
+        out.append(row)
+        return list(dict.fromkeys(out))
+
+    def _fd(self, pack: int) -> int:
+        if pack not in self._fds:
+            self._fds[pack] = os.open(self.store.pack(pack), os.O_RDONLY)
+        return self._fds[pack]
+
+    def _payload(self, cid: bytes, loc: ChunkLocation) -> memoryview | None:
+        try:
+            return read_payload(self._fd(loc.pack), cid, loc)
+        except (OSError, PackDamaged):
+            return None
+
+    def _codec_of(self, cid: bytes, loc: ChunkLocation) -> Codec | None:
+        payload = self._payload(cid, loc)
+        if payload is None:
+            return None
+        try:
+            return REGISTRY[parse_payload(payload).codec_id]
+        except (CodecError, KeyError):
+            return None
+
+    def _decode(self, row: ChunkRow) -> bytes | None:
+        """The chunk's plain bytes through this row, if they are the bytes of its id."""
+        payload = self._payload(row.id, row.location)
+        if payload is None:
+            return None
+        ref = None
+        if row.base is not None:
+            if row.base not in self.rows or self.rows[row.base].size != row.size or self.place(row.base) is None:
+                return None
+            ref = self.plain(row.base)
+            if ref is None:
+                return None
+        try:
+            plain = bytes(decode_chunk(payload, row.size, hash_checked=True, ref=ref))
+        except (CodecError, ValueError):
+            return None
+        return plain if hashlib.sha256(plain).digest() == row.id else None
+
+    def plain(self, cid: bytes) -> bytes | None:
+        """A placed chunk's plain bytes (decoded again if they were let go)."""
+        if cid in self._plain:
+            self._plain.move_to_end(cid)
+            return self._plain[cid]
+        row = self.placed.get(cid)
+        plain = None if row is None else self._decode(row)
+        if plain is not None:
+            self._keep(cid, plain)
+        return plain
+
+    def _keep(self, cid: bytes, plain: bytes) -> None:
+        self._plain[cid] = plain
+        self._plain_bytes += len(plain)
+        while self._plain_bytes > _PLAIN_CACHE_BYTES and len(self._plain) > 1:
+            _, old = self._plain.popitem(last=False)
+            self._plain_bytes -= len(old)
+
+
+def place_chunks(store: StorePaths, rows: dict[bytes, ChunkRow], salvaged: dict[bytes, ChunkRow],
+                 index: PackIndex) -> Placement:
+    """For every chunk of `rows` (the restored copy's), the row that serves it now."""
+    search = _Search(store, rows, salvaged, index)
+    try:
+        for cid in sorted(rows):
+            search.place(cid)
+    finally:
+        search.close()
+    changed = {cid: row for cid, row in search.placed.items() if row != rows[cid]}
+    return Placement(changed, set(rows.keys() - search.placed.keys()))
