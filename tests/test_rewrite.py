@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -414,6 +415,78 @@ def test_recode_keeps_each_delta_on_its_own_reference_or_codes_it_alone(tmp_path
     assert all(row[4] in (None, refs[off]) for off, row in chunk_rows(store, "b").items())
     assert served(store) == originals(a=a, b=b)
     assert verify_store(store).ok
+
+
+def delta_bases(store: StorePaths, model: str) -> dict[bytes, bytes]:
+    """Each delta chunk of MODEL's model.safetensors -> the chunk it is coded against."""
+    return {chunk_ids(store, model)[off]: row[4] for off, row in chunk_rows(store, model).items()
+            if row[4] is not None}
+
+
+def tensor_extent(store: StorePaths, model: str, name: str) -> tuple[int, int]:
+    """(offset, size) of a tensor of MODEL's model.safetensors, from the catalog's tensors table."""
+    cat = Catalog(store.catalog, readonly=True)
+    try:
+        [t] = [s.tensor for s in cat.tensors(model) if s.path == "model.safetensors" and s.tensor.name == name]
+        return t.offset, t.size
+    finally:
+        cat.close()
+
+
+def without_tensor_rows(store: StorePaths) -> None:
+    """The store as if its models had been added before catalog version 3: no tensors table rows
+    (and a copy of that catalog, as a writer of it would have left)."""
+    from lmzfs.store.catalogcopies import write_copy
+    db = sqlite3.connect(store.catalog, isolation_level=None)
+    try:
+        db.execute("DELETE FROM tensors")
+        write_copy(db, store.catalog)
+    finally:
+        db.close()
+
+
+def test_delta_pairs_by_the_tensors_table_exactly_as_by_parsing_the_stored_files(tmp_path):
+    steps = checkpoints(tmp_path / "src", 3, mib=2)
+    by_rows, by_parsing = StorePaths(tmp_path / "rows"), StorePaths(tmp_path / "parsed")
+    for i, d in enumerate(steps):
+        add_model(by_rows, d, f"run/step{i}", delta=False)
+    shutil.copytree(by_rows.root, by_parsing.root)
+    without_tensor_rows(by_parsing)
+    got = {}
+    for store in (by_rows, by_parsing):
+        r = delta_store(store, "run/step1")
+        assert r.base == "run/step0"
+        got[store.root.name] = delta_bases(store, "run/step1")
+    # every chunk of the weight, against the chunk at the same offset of step0's weight
+    offset, size = tensor_extent(by_rows, "run/step1", "w")
+    mine, theirs = chunk_ids(by_rows, "run/step1"), chunk_ids(by_rows, "run/step0")
+    weight = {mine[off]: theirs[off] for off in mine if offset <= off < offset + size}
+    assert len(weight) == 2
+    assert got["rows"] == got["parsed"] and weight.items() <= got["rows"].items()
+    assert served(by_rows) == served(by_parsing) == originals(**{f"run/step{i}": d for i, d in enumerate(steps)})
+
+
+def test_delta_chooses_its_base_without_reading_the_other_models_files(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    a, b = checkpoints(tmp_path, 2, mib=1)
+    add_model(store, a, "run/a", delta=False)
+    add_model(store, b, "run/b", delta=False)
+    add_model(store, small_model(tmp_path / "other", seed=5, mib=2), "other", delta=False)   # its own header
+    cat = Catalog(store.catalog, readonly=True)
+    try:
+        [f] = [f for f in cat.files("other") if f.path == "model.safetensors"]
+        header = cat.extents(f.id)[0]
+    finally:
+        cat.close()
+    with open(store.pack(header.location.pack), "r+b") as pack:     # other's safetensors header, unreadable
+        pack.seek(header.location.offset + header.location.length // 2)
+        byte = pack.read(1)[0]
+        pack.seek(header.location.offset + header.location.length // 2)
+        pack.write(bytes([byte ^ 0x10]))
+    r = delta_store(store, "run/b")
+    assert r.base == "run/a" and r.chunks_changed > 0
+    assert verify_store(store, "run/a").ok and verify_store(store, "run/b").ok     # their sources' SHA-256
+    assert not verify_store(store, "other").ok
 
 
 # -- kill -9 ---------------------------------------------------------------------------------------
