@@ -6,11 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import signal
 import sqlite3
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ from lmzfs.store.verify import verify_store
 from lmzfs.testing.catalogdamage import (PAGE, Damage, damage_file, file_digests, print_failures, random_damages,
                                          run_lmz, run_trial, summary_line)
 from lmzfs.testing.checkpoints import bf16_checkpoints
+from lmzfs.testing.killpoints import kill_at_marker
 from lmzfs.testing.synthetic import small_model
 
 COMMANDS = [["ls"], ["ls", "--json"], ["ls", "m1"], ["cat", "m0/model.safetensors"], ["verify"], ["gc"]]
@@ -242,12 +240,7 @@ def test_kill_9_while_a_copy_is_written_leaves_the_store_consistent(tmp_path):
     before = file_digests(store.root)
     rng = random.Random(9)
     for _ in range(12):
-        p = subprocess.Popen([sys.executable, "-c", _COPY_LOOP, str(store.catalog)], stdout=subprocess.PIPE)
-        assert p.stdout.readline() == b"ready\n"
-        time.sleep(rng.uniform(0, 0.05))
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        p.stdout.close()
+        kill_at_marker([sys.executable, "-c", _COPY_LOOP, str(store.catalog)], "ready", delay=rng.uniform(0, 0.05))
         copies = list_copies(store.catalog)
         assert 1 <= len(copies) <= KEEP_COPIES + 1
         assert all(examine(c.path, copy=True).clean for c in copies)

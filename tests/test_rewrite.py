@@ -35,6 +35,7 @@ from lmzfs.store.rewritedelta import delta_store
 from lmzfs.store.rewriterecode import recode_store
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.verify import verify_store
+from lmzfs.testing.killpoints import kill_at_marker
 from lmzfs.testing.mount import mounted
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 from lmzfs.testing.storedigests import served_digests
@@ -603,16 +604,7 @@ def kill_case(tmp_path_factory, request, tmp_path) -> tuple[StorePaths, _KillCas
 def test_a_pass_killed_at_a_stage_leaves_the_previous_or_the_new_state_and_a_rerun_completes(
         kill_case, name, stage):
     store, case = kill_case
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(store.root), stage, *PASSES[name]],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "HERE"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    kill_at_marker([sys.executable, "-c", KILL_SCRIPT, str(store.root), stage, *PASSES[name]], "HERE")
     _check_intact(store, case.want, (case.after,) if stage == "after-commit" else (case.before,))
     assert lmz(["--store", str(store.root), "rewrite", *PASSES[name]]) == 0
     _check_intact(store, case.want, (case.after,))
