@@ -25,9 +25,11 @@ import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from lmzfs.codecs import REGISTRY, Codec, CodecError, decode_chunk, parse_payload
 from lmzfs.store.catalogcheck import PackIndex
+from lmzfs.store.chainrecode import Recode
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.packs import ChunkLocation, PackDamaged, read_payload
 
@@ -36,35 +38,32 @@ _PLAIN_CACHE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
-class ChunkRow:
-    """What a catalog says of one chunk's payload."""
-    id: bytes
-    size: int
-    codec: str
-    location: ChunkLocation
-    base: bytes | None
-
-
-@dataclass(frozen=True)
 class Placement:
-    changed: dict[bytes, ChunkRow]      # chunk -> the row that now serves it, where the copy's does not
+    changed: dict[bytes, Recode]        # chunk -> the payload that now serves it, where the copy's row does not
     lost: set[bytes]                    # chunks no payload of which decodes to their bytes
 
 
-def chunk_rows(db: sqlite3.Connection) -> dict[bytes, ChunkRow]:
-    """The chunk rows of a sound catalog (the restored copy)."""
+def location_of(row: Recode) -> ChunkLocation:
+    return ChunkLocation(row.pack, row.offset, row.length)
+
+
+def _rows(db: sqlite3.Connection) -> Iterator[tuple[bytes, int, Recode]]:
+    """(id, plain size, payload row) of each chunk row; stops at the first that cannot be read."""
     has_base = "base" in {r[1] for r in db.execute("PRAGMA table_info(chunks)")}
-    query = f"SELECT id, size, codec, pack, offset, length, {'base' if has_base else 'NULL'} FROM chunks"
-    return {cid: ChunkRow(cid, size, codec, ChunkLocation(pack, offset, length), base)
-            for cid, size, codec, pack, offset, length, base in db.execute(query)}
+    for cid, size, codec, pack, offset, length, base in db.execute(
+            f"SELECT id, size, codec, pack, offset, length, {'base' if has_base else 'NULL'} FROM chunks"):
+        if isinstance(cid, bytes) and len(cid) == 32 and isinstance(codec, str) and \
+                all(isinstance(v, int) for v in (size, pack, offset, length)) and \
+                (base is None or isinstance(base, bytes) and len(base) == 32):
+            yield cid, size, Recode(cid, codec, pack, offset, length, base)
 
 
-def salvage_chunk_rows(path: Path | None) -> dict[bytes, ChunkRow]:
+def salvage_chunk_rows(path: Path | None) -> dict[bytes, Recode]:
     """The chunk rows a damaged catalog file still yields, read until the first error; rows
     whose values have the wrong types are skipped. Nothing here is trusted: each is decoded
     and checked before it is used. The file (with its -wal) is read from a scratch copy, so that
     nothing SQLite writes when it opens one lands beside the damaged file kept for inspection."""
-    out: dict[bytes, ChunkRow] = {}
+    out: dict[bytes, Recode] = {}
     if path is None or not path.exists():
         return out
     with tempfile.TemporaryDirectory(prefix="lmz-salvage-") as scratch:
@@ -78,14 +77,8 @@ def salvage_chunk_rows(path: Path | None) -> dict[bytes, ChunkRow]:
         except (OSError, sqlite3.Error):
             return out
         try:
-            has_base = "base" in {r[1] for r in db.execute("PRAGMA table_info(chunks)")}
-            cursor = db.execute(f"SELECT id, size, codec, pack, offset, length, {'base' if has_base else 'NULL'} "
-                                f"FROM chunks")
-            for cid, size, codec, pack, offset, length, base in cursor:
-                if isinstance(cid, bytes) and len(cid) == 32 and isinstance(codec, str) and \
-                        all(isinstance(v, int) for v in (size, pack, offset, length)) and \
-                        (base is None or isinstance(base, bytes) and len(base) == 32):
-                    out[cid] = ChunkRow(cid, size, codec, ChunkLocation(pack, offset, length), base)
+            for cid, _, row in _rows(db):
+                out[cid] = row
         except sqlite3.Error:
             pass        # what was read before the damage stands
         finally:
@@ -94,13 +87,14 @@ def salvage_chunk_rows(path: Path | None) -> dict[bytes, ChunkRow]:
 
 
 class _Search:
-    def __init__(self, store: StorePaths, rows: dict[bytes, ChunkRow], salvaged: dict[bytes, ChunkRow],
-                 index: PackIndex):
+    def __init__(self, store: StorePaths, rows: dict[bytes, Recode], sizes: dict[bytes, int],
+                 salvaged: dict[bytes, Recode], index: PackIndex):
         self.store = store
         self.rows = rows
+        self.sizes = sizes
         self.salvaged = salvaged
         self.index = index
-        self.placed: dict[bytes, ChunkRow] = {}
+        self.placed: dict[bytes, Recode] = {}
         self.lost: set[bytes] = set()
         self._busy: set[bytes] = set()          # chunks being placed (a reference loop is no answer)
         self._plain: OrderedDict[bytes, bytes] = OrderedDict()
@@ -115,9 +109,9 @@ class _Search:
         """The copy's row names a record in its pack and no newer row says otherwise."""
         row = self.rows[cid]
         newer = self.salvaged.get(cid)
-        return row.location in self.index.records.get(cid, ()) and (newer is None or newer == row)
+        return location_of(row) in self.index.records.get(cid, ()) and (newer is None or newer == row)
 
-    def place(self, cid: bytes) -> ChunkRow | None:
+    def place(self, cid: bytes) -> Recode | None:
         if cid in self.placed:
             return self.placed[cid]
         if cid in self.lost or cid in self._busy or cid not in self.rows:
@@ -139,22 +133,19 @@ class _Search:
         finally:
             self._busy.discard(cid)
 
-    def _candidates(self, row: ChunkRow) -> list[ChunkRow]:
-        """Rows that may serve the chunk, newest source first; the codec and reference of a pack
-        record are read off its payload and the rows that name a reference."""
-        newer = self.salvaged.get(row.id)
+    def _candidates(self, row: Recode) -> list[Recode]:
+        """Rows that may serve the chunk, newest source first; the codec of a pack record is read
+        off its payload, the reference of a delta one from the rows that name one."""
+        cid = row.chunk_id
+        newer = self.salvaged.get(cid)
         bases = [b for b in dict.fromkeys([newer.base if newer else None, row.base]) if b is not None]
-        out: list[ChunkRow] = []
-        if newer is not None and newer.size == row.size:
-            out.append(newer)
-        for loc in sorted(self.index.records.get(row.id, ()), key=lambda l: (l.pack, l.offset), reverse=True):
-            codec = self._codec_of(row.id, loc)
+        out: list[Recode] = [] if newer is None else [newer]
+        for loc in sorted(self.index.records.get(cid, ()), key=lambda l: (l.pack, l.offset), reverse=True):
+            codec = self._codec_of(cid, loc)
             if codec is None:
                 continue
-            if codec.reference:
-                out.extend(ChunkRow(row.id, row.size, codec.name, loc, b) for b in bases)
-            else:
-                out.append(ChunkRow(row.id, row.size, codec.name, loc, None))
+            out.extend(Recode(cid, codec.name, loc.pack, loc.offset, loc.length, b)
+                       for b in (bases if codec.reference else [None]))
         out.append(row)
         return list(dict.fromkeys(out))
 
@@ -178,23 +169,24 @@ class _Search:
         except (CodecError, KeyError):
             return None
 
-    def _decode(self, row: ChunkRow) -> bytes | None:
+    def _decode(self, row: Recode) -> bytes | None:
         """The chunk's plain bytes through this row, if they are the bytes of its id."""
-        payload = self._payload(row.id, row.location)
+        cid, size = row.chunk_id, self.sizes[row.chunk_id]
+        payload = self._payload(cid, location_of(row))
         if payload is None:
             return None
         ref = None
         if row.base is not None:
-            if row.base not in self.rows or self.rows[row.base].size != row.size or self.place(row.base) is None:
+            if self.sizes.get(row.base) != size or self.place(row.base) is None:
                 return None
             ref = self.plain(row.base)
             if ref is None:
                 return None
         try:
-            plain = bytes(decode_chunk(payload, row.size, hash_checked=True, ref=ref))
+            plain = bytes(decode_chunk(payload, size, hash_checked=True, ref=ref))
         except (CodecError, ValueError):
             return None
-        return plain if hashlib.sha256(plain).digest() == row.id else None
+        return plain if hashlib.sha256(plain).digest() == cid else None
 
     def plain(self, cid: bytes) -> bytes | None:
         """A placed chunk's plain bytes (decoded again if they were let go)."""
@@ -215,10 +207,14 @@ class _Search:
             self._plain_bytes -= len(old)
 
 
-def place_chunks(store: StorePaths, rows: dict[bytes, ChunkRow], salvaged: dict[bytes, ChunkRow],
+def place_chunks(store: StorePaths, db: sqlite3.Connection, salvaged: dict[bytes, Recode],
                  index: PackIndex) -> Placement:
-    """For every chunk of `rows` (the restored copy's), the row that serves it now."""
-    search = _Search(store, rows, salvaged, index)
+    """For every chunk row of `db` (the restored copy), the payload that serves it now."""
+    rows: dict[bytes, Recode] = {}
+    sizes: dict[bytes, int] = {}
+    for cid, size, row in _rows(db):
+        rows[cid], sizes[cid] = row, size
+    search = _Search(store, rows, sizes, salvaged, index)
     try:
         for cid in sorted(rows):
             search.place(cid)

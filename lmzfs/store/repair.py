@@ -21,7 +21,7 @@ from lmzfs.store.catalogcheck import PackIndex, broken_models, diagnose, index_p
 from lmzfs.store.catalogcopies import DIGEST_KEY, due_marker, write_copy
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
 from lmzfs.store.lock import WriterLock
-from lmzfs.store.payloadsearch import chunk_rows, place_chunks, salvage_chunk_rows
+from lmzfs.store.payloadsearch import place_chunks, salvage_chunk_rows
 
 
 @dataclass
@@ -143,13 +143,12 @@ def _rederive(store: StorePaths, report: RepairReport) -> None:
     catalog = Catalog(store.catalog)        # upgrades a copy of a version 1 catalog
     try:
         index = index_packs(store)
-        rows = chunk_rows(catalog.db)
-        placement = place_chunks(store, rows, salvage_chunk_rows(report.damaged_kept), index)
+        placement = place_chunks(store, catalog.db, salvage_chunk_rows(report.damaged_kept), index)
         report.relocated_chunks = len(placement.changed)
         report.lost_models = sorted(m for m in broken_models(catalog.db, placement.lost) if not m.startswith("("))
         with catalog.transaction() as db:
             db.executemany("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ? WHERE id = ?",
-                           [(r.codec, r.location.pack, r.location.offset, r.location.length, cid)
+                           [(r.codec, r.pack, r.offset, r.length, cid)
                             for cid, r in placement.changed.items()])
             if catalog.has_base:
                 db.executemany("UPDATE chunks SET base = ? WHERE id = ?",
