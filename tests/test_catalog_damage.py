@@ -365,6 +365,28 @@ def test_repair_takes_a_reference_the_damaged_catalog_still_names_when_the_copy_
     assert verify_store(store).ok and file_digests(store.root) == want
 
 
+def test_repair_brings_back_a_reference_made_after_the_copy_so_older_members_still_read(tmp_path, capsys):
+    store, names, want = chain_of(tmp_path, 2)
+    before_step2 = generation(store)
+    src = bf16_checkpoints(tmp_path / "src3", 3)[2]     # the same run's next step
+    add_model(store, src, "run1/step-2")                # recodes step-1 against it, drops step-1's old payloads
+    drop_copies_after(store, before_step2)
+    due_marker(store.catalog).touch()                   # commits newer than the newest copy
+    db = sqlite3.connect(store.catalog)
+    db.execute("UPDATE files SET size = size + 1 WHERE path = 'config.json'")   # unsound, its chunks still read
+    db.commit()
+    db.close()
+    from lmzfs.cli import main
+    assert main(["--store", str(store.root), "verify", "--repair"]) == 1
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("LOST")] == [
+        "LOST run1/step-2: not in the restored copy, or its chunks are in no pack"]
+    # step-1's chunks are deltas against step-2's, which the copy never held: kept as references
+    assert set(bases_of(store, names[1]).values()) - {None} <= set(chunk_refs(store))
+    assert verify_store(store).ok and file_digests(store.root) == want
+    assert run_lmz(["--store", str(store.root), "gc"]).rc == 0
+    assert verify_store(store).ok and file_digests(store.root) == want
+
+
 def chunk_refs(store: StorePaths) -> dict[bytes, int]:
     db = sqlite3.connect(f"file:{store.catalog}?mode=ro", uri=True)
     try:

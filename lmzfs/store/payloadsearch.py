@@ -14,6 +14,11 @@ a catalog row can name (the damaged catalog's or the copy's). A chunk whose copy
 that is there, and which no newer row contradicts, is taken as it is without decoding, as before
 chains: a record never changes once written. Every other answer is decoded and checked against
 the chunk's id before it is taken, so nothing the damaged file says is trusted.
+
+A delta payload may be coded against a chunk the copy does not hold at all (the newest model of a
+chain, added after the copy: its add recoded its base against it). If the damaged catalog still
+names that reference and its payload decodes to its id, it is brought back as a chunk row, kept
+as a reference: the models it belonged to are not in the copy, but the older ones read again.
 """
 from __future__ import annotations
 
@@ -23,9 +28,11 @@ import shutil
 import sqlite3
 import tempfile
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
+
+import xxhash
 
 from lmzfs.codecs import REGISTRY, Codec, CodecError, decode_chunk, parse_payload
 from lmzfs.store.catalogcheck import PackIndex
@@ -38,9 +45,26 @@ _PLAIN_CACHE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
+class RowsRead:
+    """Chunk rows of a catalog file, and each chunk's plain size."""
+    rows: dict[bytes, Recode] = field(default_factory=dict)
+    sizes: dict[bytes, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BroughtBack:
+    """A chunk the restored copy does not hold that a chunk of it is coded against (a reference
+    made since the copy, named by the damaged catalog): its row is to be inserted."""
+    size: int
+    row: Recode
+    xxh3: bytes
+
+
+@dataclass(frozen=True)
 class Placement:
     changed: dict[bytes, Recode]        # chunk -> the payload that now serves it, where the copy's row does not
     lost: set[bytes]                    # chunks no payload of which decodes to their bytes
+    brought_back: dict[bytes, BroughtBack]
 
 
 def location_of(row: Recode) -> ChunkLocation:
@@ -58,12 +82,12 @@ def _rows(db: sqlite3.Connection) -> Iterator[tuple[bytes, int, Recode]]:
             yield cid, size, Recode(cid, codec, pack, offset, length, base)
 
 
-def salvage_chunk_rows(path: Path | None) -> dict[bytes, Recode]:
+def salvage_chunk_rows(path: Path | None) -> RowsRead:
     """The chunk rows a damaged catalog file still yields, read until the first error; rows
     whose values have the wrong types are skipped. Nothing here is trusted: each is decoded
     and checked before it is used. The file (with its -wal) is read from a scratch copy, so that
     nothing SQLite writes when it opens one lands beside the damaged file kept for inspection."""
-    out: dict[bytes, Recode] = {}
+    out = RowsRead()
     if path is None or not path.exists():
         return out
     with tempfile.TemporaryDirectory(prefix="lmz-salvage-") as scratch:
@@ -77,8 +101,8 @@ def salvage_chunk_rows(path: Path | None) -> dict[bytes, Recode]:
         except (OSError, sqlite3.Error):
             return out
         try:
-            for cid, _, row in _rows(db):
-                out[cid] = row
+            for cid, size, row in _rows(db):
+                out.rows[cid], out.sizes[cid] = row, size
         except sqlite3.Error:
             pass        # what was read before the damage stands
         finally:
@@ -87,12 +111,12 @@ def salvage_chunk_rows(path: Path | None) -> dict[bytes, Recode]:
 
 
 class _Search:
-    def __init__(self, store: StorePaths, rows: dict[bytes, Recode], sizes: dict[bytes, int],
-                 salvaged: dict[bytes, Recode], index: PackIndex):
+    def __init__(self, store: StorePaths, restored: RowsRead, salvaged: RowsRead, index: PackIndex):
         self.store = store
-        self.rows = rows
-        self.sizes = sizes
-        self.salvaged = salvaged
+        self.rows = restored.rows
+        # a chunk only the damaged catalog names has its size from there (checked by the decode)
+        self.sizes = {**salvaged.sizes, **restored.sizes}
+        self.salvaged = salvaged.rows
         self.index = index
         self.placed: dict[bytes, Recode] = {}
         self.lost: set[bytes] = set()
@@ -107,22 +131,22 @@ class _Search:
 
     def trusted(self, cid: bytes) -> bool:
         """The copy's row names a record in its pack and no newer row says otherwise."""
-        row = self.rows[cid]
+        row = self.rows.get(cid)
         newer = self.salvaged.get(cid)
-        return location_of(row) in self.index.records.get(cid, ()) and (newer is None or newer == row)
+        return row is not None and location_of(row) in self.index.records.get(cid, ()) and \
+            (newer is None or newer == row)
 
     def place(self, cid: bytes) -> Recode | None:
         if cid in self.placed:
             return self.placed[cid]
-        if cid in self.lost or cid in self._busy or cid not in self.rows:
+        if cid in self.lost or cid in self._busy or cid not in self.sizes:
             return None
         self._busy.add(cid)
         try:
-            row = self.rows[cid]
             if self.trusted(cid):
-                self.placed[cid] = row
-                return row
-            for candidate in self._candidates(row):
+                self.placed[cid] = self.rows[cid]
+                return self.placed[cid]
+            for candidate in self._candidates(cid):
                 plain = self._decode(candidate)
                 if plain is not None:
                     self.placed[cid] = candidate
@@ -133,12 +157,11 @@ class _Search:
         finally:
             self._busy.discard(cid)
 
-    def _candidates(self, row: Recode) -> list[Recode]:
+    def _candidates(self, cid: bytes) -> list[Recode]:
         """Rows that may serve the chunk, newest source first; the codec of a pack record is read
         off its payload, the reference of a delta one from the rows that name one."""
-        cid = row.chunk_id
-        newer = self.salvaged.get(cid)
-        bases = [b for b in dict.fromkeys([newer.base if newer else None, row.base]) if b is not None]
+        row, newer = self.rows.get(cid), self.salvaged.get(cid)
+        bases = [b for b in dict.fromkeys([r.base for r in (newer, row) if r is not None]) if b is not None]
         out: list[Recode] = [] if newer is None else [newer]
         for loc in sorted(self.index.records.get(cid, ()), key=lambda l: (l.pack, l.offset), reverse=True):
             codec = self._codec_of(cid, loc)
@@ -146,7 +169,8 @@ class _Search:
                 continue
             out.extend(Recode(cid, codec.name, loc.pack, loc.offset, loc.length, b)
                        for b in (bases if codec.reference else [None]))
-        out.append(row)
+        if row is not None:
+            out.append(row)
         return list(dict.fromkeys(out))
 
     def _fd(self, pack: int) -> int:
@@ -207,18 +231,23 @@ class _Search:
             self._plain_bytes -= len(old)
 
 
-def place_chunks(store: StorePaths, db: sqlite3.Connection, salvaged: dict[bytes, Recode],
-                 index: PackIndex) -> Placement:
-    """For every chunk row of `db` (the restored copy), the payload that serves it now."""
-    rows: dict[bytes, Recode] = {}
-    sizes: dict[bytes, int] = {}
+def place_chunks(store: StorePaths, db: sqlite3.Connection, salvaged: RowsRead, index: PackIndex) -> Placement:
+    """For every chunk row of `db` (the restored copy), the payload that serves it now, and the
+    references it needs that the copy does not hold."""
+    restored = RowsRead()
     for cid, size, row in _rows(db):
-        rows[cid], sizes[cid] = row, size
-    search = _Search(store, rows, sizes, salvaged, index)
+        restored.rows[cid], restored.sizes[cid] = row, size
+    rows = restored.rows
+    search = _Search(store, restored, salvaged, index)
     try:
         for cid in sorted(rows):
             search.place(cid)
+        back = {}
+        for cid in sorted(search.placed.keys() - rows.keys()):
+            plain = search.plain(cid)
+            if plain is not None:
+                back[cid] = BroughtBack(search.sizes[cid], search.placed[cid], xxhash.xxh3_128_digest(plain))
     finally:
         search.close()
-    changed = {cid: row for cid, row in search.placed.items() if row != rows[cid]}
-    return Placement(changed, set(rows.keys() - search.placed.keys()))
+    changed = {cid: row for cid, row in search.placed.items() if cid in rows and row != rows[cid]}
+    return Placement(changed, set(rows.keys() - search.placed.keys()), back)

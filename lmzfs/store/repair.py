@@ -153,6 +153,11 @@ def _rederive(store: StorePaths, report: RepairReport) -> None:
             if catalog.has_base:
                 db.executemany("UPDATE chunks SET base = ? WHERE id = ?",
                                [(r.base, cid) for cid, r in placement.changed.items()])
+                # references made since the copy, which its chunks now decode against (refs below)
+                db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3, base) "
+                               "VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                               [(cid, b.size, b.row.codec, b.row.pack, b.row.offset, b.row.length, b.xxh3, b.row.base)
+                                for cid, b in placement.brought_back.items()])
             for name in report.lost_models:
                 row = db.execute("SELECT id FROM models WHERE name = ?", (name,)).fetchone()
                 db.execute("DELETE FROM extents WHERE file IN (SELECT id FROM files WHERE model = ?)", (row[0],))
