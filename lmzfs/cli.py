@@ -260,7 +260,8 @@ def _repair(store: StorePaths) -> bool:
     if r.damaged_kept is not None:
         print(f"  kept the damaged file as {r.damaged_kept}")
     print(f"  restored {r.restored_from.name}" +
-          (f"; {r.relocated_chunks} chunk(s) found where a gc since had moved them" if r.relocated_chunks else ""))
+          (f"; {r.relocated_chunks} chunk(s) found in payloads newer than the copy (moved by a gc, recoded or "
+           f"rewritten since)" if r.relocated_chunks else ""))
     for name in r.lost_models:
         print(f"LOST {name}: not in the restored copy, or its chunks are in no pack")
     if r.unnamed_losses:

@@ -3,13 +3,11 @@ writer killed while copying it. Every command says so in one line, and `lmz veri
 brings every model committed before the damage back byte for byte."""
 from __future__ import annotations
 
+import hashlib
 import os
 import random
-import signal
 import sqlite3
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,12 +18,15 @@ from lmzfs.doctor import check_store as doctor_check_store
 from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog, CatalogDamaged
 from lmzfs.store.catalogcheck import diagnose, examine
-from lmzfs.store.catalogcopies import KEEP_COPIES, due_marker, list_copies, write_copy
+from lmzfs.store.catalogcopies import KEEP_COPIES, due_marker, generation_of, list_copies, write_copy
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.remove import remove_models
+from lmzfs.store.verify import verify_store
 from lmzfs.testing.catalogdamage import (PAGE, Damage, damage_file, file_digests, print_failures, random_damages,
                                          run_lmz, run_trial, summary_line)
+from lmzfs.testing.checkpoints import bf16_checkpoints
+from lmzfs.testing.killpoints import kill_at_marker
 from lmzfs.testing.synthetic import small_model
 
 COMMANDS = [["ls"], ["ls", "--json"], ["ls", "m1"], ["cat", "m0/model.safetensors"], ["verify"], ["gc"]]
@@ -239,12 +240,7 @@ def test_kill_9_while_a_copy_is_written_leaves_the_store_consistent(tmp_path):
     before = file_digests(store.root)
     rng = random.Random(9)
     for _ in range(12):
-        p = subprocess.Popen([sys.executable, "-c", _COPY_LOOP, str(store.catalog)], stdout=subprocess.PIPE)
-        assert p.stdout.readline() == b"ready\n"
-        time.sleep(rng.uniform(0, 0.05))
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        p.stdout.close()
+        kill_at_marker([sys.executable, "-c", _COPY_LOOP, str(store.catalog)], "ready", delay=rng.uniform(0, 0.05))
         copies = list_copies(store.catalog)
         assert 1 <= len(copies) <= KEEP_COPIES + 1
         assert all(examine(c.path, copy=True).clean for c in copies)
@@ -286,3 +282,129 @@ def test_doctor_and_mount_point_at_repair_in_one_line(tmp_path):
     with pytest.raises(MountError) as err:
         check_store_for_mount(store.root)
     assert str(err.value) == f"catalog {store.catalog} is damaged: run lmz verify --repair (file is not a database)"
+
+
+# -- chains: a copy older than a recode, and references recounted -----------------------------------
+
+def chain_of(tmp_path: Path, n: int, **add) -> tuple[StorePaths, list[str], dict[str, str]]:
+    """A store of n BF16 checkpoints added one at a time (each add recodes its predecessor as
+    deltas unless told otherwise), their names, and the SHA-256 of every source file."""
+    store = StorePaths(tmp_path / "store")
+    dirs = bf16_checkpoints(tmp_path / "src", n)
+    names = [f"run1/step-{k}" for k in range(n)]
+    for d, name in zip(dirs, names):
+        add_model(store, d, name, **add)
+    want = {f"{name}/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
+            for d, name in zip(dirs, names) for p in sorted(d.iterdir())}
+    return store, names, want
+
+
+def bases_of(store: StorePaths, model: str) -> dict[bytes, bytes | None]:
+    """Each chunk of MODEL's files -> the chunk it is coded against (None: coded alone)."""
+    db = sqlite3.connect(f"file:{store.catalog}?mode=ro", uri=True)
+    try:
+        return dict(db.execute("SELECT DISTINCT c.id, c.base FROM chunks c JOIN extents e ON e.chunk = c.id "
+                               "JOIN files f ON f.id = e.file JOIN models m ON m.id = f.model WHERE m.name = ?",
+                               (model,)))
+    finally:
+        db.close()
+
+
+def generation(store: StorePaths) -> int:
+    db = sqlite3.connect(store.catalog)
+    try:
+        return generation_of(db)
+    finally:
+        db.close()
+
+
+def drop_copies_after(store: StorePaths, g: int) -> None:
+    """What a disk that lost the newer copies with the catalog leaves: only copies up to generation g."""
+    for c in list_copies(store.catalog):
+        if c.generation > g:
+            c.path.unlink()
+    assert list_copies(store.catalog)[0].generation == g
+
+
+def test_repair_from_a_copy_older_than_a_rewrite_finds_each_chunks_newer_payload(tmp_path, capsys):
+    store, names, want = chain_of(tmp_path, 2)
+    assert set(bases_of(store, names[0]).values()) - {None}       # the add recoded step-0 against step-1
+    before_rewrite = generation(store)
+    for argv in (["anchor", names[0]], ["compact", "--all"]):     # alone again; the delta payloads dropped
+        assert run_lmz(["--store", str(store.root), "rewrite", *argv]).rc == 0
+    drop_copies_after(store, before_rewrite)
+    os.truncate(store.catalog, 0)
+    from lmzfs.cli import main
+    assert main(["--store", str(store.root), "verify", "--repair"]) == 0
+    out = capsys.readouterr().out
+    assert "LOST" not in out and f"restored catalog.sqlite.copy-{before_rewrite:010d}" in out
+    assert set(bases_of(store, names[0]).values()) == {None}      # the payloads the anchor wrote
+    assert verify_store(store).ok
+    assert file_digests(store.root) == want
+    assert run_lmz(["--store", str(store.root), "gc"]).rc == 0
+    assert verify_store(store).ok and file_digests(store.root) == want
+
+
+def test_repair_takes_a_reference_the_damaged_catalog_still_names_when_the_copy_predates_it(tmp_path, capsys):
+    store, names, want = chain_of(tmp_path, 2, delta=False)
+    assert set(bases_of(store, names[0]).values()) == {None}
+    before_rewrite = generation(store)
+    for argv in (["delta", names[0], "--base", names[1]], ["compact", "--all"]):
+        assert run_lmz(["--store", str(store.root), "rewrite", *argv]).rc == 0
+    chained = bases_of(store, names[0])
+    assert set(chained.values()) - {None}
+    drop_copies_after(store, before_rewrite)
+    db = sqlite3.connect(store.catalog)
+    db.execute("UPDATE files SET size = size + 1 WHERE path = 'config.json'")   # unsound, its chunks still read
+    db.commit()
+    db.close()
+    from lmzfs.cli import main
+    assert main(["--store", str(store.root), "verify", "--repair"]) == 0
+    assert "LOST" not in capsys.readouterr().out
+    assert bases_of(store, names[0]) == chained         # only the damaged catalog named those references
+    assert verify_store(store).ok and file_digests(store.root) == want
+
+
+def test_repair_brings_back_a_reference_made_after_the_copy_so_older_members_still_read(tmp_path, capsys):
+    store, names, want = chain_of(tmp_path, 2)
+    before_step2 = generation(store)
+    src = bf16_checkpoints(tmp_path / "src3", 3)[2]     # the same run's next step
+    add_model(store, src, "run1/step-2")                # recodes step-1 against it, drops step-1's old payloads
+    drop_copies_after(store, before_step2)
+    due_marker(store.catalog).touch()                   # commits newer than the newest copy
+    db = sqlite3.connect(store.catalog)
+    db.execute("UPDATE files SET size = size + 1 WHERE path = 'config.json'")   # unsound, its chunks still read
+    db.commit()
+    db.close()
+    from lmzfs.cli import main
+    assert main(["--store", str(store.root), "verify", "--repair"]) == 1
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("LOST")] == [
+        "LOST run1/step-2: not in the restored copy, or its chunks are in no pack"]
+    # step-1's chunks are deltas against step-2's, which the copy never held: kept as references
+    assert set(bases_of(store, names[1]).values()) - {None} <= set(chunk_refs(store))
+    assert verify_store(store).ok and file_digests(store.root) == want
+    assert run_lmz(["--store", str(store.root), "gc"]).rc == 0
+    assert verify_store(store).ok and file_digests(store.root) == want
+
+
+def chunk_refs(store: StorePaths) -> dict[bytes, int]:
+    db = sqlite3.connect(f"file:{store.catalog}?mode=ro", uri=True)
+    try:
+        return dict(db.execute("SELECT id, refs FROM chunks"))
+    finally:
+        db.close()
+
+
+def test_after_a_repair_gc_keeps_the_chunks_that_are_only_references(tmp_path):
+    store, names, want = chain_of(tmp_path, 3)
+    remove_models(store, [names[1]])        # its chunks stay: step-0's deltas are coded against them
+    kept = {k: v for k, v in want.items() if not k.startswith(names[1] + "/")}
+    assert file_digests(store.root) == kept
+    refs_before = chunk_refs(store)
+    assert any(n == 1 for n in refs_before.values())
+    os.truncate(store.catalog, 0)
+    assert repair(store).rc == 0
+    assert chunk_refs(store) == refs_before         # extents and dependants, as add and rm kept them
+    assert run_lmz(["--store", str(store.root), "gc"]).rc == 0
+    assert verify_store(store).ok
+    assert file_digests(store.root) == kept

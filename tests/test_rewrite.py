@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from lmzfs.store.rewritedelta import delta_store
 from lmzfs.store.rewriterecode import recode_store
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.verify import verify_store
+from lmzfs.testing.killpoints import kill_at_marker
 from lmzfs.testing.mount import mounted
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 from lmzfs.testing.storedigests import served_digests
@@ -416,6 +418,78 @@ def test_recode_keeps_each_delta_on_its_own_reference_or_codes_it_alone(tmp_path
     assert verify_store(store).ok
 
 
+def delta_bases(store: StorePaths, model: str) -> dict[bytes, bytes]:
+    """Each delta chunk of MODEL's model.safetensors -> the chunk it is coded against."""
+    return {chunk_ids(store, model)[off]: row[4] for off, row in chunk_rows(store, model).items()
+            if row[4] is not None}
+
+
+def tensor_extent(store: StorePaths, model: str, name: str) -> tuple[int, int]:
+    """(offset, size) of a tensor of MODEL's model.safetensors, from the catalog's tensors table."""
+    cat = Catalog(store.catalog, readonly=True)
+    try:
+        [t] = [s.tensor for s in cat.tensors(model) if s.path == "model.safetensors" and s.tensor.name == name]
+        return t.offset, t.size
+    finally:
+        cat.close()
+
+
+def without_tensor_rows(store: StorePaths) -> None:
+    """The store as if its models had been added before catalog version 3: no tensors table rows
+    (and a copy of that catalog, as a writer of it would have left)."""
+    from lmzfs.store.catalogcopies import write_copy
+    db = sqlite3.connect(store.catalog, isolation_level=None)
+    try:
+        db.execute("DELETE FROM tensors")
+        write_copy(db, store.catalog)
+    finally:
+        db.close()
+
+
+def test_delta_pairs_by_the_tensors_table_exactly_as_by_parsing_the_stored_files(tmp_path):
+    steps = checkpoints(tmp_path / "src", 3, mib=2)
+    by_rows, by_parsing = StorePaths(tmp_path / "rows"), StorePaths(tmp_path / "parsed")
+    for i, d in enumerate(steps):
+        add_model(by_rows, d, f"run/step{i}", delta=False)
+    shutil.copytree(by_rows.root, by_parsing.root)
+    without_tensor_rows(by_parsing)
+    got = {}
+    for store in (by_rows, by_parsing):
+        r = delta_store(store, "run/step1")
+        assert r.base == "run/step0"
+        got[store.root.name] = delta_bases(store, "run/step1")
+    # every chunk of the weight, against the chunk at the same offset of step0's weight
+    offset, size = tensor_extent(by_rows, "run/step1", "w")
+    mine, theirs = chunk_ids(by_rows, "run/step1"), chunk_ids(by_rows, "run/step0")
+    weight = {mine[off]: theirs[off] for off in mine if offset <= off < offset + size}
+    assert len(weight) == 2
+    assert got["rows"] == got["parsed"] and weight.items() <= got["rows"].items()
+    assert served(by_rows) == served(by_parsing) == originals(**{f"run/step{i}": d for i, d in enumerate(steps)})
+
+
+def test_delta_chooses_its_base_without_reading_the_other_models_files(tmp_path, store_dir):
+    store = StorePaths(store_dir)
+    a, b = checkpoints(tmp_path, 2, mib=1)
+    add_model(store, a, "run/a", delta=False)
+    add_model(store, b, "run/b", delta=False)
+    add_model(store, small_model(tmp_path / "other", seed=5, mib=2), "other", delta=False)   # its own header
+    cat = Catalog(store.catalog, readonly=True)
+    try:
+        [f] = [f for f in cat.files("other") if f.path == "model.safetensors"]
+        header = cat.extents(f.id)[0]
+    finally:
+        cat.close()
+    with open(store.pack(header.location.pack), "r+b") as pack:     # other's safetensors header, unreadable
+        pack.seek(header.location.offset + header.location.length // 2)
+        byte = pack.read(1)[0]
+        pack.seek(header.location.offset + header.location.length // 2)
+        pack.write(bytes([byte ^ 0x10]))
+    r = delta_store(store, "run/b")
+    assert r.base == "run/a" and r.chunks_changed > 0
+    assert verify_store(store, "run/a").ok and verify_store(store, "run/b").ok     # their sources' SHA-256
+    assert not verify_store(store, "other").ok
+
+
 # -- kill -9 ---------------------------------------------------------------------------------------
 
 # Runs one pass through the CLI and stops it at a stage: after the Nth payload appended, inside
@@ -530,16 +604,7 @@ def kill_case(tmp_path_factory, request, tmp_path) -> tuple[StorePaths, _KillCas
 def test_a_pass_killed_at_a_stage_leaves_the_previous_or_the_new_state_and_a_rerun_completes(
         kill_case, name, stage):
     store, case = kill_case
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(store.root), stage, *PASSES[name]],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "HERE"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    kill_at_marker([sys.executable, "-c", KILL_SCRIPT, str(store.root), stage, *PASSES[name]], "HERE")
     _check_intact(store, case.want, (case.after,) if stage == "after-commit" else (case.before,))
     assert lmz(["--store", str(store.root), "rewrite", *PASSES[name]]) == 0
     _check_intact(store, case.want, (case.after,))

@@ -5,7 +5,6 @@ import hashlib
 import os
 import json
 import random
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
 from lmzfs.store.verify import verify_store
+from lmzfs.testing.killpoints import kill_at_marker
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 
 
@@ -261,16 +261,7 @@ def test_kill_9_during_add_leaves_nothing_visible_and_the_add_then_succeeds(tmp_
     keep = small_model(tmp_path / "keep", seed=9, mib=2)
     add_model(store, keep, "keep")
     victim = small_model(tmp_path / "victim", seed=10, mib=12)
-    proc = subprocess.Popen([sys.executable, "-c", ADD_SCRIPT, str(store_dir), str(victim), stage],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "HERE"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    kill_at_marker([sys.executable, "-c", ADD_SCRIPT, str(store_dir), str(victim), stage], "HERE")
     assert model_names(store) == ["keep"]
     assert verify_store(store).ok
     add_model(store, victim, "victim")

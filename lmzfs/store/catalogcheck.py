@@ -188,9 +188,7 @@ def agreement(db: sqlite3.Connection, index: PackIndex) -> PackAgreement:
     """Check every chunk row against the packs and every file's extents against its size."""
     relocated: dict[bytes, ChunkLocation] = {}
     missing: set[bytes] = set()
-    sizes: dict[bytes, int] = {}
-    for cid, size, pack, offset, length in db.execute("SELECT id, size, pack, offset, length FROM chunks"):
-        sizes[cid] = size
+    for cid, pack, offset, length in db.execute("SELECT id, pack, offset, length FROM chunks"):
         found = index.records.get(cid, [])
         if ChunkLocation(pack, offset, length) in found:
             continue
@@ -199,6 +197,13 @@ def agreement(db: sqlite3.Connection, index: PackIndex) -> PackAgreement:
             relocated[cid] = same_length[-1]
         else:
             missing.add(cid)
+    return PackAgreement(relocated, missing, broken_models(db, missing))
+
+
+def broken_models(db: sqlite3.Connection, missing: set[bytes]) -> set[str]:
+    """The models with a file that needs one of these chunks (directly or down a chain of
+    references), or whose extents do not tile it."""
+    sizes = dict(db.execute("SELECT id, size FROM chunks"))
     missing_below = _reaching(db, missing)
     broken: set[str] = set()
     files = {fid: (model, size) for fid, model, size in db.execute(
@@ -220,7 +225,7 @@ def agreement(db: sqlite3.Connection, index: PackIndex) -> PackAgreement:
     orphans = db.execute("SELECT COUNT(*) FROM files WHERE model NOT IN (SELECT id FROM models)").fetchone()[0]
     if orphans:
         broken.add("(files of no model)")
-    return PackAgreement(relocated, missing, broken)
+    return broken
 
 
 def _reaching(db: sqlite3.Connection, missing: set[bytes]) -> set[bytes]:

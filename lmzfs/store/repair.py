@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmzfs.store.catalog import Catalog
-from lmzfs.store.catalogcheck import PackIndex, agreement, diagnose, index_packs
+from lmzfs.store.catalogcheck import PackIndex, broken_models, diagnose, index_packs
 from lmzfs.store.catalogcopies import DIGEST_KEY, due_marker, write_copy
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
 from lmzfs.store.lock import WriterLock
+from lmzfs.store.payloadsearch import place_chunks, salvage_chunk_rows
 
 
 @dataclass
@@ -136,17 +137,27 @@ def _install(copy: Path, store: StorePaths) -> None:
 
 
 def _rederive(store: StorePaths, report: RepairReport) -> None:
-    """Point chunk rows at where the packs hold them now, drop models no pack can serve, recount
-    references, and commit (which writes a copy of the repaired catalog)."""
+    """Point chunk rows at the payloads that serve them now (payloadsearch: the copy may be older
+    than a recode, a rewrite or a gc), drop models no pack can serve, recount references, and
+    commit (which writes a copy of the repaired catalog)."""
     catalog = Catalog(store.catalog)        # upgrades a copy of a version 1 catalog
     try:
         index = index_packs(store)
-        agree = agreement(catalog.db, index)
-        report.relocated_chunks = len(agree.relocated)
-        report.lost_models = sorted(m for m in agree.broken_models if not m.startswith("("))
+        placement = place_chunks(store, catalog.db, salvage_chunk_rows(report.damaged_kept), index)
+        report.relocated_chunks = len(placement.changed)
+        report.lost_models = sorted(m for m in broken_models(catalog.db, placement.lost) if not m.startswith("("))
         with catalog.transaction() as db:
-            db.executemany("UPDATE chunks SET pack = ?, offset = ?, length = ? WHERE id = ?",
-                           [(loc.pack, loc.offset, loc.length, cid) for cid, loc in agree.relocated.items()])
+            db.executemany("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ? WHERE id = ?",
+                           [(r.codec, r.pack, r.offset, r.length, cid)
+                            for cid, r in placement.changed.items()])
+            if catalog.has_base:
+                db.executemany("UPDATE chunks SET base = ? WHERE id = ?",
+                               [(r.base, cid) for cid, r in placement.changed.items()])
+                # references made since the copy, which its chunks now decode against (refs below)
+                db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3, base) "
+                               "VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                               [(cid, b.size, b.row.codec, b.row.pack, b.row.offset, b.row.length, b.xxh3, b.row.base)
+                                for cid, b in placement.brought_back.items()])
             for name in report.lost_models:
                 row = db.execute("SELECT id FROM models WHERE name = ?", (name,)).fetchone()
                 db.execute("DELETE FROM extents WHERE file IN (SELECT id FROM files WHERE model = ?)", (row[0],))
@@ -154,13 +165,20 @@ def _rederive(store: StorePaths, report: RepairReport) -> None:
                 db.execute("DELETE FROM models WHERE id = ?", (row[0],))
             db.execute("DELETE FROM files WHERE model NOT IN (SELECT id FROM models)")
             db.execute("DELETE FROM extents WHERE file NOT IN (SELECT id FROM files)")
-            db.execute("UPDATE chunks SET refs = (SELECT COUNT(*) FROM extents WHERE chunk = chunks.id)")
+            _recount_refs(db, catalog.has_base)
             db.execute("DELETE FROM meta WHERE key = ?", (DIGEST_KEY,))
             if index.packs:
                 # ids of packs on disk are taken, whatever the copy remembers
                 Catalog.record_pack_ids(db, *_last_pack(db, index))
     finally:
         catalog.close()
+
+
+def _recount_refs(db: sqlite3.Connection, has_base: bool) -> None:
+    """A chunk's refs: the extents that use it plus the chunks coded against it (docs/format.md),
+    so that gc never collects a reference while a dependant needs it."""
+    dependants = "(SELECT COUNT(*) FROM chunks d WHERE d.base = chunks.id)" if has_base else "0"
+    db.execute(f"UPDATE chunks SET refs = (SELECT COUNT(*) FROM extents WHERE chunk = chunks.id) + {dependants}")
 
 
 def _last_pack(db: sqlite3.Connection, index: PackIndex) -> tuple[int | None, int]:

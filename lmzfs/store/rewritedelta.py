@@ -14,8 +14,11 @@ chunk has before the pass or may get in it, so whichever of the planned deltas p
 are kept, the chains stay within bounds.
 
 Without --base, the model whose tensors pair with most of MODEL's bytes is chosen; ties go to its
-family, then to its predecessor (the model added last before it). Models stored before catalog
-version 3 pair as well: their tensors are read from the stored files themselves.
+family, then to its predecessor (the model added last before it). The other models' tensors come
+from the catalog's tensors table, which `lmz add` fills (as delta_plan pairs by); only a file
+without rows there (stored before catalog version 3) is parsed again through the store, so models
+stored before pair as well. MODEL's own files are parsed for their chunks' hints (what its add
+gave the codecs), which needs their headers only.
 """
 from __future__ import annotations
 
@@ -25,10 +28,11 @@ from dataclasses import dataclass
 from lmzfs.codecs import encode_delta_chunk
 from lmzfs.store.add import DEFAULT_CHAIN_DEPTH
 from lmzfs.store.catalog import MAX_CHAIN_HOPS, Catalog, Extent
+from lmzfs.store.chunksource import ChunkSource
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.rewrite import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
                                  store_reader, writing)
-from lmzfs.store.rewritescan import StoredChunk, StoredFile, TensorChunks, chunks_of, scan_models
+from lmzfs.store.rewritescan import StoredChunk, TensorChunks, chunks_of, scan_file, tensors_from_rows
 
 
 class ChainLimits:
@@ -85,42 +89,50 @@ class _Pair:
     reference: Extent
 
 
-def _tensors(files: list[StoredFile]) -> dict[str, TensorChunks]:
-    out: dict[str, TensorChunks] = {}
-    for f in files:
-        for t in f.tensors:
-            out.setdefault(t.name, t)
+def stored_tensors(catalog: Catalog, source: ChunkSource, models: list[str]) -> dict[str, list[TensorChunks]]:
+    """Each model's tensors in path and offset order: from the tensors table where a file has rows,
+    else parsed from the stored file."""
+    out: dict[str, list[TensorChunks]] = {}
+    for name in models:
+        rows = tensors_from_rows(catalog, name)
+        out[name] = [t for f in catalog.files(name)
+                     for t in (rows[f.id] if f.id in rows else scan_file(catalog, source, f).tensors)]
     return out
 
 
-def pair_chunks(model: list[StoredFile], base: list[StoredFile]) -> list[_Pair]:
+def _same_layout(a: TensorChunks, b: TensorChunks) -> bool:
+    return (a.dtype, tuple(a.shape or ()), a.length) == (b.dtype, tuple(b.shape or ()), b.length)
+
+
+def pair_chunks(model: list[TensorChunks], base: list[TensorChunks]) -> list[_Pair]:
     """Each chunk of MODEL's tensors with the chunk at the same place of BASE's same tensor (the
-    same chunk, where both hold the same bytes)."""
-    refs = _tensors(base)
+    same chunk, where both hold the same bytes); a name BASE holds twice pairs with its first."""
+    refs: dict[str, TensorChunks] = {}
+    for t in base:
+        refs.setdefault(t.name, t)
     pairs: list[_Pair] = []
-    for f in model:
-        for t in f.tensors:
-            r = refs.get(t.name)
-            if r is None or (r.dtype, r.shape, r.length) != (t.dtype, t.shape, t.length):
-                continue
-            at = {(off, e.size): e for off, e in r.chunks}
-            for off, e in t.chunks:
-                ref = at.get((off, e.size))
-                if ref is not None:
-                    pairs.append(_Pair(e, ref))
+    for t in model:
+        r = refs.get(t.name)
+        if r is None or not _same_layout(r, t):
+            continue
+        at = {(off, e.size): e for off, e in r.chunks}
+        for off, e in t.chunks:
+            ref = at.get((off, e.size))
+            if ref is not None:
+                pairs.append(_Pair(e, ref))
     return pairs
 
 
-def choose_base(catalog: Catalog, files: dict[str, list[StoredFile]], model: str,
+def choose_base(catalog: Catalog, tensors: dict[str, list[TensorChunks]], model: str,
                 limits: ChainLimits) -> str | None:
     """The model whose tensors pair with most of MODEL's bytes (counting only pairs the chains
     allow); ties go to one of the same family (the name up to its last '/'), then to the one
     added last before MODEL (its predecessor in a run), else the first added after it."""
     family = model.rpartition("/")[0]
     added = {m.name: m.added for m in catalog.models()}
-    mine = files[model]
+    mine = tensors[model]
     best: tuple | None = None
-    for name, theirs in files.items():
+    for name, theirs in tensors.items():
         if name == model:
             continue
         paired = sum(p.chunk.size for p in pair_chunks(mine, theirs) if p.chunk.chunk_id == p.reference.chunk_id
@@ -154,19 +166,20 @@ def delta_store(store: StorePaths, model: str, base: str | None = None, *, chain
             raise StoreError(f"the chain depth must be 1 to {MAX_CHAIN_HOPS - 1}, not {chain_depth}")
         result = RewriteResult("delta", measure(store, catalog), measure(store, catalog))
         with store_reader(store) as source:
-            by_model: dict[str, list[StoredFile]] = {}
-            for f in scan_models(catalog, source, None if base is None else {model, base}):
-                by_model.setdefault(f.model, []).append(f)
+            mine = [scan_file(catalog, source, f) for f in catalog.files(model)]
+            others = [base] if base is not None else [m.name for m in catalog.models() if m.name != model]
+            tensors = stored_tensors(catalog, source, others)
+            tensors[model] = [t for f in mine for t in f.tensors]
             limits = ChainLimits.of(catalog, chain_depth)
-            base = base if base is not None else choose_base(catalog, by_model, model, limits)
+            base = base if base is not None else choose_base(catalog, tensors, model, limits)
             if base is None:
                 raise StoreError(f"no other stored model can be a base for {model!r} (tensors of the same "
                                  f"names, dtypes and shapes, within the chains' depth cap); nothing changed")
             result.base = base
-            hints: dict[bytes, StoredChunk] = chunks_of(by_model[model])
+            hints: dict[bytes, StoredChunk] = chunks_of(mine)
             jobs: list[RecodeJob] = []
             planned: set[bytes] = set()
-            every = pair_chunks(by_model[model], by_model.get(base, []))
+            every = pair_chunks(tensors[model], tensors.get(base, []))
             pairs = [p for p in every if p.chunk.chunk_id != p.reference.chunk_id]   # the same bytes: stored once
             for p in pairs:
                 cid = p.chunk.chunk_id

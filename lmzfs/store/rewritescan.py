@@ -1,6 +1,8 @@
 """What the rewrite passes learn about stored files: each file's container layout, parsed again
 through the store from its plain bytes as `lmz add` parsed the source, and so each chunk's hint
-(dtype, element size, shape, offset in its tensor) and each tensor's chunks.
+(dtype, element size, shape, offset in its tensor) and each tensor's chunks; or, where the
+catalog has the file's tensors table rows (every file `lmz add` stored since catalog version 3
+with a tensor in it), each tensor's chunks from those rows without reading the file.
 
 A chunk's boundaries never change after its add, so the hint is not re-planned: it is read off
 the segment the chunk lies in, as the chunker derived it.
@@ -147,3 +149,29 @@ def chunks_of(files: list[StoredFile]) -> dict[bytes, StoredChunk]:
             if seen is None or (seen.hint.dtype is None and hint.dtype is not None):
                 out[e.chunk_id] = StoredChunk(e, hint, f.hostile)
     return out
+
+
+def shape_of(text: str) -> tuple[int, ...]:
+    """A tensors table shape ("4,8"; "" for a scalar) as the parsers give it."""
+    return tuple(int(d) for d in text.split(",")) if text else ()
+
+
+def tensors_from_rows(catalog: Catalog, model: str) -> dict[int, tuple[TensorChunks, ...]]:
+    """file id -> its tensors as the catalog's tensors table lists them, each with the chunks that
+    hold it (by offset inside the tensor); a file without rows is absent."""
+    by_file: dict[int, list[TensorChunks]] = {}
+    extents: dict[int, list[Extent]] = {}
+    for stored in catalog.tensors(model):
+        row = stored.tensor
+        if row.file not in extents:
+            extents[row.file] = catalog.extents(row.file)
+        es = extents[row.file]
+        starts = [e.offset for e in es]
+        inside = []
+        for e in es[bisect.bisect_left(starts, row.offset):]:
+            if e.offset + e.size > row.offset + row.size:
+                break
+            inside.append((e.offset - row.offset, e))
+        by_file.setdefault(row.file, []).append(
+            TensorChunks(row.name, row.dtype, shape_of(row.shape), row.size, tuple(inside)))
+    return {fid: tuple(ts) for fid, ts in by_file.items()}

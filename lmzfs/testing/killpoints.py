@@ -1,0 +1,26 @@
+"""kill -9 of a child process at a point it names: for tests that a writer killed anywhere leaves
+the store as it was before or after."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+
+def kill_at_marker(argv: list[str], marker: str, *, delay: float = 0.0) -> None:
+    """Start argv, wait for the line `marker` on its stdout (the child has reached the point to be
+    killed at and waits there, or goes on for `delay` seconds more), then SIGKILL it. The child is
+    killed and reaped however this ends; AssertionError if its first line is not the marker or it
+    did not die by the signal."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line == marker, f"the child printed {line!r} before {marker!r}"
+        if delay:
+            time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL, f"the child ended with status {proc.returncode}"
