@@ -400,6 +400,13 @@ static PyMethodDef methods[] = {
     {"ulp_residuals", tans_ulp_residuals, METH_VARARGS, "ulpdelta's residuals of a chunk; see _tansulp.c."},
     {"ulp_contexts", tans_ulp_contexts, METH_VARARGS, "ulpdelta's reference contexts; see _tansulp.c."},
     {"ulp_apply", tans_ulp_apply, METH_VARARGS, "ulpdelta's elements from symbols and stored bits; see _tansulp.c."},
+    {"float_range", tans_float_range, METH_VARARGS, "floatsplit's exponent range; see _tansfit.c."},
+    {"float_fields", tans_float_fields, METH_VARARGS, "floatsplit's fields and histograms; see _tansfit.c."},
+    {"float_planes", tans_float_planes, METH_VARARGS, "floatsplit's stored planes; see _tansfit.c."},
+    {"row_means", tans_row_means, METH_VARARGS, "floatsplit's row means; see _tansfit.c."},
+    {"row_classes", tans_row_classes, METH_VARARGS, "floatsplit's row classes and their histogram; see _tansfit.c."},
+    {"row_contexts", tans_row_contexts, METH_VARARGS, "floatsplit's row-class contexts; see _tansfit.c."},
+    {"encode_rows", tans_encode_rows, METH_VARARGS, "tans.encode's table rows; see _tansfit.c."},
     {"copy_bytes", tans_copy_bytes, METH_O, "A buffer's bytes, copied without Python's lock; see _tanscopy.c."},
     {NULL, NULL, 0, NULL},
 };

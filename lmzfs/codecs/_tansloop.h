@@ -1,7 +1,7 @@
 /* Shared by the sources of the lmzfs.codecs._tansloop extension: the decode loop (_tansloop.c,
  * which defines the module), the table helpers (_tanstables.c), floatsplit's helpers
  * (_tansfloat.c), ggufblocks' (_tansgguf.c), the symbol sections' tails (_tanstails.c) and
- * the copy of a decoded array into bytes (_tanscopy.c) and the encoder's steps (_tansenc.c). */
+ * the copy of a decoded array into bytes (_tanscopy.c), the encoder's steps (_tansenc.c) and its passes over a chunk (_tansfit.c). */
 #ifndef LMZFS_TANSLOOP_H
 #define LMZFS_TANSLOOP_H
 #define PY_SSIZE_T_CLEAN
@@ -83,6 +83,14 @@ PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_symbols(PyObject *self, PyObject *args);
 PyObject *tans_encode(PyObject *self, PyObject *args);
+/* the encoders' passes over a chunk (_tansfit.c) */
+PyObject *tans_float_range(PyObject *self, PyObject *args);
+PyObject *tans_float_fields(PyObject *self, PyObject *args);
+PyObject *tans_float_planes(PyObject *self, PyObject *args);
+PyObject *tans_row_means(PyObject *self, PyObject *args);
+PyObject *tans_row_classes(PyObject *self, PyObject *args);
+PyObject *tans_row_contexts(PyObject *self, PyObject *args);
+PyObject *tans_encode_rows(PyObject *self, PyObject *args);
 /* ulpdelta's element loops (_tansulp.c) */
 PyObject *tans_ulp_residuals(PyObject *self, PyObject *args);
 PyObject *tans_ulp_contexts(PyObject *self, PyObject *args);

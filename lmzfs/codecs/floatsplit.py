@@ -156,41 +156,83 @@ class Fit:
     blob: bytes             # the packed model tables A, Sg, M
 
 
-def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np.ndarray]:
-    """The chunk's model and each element's tANS symbol."""
+@dataclass
+class Fields:
+    """What fit_model counts in its pass over a chunk's elements."""
+    e: np.ndarray       # exponent - emin of each element (an unsigned or int64 array)
+    sym: np.ndarray     # each element's tANS symbol, int64
+    emin: int
+    emax: int
+    cM: np.ndarray      # E x 2**k: counts of (exponent, top mantissa bits)
+    sg: np.ndarray      # counts of sign 0 and sign 1
+    H: np.ndarray       # 16 x E: counts of (min(emax - previous exponent, 15), exponent), after the first
+
+
+def chunk_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
+    """The fields and histograms of n elements (uint64): compiled (one pass, without Python's
+    lock) when the loop is built, else numpy's (numpy_fields, the reference)."""
+    if tans._loop is None or n < 1:
+        return numpy_fields(u, n, fmt)
     _, bits, eb, mb, k = FORMATS[fmt]
-    width = bits // 8
+    u = np.ascontiguousarray(u, dtype=np.uint64)
+    emin, emax = tans._loop.float_range(u, n, mb, eb)
+    E = emax - emin + 1
+    e = np.empty(n, dtype=np.uint16)
+    sym = np.empty(n, dtype=np.int64)
+    cM = np.zeros((E, 1 << k), dtype=np.int64)
+    sg = np.zeros(2, dtype=np.int64)
+    H = np.zeros((16, E), dtype=np.int64)
+    tans._loop.float_fields(u, n, bits, mb, eb, k, emin, emax, e, sym, cM, sg, H)
+    return Fields(e, sym, emin, emax, cM, sg, H)
+
+
+def numpy_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
+    """chunk_fields in numpy: the reference the compiled pass is tested against."""
+    _, bits, eb, mb, k = FORMATS[fmt]
     raw_bits = mb - k
     exp = ((u >> np.uint64(mb)) & np.uint64((1 << eb) - 1)).astype(np.int64)
     top = ((u >> np.uint64(bits - 1)).astype(np.int64) << k) | \
         ((u >> np.uint64(raw_bits)).astype(np.int64) & ((1 << k) - 1))
     emin, emax = int(exp.min()), int(exp.max())
     E, T2 = emax - emin + 1, 1 << (k + 1)
-    sym = (exp - emin) * T2 + top
+    e = exp - emin
+    sym = e * T2 + top
+    prev = emax - exp[:-1]
+    cM = np.bincount(e * (T2 // 2) + (top & (T2 // 2 - 1)), minlength=E * T2 // 2).reshape(E, T2 // 2)
+    sg = np.bincount(top >> k, minlength=2)
+    H = np.bincount(np.minimum(prev, 15) * E + e[1:], minlength=16 * E).reshape(16, E)
+    return Fields(e, sym, emin, emax, cM, sg, H)
+
+
+def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np.ndarray]:
+    """The chunk's model and each element's tANS symbol."""
+    _, bits, eb, mb, k = FORMATS[fmt]
+    width = bits // 8
+    raw_bits = mb - k
+    fields = chunk_fields(u, n, fmt)
+    emin, emax, e, sym = fields.emin, fields.emax, fields.e, fields.sym
+    E, T2 = emax - emin + 1, 1 << (k + 1)
     lanes = tans.lanes_for(n, 32 if raw_bits else 256)
     steps, wp, _ = tans._layout(n, lanes)
-    prev = np.empty(n, dtype=np.int64)
-    prev[1:] = emax - exp[:-1]
     starts = np.arange(wp) * steps
-    cM = np.bincount((exp - emin) * (T2 // 2) + (top & (T2 // 2 - 1)), minlength=E * T2 // 2)
-    M = _row_scale(cM.reshape(E, T2 // 2), M_LOG)
-    S = _row_scale(np.bincount(top >> k, minlength=2)[None, :], M_LOG)[0]
+    M = _row_scale(fields.cM, M_LOG)
+    S = _row_scale(fields.sg[None, :], M_LOG)[0]
     B = _sign_mantissa(S, M)
     best = None
     # Every candidate context count nb clips the previous exponent at nb - 1, so each one's
     # counts are rows of one histogram of (previous exponent clipped at 15, exponent) over the
     # elements after the first, with the lane starts (which take context c0) moved: one pass over
     # the chunk instead of one per candidate, the same counts.
-    e = exp - emin
-    H = np.bincount(np.minimum(prev[1:], 15) * E + e[1:], minlength=16 * E).reshape(16, E)
+    H = fields.H
     inner = starts[starts > 0]
+    prev_inner = (E - 1) - e[inner - 1].astype(np.int64)   # emax - the previous element's exponent
     for nb in (1, 4, 8, 12, 16):
         nb = min(nb, max(1, E))
         if nb > 1 and nb * (E * T2 + (1 << 10)) > _table_budget(n):
             break
         cA = np.concatenate([H[:nb - 1], H[nb - 1:].sum(axis=0, keepdims=True)])
         c0 = int(cA.sum(axis=1).argmax()) if n > 1 else 0
-        cA -= np.bincount(np.minimum(prev[inner], nb - 1) * E + e[inner], minlength=nb * E).reshape(nb, E)
+        cA -= np.bincount(np.minimum(prev_inner, nb - 1) * E + e[inner], minlength=nb * E).reshape(nb, E)
         cA[c0] += np.bincount(e[starts], minlength=E)
         cost = _cost(cA) + 1.3 * np.count_nonzero(cA)
         if best is None or cost < best[0]:
@@ -202,13 +244,13 @@ def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np
     C = hint.shape[-1] if hint.shape and len(hint.shape) >= 2 and hint.shape[-1] > 0 else 0
     if C and n >= 4 * C:
         shift = (hint.offset // width) % C
-        found = _row_classes(exp - emin, n, C, shift, E)
+        found = _row_classes(e, n, C, shift, E)
         if found and found[0] < best[0]:
             _, nb, cls, cA = found
             c0 = ROW_CLASSES
             cmapq = entropy.encode_stream(cls, nb)
             rowmode = put_varint(C) + put_varint(shift) + put_varint(len(cmapq)) + cmapq
-            ctx = cls[(np.arange(n) + shift) // C]
+            ctx = _row_contexts(cls, n, C, shift)
     if ctx is None:
         _, nb, c0, cA = best
     A = _row_scale(cA, A_LOG)
@@ -406,15 +448,27 @@ def _model_tables(vals: np.ndarray, nb: int, E: int, T2: int, R: int) -> tans.Ta
 def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
     """Rows (of C elements, the first one shifted) grouped into K classes by mean exponent, with the
     estimated cost; None when no split is possible."""
-    r = (np.arange(n) + shift) // C
-    nrows = int(r[-1]) + 1
-    mean = np.bincount(r, weights=e, minlength=nrows) / np.maximum(np.bincount(r, minlength=nrows), 1)
+    compiled = tans._loop is not None and e.dtype == np.uint16
+    if compiled:
+        nrows = (n - 1 + shift) // C + 1
+        mean = np.empty(nrows, dtype=np.float64)
+        tans._loop.row_means(e, n, C, shift, mean)
+    else:
+        r = (np.arange(n) + shift) // C
+        nrows = int(r[-1]) + 1
+        mean = np.bincount(r, weights=e, minlength=nrows) / np.maximum(np.bincount(r, minlength=nrows), 1)
     best = None
     # The quartile and median cuts are among the eighth ones, so one quantile call, one class per
     # row and one histogram serve all three K: a row's class among K is its class among 8 shifted,
     # and K's counts are sums of 8's rows (the quantiles never decrease).
-    cls8 = np.searchsorted(np.quantile(mean, np.linspace(0, 1, 9)[1:-1]), mean, side="right")
-    cA8 = np.bincount(cls8[r] * E + e, minlength=8 * E).reshape(8, E)
+    edges = np.quantile(mean, np.linspace(0, 1, 9)[1:-1])
+    if compiled:
+        cls8 = np.empty(nrows, dtype=np.int64)
+        cA8 = np.zeros((8, E), dtype=np.int64)
+        tans._loop.row_classes(e, n, C, shift, mean, np.ascontiguousarray(edges, dtype=np.float64), E, cls8, cA8)
+    else:
+        cls8 = np.searchsorted(edges, mean, side="right")
+        cA8 = np.bincount(cls8[r] * E + e, minlength=8 * E).reshape(8, E)
     for K, shift in ((2, 2), (4, 1), (8, 0)):
         cls = cls8 >> shift
         cA = cA8.reshape(K, 8 // K, E).sum(axis=1)
@@ -422,6 +476,15 @@ def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
         if best is None or cost < best[0]:
             best = (cost, K, cls, cA)
     return best
+
+
+def _row_contexts(cls: np.ndarray, n: int, C: int, shift: int) -> np.ndarray:
+    """The row class of each element: cls[(i + shift) // C]."""
+    if tans._loop is None:
+        return cls[(np.arange(n) + shift) // C]
+    out = np.empty(n, dtype=np.int64)
+    tans._loop.row_contexts(np.ascontiguousarray(cls, dtype=np.int64), n, C, shift, out)
+    return out
 
 
 def _table_budget(n: int) -> int:
@@ -449,6 +512,10 @@ def _cost(cA: np.ndarray) -> float:
 
 def _raw_planes(u: np.ndarray, raw_bits: int) -> list[np.ndarray]:
     """Low ``raw_bits`` bits of each element as planes, lowest first: whole bytes, then a nibble."""
+    if tans._loop is not None and raw_bits:
+        out = np.empty((raw_bits // 8 + (1 if raw_bits % 8 else 0), len(u)), dtype=np.uint8)
+        tans._loop.float_planes(np.ascontiguousarray(u, dtype=np.uint64), len(u), raw_bits, out)
+        return list(out)
     planes = [((u >> np.uint64(8 * j)) & np.uint64(255)).astype(np.uint8) for j in range(raw_bits // 8)]
     if raw_bits % 8:
         planes.append(((u >> np.uint64(8 * (raw_bits // 8))) & np.uint64(15)).astype(np.uint8))

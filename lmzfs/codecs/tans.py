@@ -232,6 +232,17 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     L, S, R = tab.L, tab.S, tab.R
     ks, thr, start, fr, enc = tab._encode_tables()
     sym = np.asarray(sym, dtype=np.int64)
+    if _loop is not None:
+        si_all = np.empty(n, dtype=np.int64)
+        if not _loop.encode_rows(np.ascontiguousarray(sym), n,
+                                 None if ctx is None else np.ascontiguousarray(ctx, dtype=np.int64),
+                                 None if dyn is None else np.ascontiguousarray(dyn[0], dtype=np.int64),
+                                 0 if dyn is None else int(dyn[1]), T, S, fr, si_all):
+            raise ValueError("tans: a symbol has zero frequency in its table")
+        x = np.full(Wp, L, dtype=np.int64)
+        if bits_back is not None:
+            x += bits_back
+        return _loop.encode(si_all, n, T, Wp, interleaved, ks, thr, np.ascontiguousarray(start - fr), enc, x, R)
     if dyn is not None:
         ctx = np.empty(n, dtype=np.int64)
         ctx[1:] = dyn[0][sym[:-1]]
@@ -243,9 +254,6 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     x = np.full(Wp, L, dtype=np.int64)
     if bits_back is not None:
         x += bits_back
-    if _loop is not None:
-        return _loop.encode(np.ascontiguousarray(si_all, dtype=np.int64), n, T, Wp, interleaved, ks, thr,
-                            np.ascontiguousarray(sf), enc, x, R)
     grid = _grid(si_all, n, T, Wp, interleaved)
     vals = np.empty((T, Wp), dtype=np.int64)
     nbs = np.zeros((T, Wp), dtype=np.int64)
