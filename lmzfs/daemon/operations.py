@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
+from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, fuse_errors
 from lmzfs.daemon.tree import DirectoryTree, Node, Removal
 from lmzfs.hostresources import usable_cpus
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreError
@@ -26,7 +27,6 @@ from lmzfs.reader.api import CorruptChunk, FileEntry, StoreError
 log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 4096                 # statfs block size
-IO_BLOCK_SIZE = 128 << 10         # st_blksize: tells cp and stdio to read in large pieces
 DIR_TIMEOUT = 1.0                 # short, so models added or removed show up within a second
 FILE_TIMEOUT = 60.0               # a file inode's attributes never change (see tree.py)
 FILE_ENTRY_TIMEOUT = 10.0         # removals are also pushed to the kernel by invalidation
@@ -41,26 +41,8 @@ XATTR_CODEC = b"user.lmz.codec"
 XATTRS = (XATTR_SHA256, XATTR_STORED_BYTES, XATTR_CODEC)
 
 
-def _fuse_errors(handler):
-    """Turn every failure into a FUSE error reply: pyfuse3 lets any other exception escape its
-    main loop, and one bad request must not take the whole mount down."""
-    @functools.wraps(handler)
-    async def wrapper(*args, **kwargs):
-        try:
-            return await handler(*args, **kwargs)
-        except pyfuse3.FUSEError:
-            raise
-        except OSError as exc:
-            if not isinstance(exc, CorruptChunk):
-                log.warning("%s failed: %s", handler.__name__, exc)
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-        except StoreError as exc:       # a damaged catalog: said in one line, EIO for this request
-            log.error("%s failed: %s", handler.__name__, exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except Exception:
-            log.exception("%s failed", handler.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-    return wrapper
+# A chunk that fails its check has been logged by the reader, naming the chunk and the file.
+_fuse_errors = fuse_errors(logs=lambda exc: not isinstance(exc, CorruptChunk))
 
 
 def _read_only(handler):
@@ -99,7 +81,7 @@ class _OpenDir:
     entries: list[tuple[bytes, Node]]    # snapshot, so offsets stay valid across refreshes
 
 
-class LmzOperations(pyfuse3.Operations):
+class LmzOperations(MountLifecycle, pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False
@@ -114,33 +96,14 @@ class LmzOperations(pyfuse3.Operations):
         self._dirs: dict[int, _OpenDir] = {}
         self._next_fh = 1
         self._totals = None                 # (generation, StoreTotals)
-        self._mounted = False               # kernel notifications only make sense when mounted
         self._counters = {"reads_inline": 0, "reads_threaded": 0}
         self._recent_reads: dict[int, float] = {}   # fh -> monotonic time of its latest read, if recent
-        self._opens_held: trio.Event | None = None
         self._refresh_failure: str | None = None     # the latest refresh's error, logged once
         self._refresh()
 
     @property
     def tree(self) -> DirectoryTree:
         return self._tree
-
-    def init(self) -> None:
-        self._mounted = True
-
-    @property
-    def mounted(self) -> bool:
-        """True once the kernel's INIT request has been answered (pyfuse3 calls init() then)."""
-        return self._mounted
-
-    def hold_opens_until(self, event: trio.Event) -> None:
-        """Answer no open() before *event* is set.
-
-        The kernel gives a file the mount's read-ahead window as it is when the open is answered,
-        and keeps it while the file stays open; the mountpoint appears before the daemon has
-        widened that window (mount.py's _when_initialised), so a reader that opens at once would
-        otherwise read in 128 KiB requests, and mmap faults fetch as little, until it reopens."""
-        self._opens_held = event
 
     # -- keeping the tree current ---------------------------------------------------------------
 
@@ -267,8 +230,7 @@ class LmzOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def open(self, inode, flags, ctx=None):
-        if self._opens_held is not None and not self._opens_held.is_set():
-            await self._opens_held.wait()
+        await self.opens_allowed()
         if flags & WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self._node(inode)

@@ -20,6 +20,7 @@ import stat
 import pyfuse3
 import trio
 
+from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, fuse_errors
 from lmzfs.fsmodel.filesystem import Attributes, Filesystem
 from lmzfs.hostresources import usable_cpus
 from lmzfs.store.layout import StoreError
@@ -28,29 +29,13 @@ log = logging.getLogger(__name__)
 
 ENTRY_TIMEOUT = 1.0             # short: `lmz add` and `lmz rm` change the tree from outside
 ATTR_TIMEOUT = 1.0
-IO_BLOCK_SIZE = 128 << 10
 IDLE_COMMIT_SECONDS = 5.0       # a file written to and then left alone this long is committed
 TICK_SECONDS = 1.0
 CATALOG_COPY_TICKS = 5          # the catalog's copy (for `lmz verify --repair`) follows within this many ticks
 
 
-def _fuse_errors(handler):
-    """Every failure becomes an error reply; an OSError keeps its errno."""
-    @functools.wraps(handler)
-    async def wrapper(*args, **kwargs):
-        try:
-            return await handler(*args, **kwargs)
-        except pyfuse3.FUSEError:
-            raise
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-        except StoreError as exc:
-            log.error("%s failed: %s", handler.__name__, exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except Exception:
-            log.exception("%s failed", handler.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-    return wrapper
+# What a writer does wrong (ENOENT, EEXIST, ENOTEMPTY ...) is the writer's to hear, not the log's.
+_fuse_errors = fuse_errors(logs=lambda exc: False)
 
 
 def _name(raw: bytes) -> str:
@@ -60,7 +45,7 @@ def _name(raw: bytes) -> str:
         raise pyfuse3.FUSEError(errno.EILSEQ) from None
 
 
-class WritableOperations(pyfuse3.Operations):
+class WritableOperations(MountLifecycle, pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False
@@ -69,8 +54,6 @@ class WritableOperations(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self._limiter = trio.CapacityLimiter(workers or usable_cpus())
-        self._mounted = False
-        self._opens_held: trio.Event | None = None
         self._dirs: dict[int, list[tuple[bytes, Attributes]]] = {}
         self._next_dir_fh = 1
 
@@ -78,16 +61,6 @@ class WritableOperations(pyfuse3.Operations):
     @property
     def tree(self) -> Filesystem:
         return self.fs          # what the mount's log line counts
-
-    def init(self) -> None:
-        self._mounted = True
-
-    @property
-    def mounted(self) -> bool:
-        return self._mounted
-
-    def hold_opens_until(self, event: trio.Event) -> None:
-        self._opens_held = event
 
     async def refresh_periodically(self, interval: float = TICK_SECONDS) -> None:
         """Follow other processes' changes, and commit files left idle."""
@@ -217,19 +190,15 @@ class WritableOperations(pyfuse3.Operations):
         pass                                        # every namespace change is durable when it returns
 
     # -- files -----------------------------------------------------------------------------------
-    async def _opens_allowed(self) -> None:
-        if self._opens_held is not None and not self._opens_held.is_set():
-            await self._opens_held.wait()
-
     @_fuse_errors
     async def open(self, inode, flags, ctx):
-        await self._opens_allowed()
+        await self.opens_allowed()
         fh = await self._thread(self.fs.open, inode, flags)
         return pyfuse3.FileInfo(fh=fh, keep_cache=False)
 
     @_fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
-        await self._opens_allowed()
+        await self.opens_allowed()
         if not stat.S_ISREG(mode) and stat.S_IFMT(mode):
             raise pyfuse3.FUSEError(errno.EPERM)
         fh, attrs = await self._thread(self.fs.create, parent_inode, _name(name), mode, ctx.uid, ctx.gid, flags)

@@ -1,0 +1,74 @@
+"""What both mounts' request handlers share: turning failures into error replies, and the
+lifecycle mount.py's loop asks of any operations object (init, mounted, opens held until the
+mount is tuned)."""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+from typing import Callable
+
+import pyfuse3
+import trio
+
+from lmzfs.reader.api import StoreError
+
+log = logging.getLogger(__name__)
+
+IO_BLOCK_SIZE = 128 << 10         # st_blksize: tells cp and stdio to read in large pieces
+
+
+def fuse_errors(*, logs: Callable[[OSError], bool]):
+    """A decorator that turns every failure of a handler into a FUSE error reply: pyfuse3 lets any
+    other exception escape its main loop, and one bad request must not take the whole mount down.
+    An OSError keeps its errno (logged as a warning where `logs(exc)`); a StoreError (a damaged
+    catalog) is said in one line and answered EIO; anything else is logged with its traceback."""
+    def decorate(handler):
+        @functools.wraps(handler)
+        async def wrapper(*args, **kwargs):
+            try:
+                return await handler(*args, **kwargs)
+            except pyfuse3.FUSEError:
+                raise
+            except OSError as exc:
+                if logs(exc):
+                    log.warning("%s failed: %s", handler.__name__, exc)
+                raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+            except StoreError as exc:
+                log.error("%s failed: %s", handler.__name__, exc)
+                raise pyfuse3.FUSEError(errno.EIO) from None
+            except Exception:
+                log.exception("%s failed", handler.__name__)
+                raise pyfuse3.FUSEError(errno.EIO) from None
+        return wrapper
+    return decorate
+
+
+class MountLifecycle:
+    """The part of an operations object that mount.py's loop drives."""
+
+    def __init__(self) -> None:
+        self._mounted = False               # kernel notifications only make sense when mounted
+        self._opens_held: trio.Event | None = None
+
+    def init(self) -> None:
+        self._mounted = True
+
+    @property
+    def mounted(self) -> bool:
+        """True once the kernel's INIT request has been answered (pyfuse3 calls init() then)."""
+        return self._mounted
+
+    def hold_opens_until(self, event: trio.Event) -> None:
+        """Answer no open() before *event* is set.
+
+        The kernel gives a file the mount's read-ahead window as it is when the open is answered,
+        and keeps it while the file stays open; the mountpoint appears before the daemon has
+        widened that window (mount.py's _when_initialised), so a reader that opens at once would
+        otherwise read in 128 KiB requests, and mmap faults fetch as little, until it reopens."""
+        self._opens_held = event
+
+    async def opens_allowed(self) -> None:
+        """Wait, in open(), until opens are no longer held."""
+        if self._opens_held is not None and not self._opens_held.is_set():
+            await self._opens_held.wait()
