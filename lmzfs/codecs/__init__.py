@@ -18,7 +18,7 @@ import numpy as np
 from .base import VARINT_MAX_BYTES, Buffer, ChunkHint, Codec, CodecError, DeltaCodec, get_varint, put_varint
 from .blockdelta import BlockDeltaCodec
 from .bytegroup import ELEMENT_SIZES, BytegroupCodec
-from .entropy import EntropyCodec
+from .entropy import EntropyCodec, order0_bytes
 from .floatseg import SEGMENT_LOG, FloatSegCodec
 from .floatsplit import FORMAT_OF, FloatSplitCodec
 from .ggufblocks import TYPE_OF, GgufBlocksCodec
@@ -125,9 +125,7 @@ def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: boo
 
 def _order0_bytes(mv: memoryview) -> float:
     """The order-0 entropy of the bytes, in bytes: about what the entropy codec can reach."""
-    c = np.bincount(np.frombuffer(mv, dtype=np.uint8), minlength=256)
-    c = c[c > 0].astype(np.float64)
-    return float(-(c * np.log2(c / c.sum())).sum()) / 8
+    return order0_bytes(np.frombuffer(mv, dtype=np.uint8), 256)
 
 
 def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL,
