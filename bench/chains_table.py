@@ -9,8 +9,9 @@ of an earlier file of the same archive only). Reads: the newest and the oldest m
 whole through a fresh mount of the chain's store (store files in the page cache), beside the same
 file read through a fresh mount of a store that holds it alone.
 
-Chains: the quire release pair (int8, from the corpus) and the BF16 and FP32 training chains that
-bench/trainchain.py trains and caches.
+Chains: the quire release pair (int8, from the corpus), the BF16 and FP32 training chains that
+bench/trainchain.py trains and caches, and the base / fine-tune pairs of bench/finetune.py (the
+corpus's real all-MiniLM-L6-v2 and a fine-tune of it, FP32 and both rounded to BF16).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from common import (LMZIP_CLI, ToolError, describe, du_bytes, link_dir, log, mou
 
 HERE = Path(__file__).resolve().parent
 CHAIN_CACHE = Path.home() / ".cache" / "lmzfs" / "chains"
+FINETUNE_CACHE = Path.home() / ".cache" / "lmzfs" / "finetune"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,16 @@ def training_chains(cache: Path = CHAIN_CACHE) -> list[Chain]:
             out.append(Chain(f"train {kind}", [(p.name, p / filename) for p in steps],
                              f"checkpoints of one training run (bench/trainchain.py), {kind.upper()}"))
     return out
+
+
+def finetune_chains(minilm: Path, cache: Path = FINETUNE_CACHE) -> list[Chain]:
+    """The base / fine-tune pairs of bench/finetune.py, fine-tuned (and cached) if not there yet."""
+    run([sys.executable, str(HERE / "finetune.py"), "--base", str(minilm), "--out", str(cache)], timeout=3600)
+    note = "a real base model and a fine-tune of it (bench/finetune.py)"
+    return [Chain("minilm fine-tune fp32", [("base", minilm), ("tuned", cache / "fp32" / "model.safetensors")],
+                  f"{note}, FP32"),
+            Chain("minilm fine-tune bf16", [("base", cache / "bf16" / "base.safetensors"),
+                                            ("tuned", cache / "bf16" / "model.safetensors")], f"{note}, both rounded to BF16")]
 
 
 def quire_chain(paths: dict[str, Path]) -> Chain:

@@ -12,8 +12,8 @@
    plain file.
 4. Codec speed per core (bench/codec_speed.py, in the project's venv): encode, decode and
    decode + SHA-256 CPU time of the chunks `lmz add` makes, compiled and numpy tANS loops.
-5. Checkpoint chains (bench/chains_table.py): the quire releases and the training chains of
-   bench/trainchain.py added member by member, beside lmzip's archive of all members; reads of the
+5. Checkpoint chains (bench/chains_table.py): the quire releases, the training chains of
+   bench/trainchain.py and the base / fine-tune pairs of bench/finetune.py added member by member, beside lmzip's archive of all members; reads of the
    newest and oldest member through the mount beside a standalone copy.
 6. Writable mount (bench/writable_table.py): `cp` of minilm and astra into `lmz mount --writable`
    beside `lmz add` of them (stored bytes, seconds), a 4 KiB write into the middle of astra, and a
@@ -221,7 +221,7 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
     for w in wanted:
         need.update(CHAIN if w == "chain" else [w])
     if not args.skip_chains:
-        need.update(CHAIN)
+        need.update([*CHAIN, "minilm"])
     if not args.skip_mount:
         need.update(["astra", "smollm2"])
     if not args.skip_writable:
@@ -257,6 +257,8 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
             need_quire = all(n in paths for n in CHAIN)
             try:
                 chains = ([chains_table.quire_chain(paths)] if need_quire else []) + chains_table.training_chains()
+                if "minilm" in paths:
+                    chains += chains_table.finetune_chains(paths["minilm"])
                 res["chains"] = chains_table.measure(chains, args.runs, Path(tmp) / "chains")
             except Exception as exc:
                 res["chains"] = {"error": describe(exc)}
