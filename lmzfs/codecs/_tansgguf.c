@@ -1,5 +1,6 @@
-/* ggufblocks' helpers, compiled: the Q4_1 quant contexts (each block's zero point), and the
- * quant bytes rebuilt from their decoded 4-bit symbols, straight into the blocks' quant field.
+/* ggufblocks' helpers, compiled: the Q4_1 quant contexts (each block's zero point), the
+ * quant bytes rebuilt from their decoded 4-bit symbols, straight into the blocks' quant field,
+ * and every other decoded field stream copied into its place in the blocks.
  * The numpy paths in ggufblocks.py compute the same and stay the fallback; the tests run both.
  *
  * Why C: in numpy the merge took a shift, an OR and a strided store over the chunk, about a
