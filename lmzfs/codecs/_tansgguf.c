@@ -1,5 +1,6 @@
-/* ggufblocks' helpers, compiled: the Q4_1 quant contexts (each block's zero point), and the
- * quant bytes rebuilt from their decoded 4-bit symbols, straight into the blocks' quant field.
+/* ggufblocks' helpers, compiled: the Q4_1 quant contexts (each block's zero point), the
+ * quant bytes rebuilt from their decoded 4-bit symbols, straight into the blocks' quant field,
+ * and every other decoded field stream copied into its place in the blocks.
  * The numpy paths in ggufblocks.py compute the same and stay the fallback; the tests run both.
  *
  * Why C: in numpy the merge took a shift, an OR and a strided store over the chunk, about a
@@ -16,6 +17,13 @@
  *         nibble first
  *   out:  writable, at least nblk * bsize bytes: byte foff + i of block b becomes
  *         nib[2k] | nib[2k + 1] << 4 (k = b * fsize + i), as a byte
+ *
+ * scatter_field(src, out, nblk, bsize, foff, fsize) -> None
+ *   src:  fsize * nblk bytes, one decoded field stream (block after block)
+ *   out:  writable, at least nblk * bsize bytes: bytes foff .. foff + fsize - 1 of block b
+ *         become src[b * fsize .. b * fsize + fsize - 1]
+ *   Why C: numpy's strided assignment of a narrow field (an fp16 byte, a 12-byte scale field)
+ *   steps through a generic loop per block; here each block is one fixed-size copy.
  */
 #include "_tansloop.h"
 #include <math.h>
@@ -109,6 +117,47 @@ PyObject *tans_merge_nibbles(PyObject *self, PyObject *args)
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&nib);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* dst[b * bsize] .. += w bytes from src[b * w], for every block; w a constant where inlined */
+static inline __attribute__((always_inline)) void scatter_blocks(uint8_t *restrict o, const uint8_t *restrict p,
+                                                                 Py_ssize_t nblk, Py_ssize_t bsize, Py_ssize_t w)
+{
+    for (Py_ssize_t b = 0; b < nblk; b++)
+        memcpy(o + b * bsize, p + b * w, (size_t)w);
+}
+
+PyObject *tans_scatter_field(PyObject *self, PyObject *args)
+{
+    Py_buffer src = {0}, out = {0};
+    Py_ssize_t nblk, bsize, foff, fsize;
+    if (!PyArg_ParseTuple(args, "y*w*nnnn", &src, &out, &nblk, &bsize, &foff, &fsize))
+        return NULL;
+    PyObject *result = NULL;
+    if (nblk < 0 || fsize < 1 || foff < 0 || bsize < foff + fsize || src.len != fsize * nblk ||
+        out.len < nblk * bsize) {
+        PyErr_SetString(PyExc_ValueError, "scatter_field: bad arguments");
+        goto done;
+    }
+    const uint8_t *restrict p = src.buf;
+    uint8_t *restrict o = (uint8_t *)out.buf + foff;
+    Py_BEGIN_ALLOW_THREADS
+    switch (fsize) {            /* the widths of ggml's block fields, each copy of a constant size */
+    case 1: scatter_blocks(o, p, nblk, bsize, 1); break;
+    case 4: scatter_blocks(o, p, nblk, bsize, 4); break;
+    case 12: scatter_blocks(o, p, nblk, bsize, 12); break;
+    case 16: scatter_blocks(o, p, nblk, bsize, 16); break;
+    case 32: scatter_blocks(o, p, nblk, bsize, 32); break;
+    case 64: scatter_blocks(o, p, nblk, bsize, 64); break;
+    case 128: scatter_blocks(o, p, nblk, bsize, 128); break;
+    default: scatter_blocks(o, p, nblk, bsize, fsize); break;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     return result;
 }

@@ -393,6 +393,7 @@ static PyMethodDef methods[] = {
     {"or_plane", tans_or_plane, METH_VARARGS, "floatsplit's plane merge; see the comment above it in _tansfloat.c."},
     {"merge_nibbles", tans_merge_nibbles, METH_VARARGS, "ggufblocks' Q4_1 quant merge; see _tansgguf.c."},
     {"q4_1_contexts", tans_q4_1_contexts, METH_VARARGS, "ggufblocks' Q4_1 quant contexts; see _tansgguf.c."},
+    {"scatter_field", tans_scatter_field, METH_VARARGS, "ggufblocks' field stream into its blocks; see _tansgguf.c."},
     {"tail_contexts", tans_tail_contexts, METH_VARARGS, "symbol sections' tail contexts; see _tanstails.c."},
     {"tail_symbols", tans_tail_symbols, METH_VARARGS, "symbol sections' tail symbols; see _tanstails.c."},
     {"vector_isa", tans_vector_isa, METH_VARARGS, "vector_isa([name]) -> the vector loop in use; see _tansvec.c."},

@@ -80,6 +80,7 @@ PyObject *tans_or_plane(PyObject *self, PyObject *args);
 PyObject *tans_float_tables(PyObject *self, PyObject *args);
 PyObject *tans_merge_nibbles(PyObject *self, PyObject *args);
 PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args);
+PyObject *tans_scatter_field(PyObject *self, PyObject *args);
 PyObject *tans_tail_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_symbols(PyObject *self, PyObject *args);
 PyObject *tans_encode(PyObject *self, PyObject *args);

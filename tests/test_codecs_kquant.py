@@ -1,0 +1,111 @@
+"""ggufblocks (codec 5) on K-quant and other block layouts: the compiled field placement agrees
+with the numpy one, real K-quant chunks round-trip, and decode_buffer matches decode."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lmzfs.chunker import plan_chunks
+from lmzfs.codecs import ChunkHint, CodecError, decode_chunk, encode_with, parse_payload, tans
+from lmzfs.codecs.ggufblocks import LAYOUTS, GgufBlocksCodec
+from lmzfs.formats import parse_file
+from lmzfs.testing.corpus import fetch
+
+KQUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+ALL_TYPES = tuple(name for name, _, _ in LAYOUTS.values())
+BSIZE = {name: bsize for name, bsize, _ in LAYOUTS.values()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _both_tans_paths(tans_loop):
+    """Every test here runs through the compiled loop (vector and scalar steps) and through numpy."""
+    return tans_loop
+
+
+@pytest.fixture(scope="module")
+def kquant_gguf():
+    """smollm2 requantised to Q4_K_M by llama.cpp (lmzfs/testing/corpus.py, smollm2-q4km)."""
+    return fetch("smollm2-q4km")
+
+
+def _numpy_decode(payload: bytes, size: int) -> bytes:
+    saved, tans._loop = tans._loop, None
+    try:
+        return decode_chunk(payload, size)
+    finally:
+        tans._loop = saved
+
+
+def _blocks(kind: str, dtype: str, nblk: int, tail: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    n = nblk * BSIZE[dtype] + tail
+    if kind == "constant":
+        return bytes([seed & 255]) * n
+    if kind == "random":
+        return rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+    # skewed: every byte from a narrow Laplace (scales and quants that entropy coding shrinks)
+    return np.clip(np.rint(rng.laplace(120, 3, n)), 0, 255).astype(np.uint8).tobytes()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dtype=st.sampled_from(ALL_TYPES), kind=st.sampled_from(["constant", "random", "skewed"]),
+       nblk=st.sampled_from([0, 1, 3, 17, 130]), tail=st.integers(0, 40), seed=st.integers(0, 2**16))
+def test_ggufblocks_payloads_decode_to_their_bytes_on_every_path(dtype, kind, nblk, tail, seed):
+    tail %= BSIZE[dtype]
+    data = _blocks(kind, dtype, nblk, tail, seed)
+    payload = encode_with("ggufblocks", data, ChunkHint(dtype, 0, BSIZE[dtype]))
+    assert decode_chunk(payload, len(data)) == data
+    assert _numpy_decode(payload, len(data)) == data
+
+
+@pytest.mark.parametrize("dtype", KQUANTS)
+def test_decode_buffer_holds_the_same_bytes_as_decode(dtype):
+    data = _blocks("skewed", dtype, 40, 5, 7)
+    h = parse_payload(encode_with("ggufblocks", data, ChunkHint(dtype, 0, BSIZE[dtype])))
+    codec = GgufBlocksCodec()
+    buf = codec.decode_buffer(h.params, h.body, len(data))
+    assert bytes(buf) == codec.decode(h.params, h.body, len(data)) == data
+
+
+@pytest.mark.parametrize("dtype", KQUANTS)
+def test_a_flipped_body_byte_of_a_kquant_payload_is_a_checksum_error(dtype):
+    data = _blocks("random", dtype, 20, 0, 3)
+    h = parse_payload(encode_with("ggufblocks", data, ChunkHint(dtype, 0, BSIZE[dtype])))
+    body = bytearray(h.body)
+    body[-1] ^= 1                           # the last quant byte, stored: only the CRC notices
+    with pytest.raises(CodecError, match="ggufblocks: checksum mismatch"):
+        GgufBlocksCodec().decode(h.params, bytes(body), len(data))
+
+
+def test_scatter_field_places_each_blocks_bytes_and_refuses_bad_arguments():
+    loop = pytest.importorskip("lmzfs.codecs._tansloop")
+    out = bytearray(b"." * 30)               # 3 blocks of 10, field at bytes 2..5
+    assert loop.scatter_field(b"abcdefghijkl", out, 3, 10, 2, 4) is None
+    assert bytes(out) == b"..abcd......efgh......ijkl...."
+    with pytest.raises(ValueError, match="scatter_field: bad arguments"):
+        loop.scatter_field(b"abcdefghijk", out, 3, 10, 2, 4)           # a byte short
+    with pytest.raises(ValueError, match="scatter_field: bad arguments"):
+        loop.scatter_field(b"abcdefghijkl", bytearray(29), 3, 10, 2, 4)  # blocks past the output
+    with pytest.raises(ValueError, match="scatter_field: bad arguments"):
+        loop.scatter_field(b"abcdefghijkl", out, 3, 10, 7, 4)          # a field past its block
+
+
+def test_real_q4_k_and_q6_k_chunks_round_trip_on_every_path(kquant_gguf):
+    plans = [p for p in plan_chunks(parse_file(kquant_gguf)) if p.hint.dtype in ("Q4_K", "Q6_K")]
+    picked = {}
+    for p in plans:                                 # the first two chunks of each K-quant type
+        picked.setdefault(p.hint.dtype, [])
+        if len(picked[p.hint.dtype]) < 2:
+            picked[p.hint.dtype].append(p)
+    assert set(picked) == {"Q4_K", "Q6_K"}
+    with open(kquant_gguf, "rb") as f:
+        for p in (p for ps in picked.values() for p in ps):
+            f.seek(p.offset)
+            data = f.read(p.length)
+            assert len(data) == p.length and len(data) % BSIZE[p.hint.dtype] == 0
+            payload = encode_with("ggufblocks", data, p.hint)
+            assert len(payload) < len(data)
+            assert decode_chunk(payload, len(data)) == data
+            assert _numpy_decode(payload, len(data)) == data
