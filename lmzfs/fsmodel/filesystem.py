@@ -509,30 +509,44 @@ class Filesystem:
         if where is not None:
             put_entry(db, model_id(db, where[0]), where[1], directory.meta())
 
+    def _free_name_in(self, parent: int, name: str) -> Node:
+        """The directory `parent`, where a new entry `name` is to be made (EEXIST if one is there).
+        Called inside _changing(), under the namespace lock."""
+        directory = self._dir(parent)
+        if name in directory.children:
+            raise _error(errno.EEXIST)
+        return directory
+
+    def _store_new_entry(self, directory: Node, where: tuple[str, str], name: str, meta: EntryMeta) -> None:
+        """One transaction: the entry `name` in `directory` (at `where`), and the directory's new times."""
+        with self.catalog.transaction() as db:
+            put_entry(db, model_id(db, where[0]), self._join(where[1], name), meta)
+            self._touch_dir(directory, meta.mtime_ns)
+            self._store_dir_meta(db, directory)
+
+    def _attach_new(self, directory: Node, kind: str, name: str, meta: EntryMeta, **kw) -> Attributes:
+        """The new entry, stored, joins the tree (known to the kernel: one lookup)."""
+        with self._lock:
+            node = self._new_node(kind, name, directory, meta, **kw)
+            directory.children[name] = node
+            self._touch_dir(directory, meta.mtime_ns)
+            node.lookups += 1
+            return self.attributes(node)
+
     def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Attributes:
         self._check_name(name)
         with self._changing():
             with self._lock:
-                directory = self._dir(parent)
-                if name in directory.children:
-                    raise _error(errno.EEXIST)
+                directory = self._free_name_in(parent, name)
                 where = self._where(directory)
             now = time.time_ns()
             meta = EntryMeta("dir", stat.S_IMODE(mode), uid, gid, now, now, now)
-            if where is None:
-                model = "/".join(self._path_parts(directory) + [name])
-                self._create_model(model, meta)
-            else:
-                with self.catalog.transaction() as db:
-                    put_entry(db, model_id(db, where[0]), self._join(where[1], name), meta)
-                    self._touch_dir(directory, now)
-                    self._store_dir_meta(db, directory)
-            with self._lock:
-                node = self._new_node("dir", name, directory, meta, model=model if where is None else None)
-                directory.children[name] = node
-                self._touch_dir(directory, now)
-                node.lookups += 1
-                return self.attributes(node)
+            if where is not None:
+                self._store_new_entry(directory, where, name, meta)
+                return self._attach_new(directory, "dir", name, meta)
+            model = "/".join(self._path_parts(directory) + [name])
+            self._create_model(model, meta)
+            return self._attach_new(directory, "dir", name, meta, model=model)
 
     def _create_model(self, model: str, meta: EntryMeta) -> None:
         try:
@@ -581,21 +595,12 @@ class Filesystem:
         self._check_name(name)
         with self._changing():
             with self._lock:
-                directory = self._dir(parent)
-                if name in directory.children:
-                    raise _error(errno.EEXIST)
-                model, path = self._in_model(directory)
+                directory = self._free_name_in(parent, name)
+                where = self._in_model(directory)
             now = time.time_ns()
             meta = EntryMeta("symlink", 0o777, uid, gid, now, now, now, bytes(target))
-            with self.catalog.transaction() as db:
-                put_entry(db, model_id(db, model), self._join(path, name), meta)
-                self._touch_dir(directory, now)
-                self._store_dir_meta(db, directory)
-            with self._lock:
-                node = self._new_node("symlink", name, directory, meta)
-                directory.children[name] = node
-                node.lookups += 1
-                return self.attributes(node)
+            self._store_new_entry(directory, where, name, meta)
+            return self._attach_new(directory, "symlink", name, meta)
 
     # -- removing and renaming -------------------------------------------------------------------
     def unlink(self, parent: int, name: str) -> None:
