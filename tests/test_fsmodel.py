@@ -460,6 +460,31 @@ def test_an_unsynced_record_from_another_boot_is_set_aside_and_a_durable_one_rep
     assert "2 later journal entries are dropped" in caplog.text
 
 
+@pytest.mark.parametrize("what", ["record", "journal"])
+def test_a_record_or_journal_of_an_unknown_version_is_refused_and_kept(store_dir, what):
+    import json
+    import struct
+    import zlib
+    kill_writer(_THREE_WRITES.replace("sys.argv[2]", "'no'"), store_dir)
+    if what == "record":
+        path = spool_file(store_dir, ".json")
+        raw = json.loads(path.read_bytes())
+        raw["version"] = 3
+        path.write_text(json.dumps(raw))
+    else:
+        path = spool_file(store_dir, ".log")
+        data = bytearray(path.read_bytes())
+        data[4:8] = struct.pack("<I", 2)
+        data[28:32] = struct.pack("<I", zlib.crc32(bytes(data[:28])))
+        path.write_bytes(bytes(data))
+    kept = path.read_bytes()
+    with pytest.raises(StoreError, match="version . is not supported"):
+        open_fs(store_dir)
+    assert path.read_bytes() == kept
+    with pytest.raises(StoreError, match="version . is not supported"):
+        open_fs(store_dir)          # refused again, not "already mounted": the first try let go
+
+
 def test_the_catalog_copy_follows_on_write_catalog_copy_and_at_close_not_at_every_commit(fs, p, store_dir):
     from lmzfs.store.catalogcopies import list_copies
     catalog_path = StorePaths(store_dir).catalog

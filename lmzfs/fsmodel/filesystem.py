@@ -176,7 +176,11 @@ class Filesystem:
         with self._store_lock:
             self._seen_version = self.catalog.data_version()
             self._reload()
-        self.replayed = self._replay()
+        try:
+            self.replayed = self._replay()
+        except BaseException:
+            self.close()            # what was replayed stays committed; the rest stays in the spool
+            raise
 
     # -- loading and following the catalog -------------------------------------------------------
     def _new_node(self, kind: str, name: str, parent: Node, meta: EntryMeta | None = None, **kw) -> Node:
