@@ -124,6 +124,13 @@ class Handle:
 
 
 @dataclass(frozen=True)
+class ReplayedState:
+    """A spooled file as a mount replays it, and how many journal entries that includes."""
+    state: FileState
+    journal_entries: int
+
+
+@dataclass(frozen=True)
 class StatFs:
     block_size: int
     blocks: int
@@ -1056,14 +1063,14 @@ class Filesystem:
             replayed = self._replayed_state(record)
             if replayed is None:
                 continue
-            state, journal_entries = replayed
             try:
                 node = self._node_for_record(record)
             except StoreError as exc:
                 log.error("%s", exc)
                 continue
-            spool_file = self.spool.reopen(record, journal_entries)
+            spool_file = self.spool.reopen(record, replayed.journal_entries)
             base = self._base_reader(node) if node.file_id is not None else None
+            state = replayed.state
             node.data = self._new_data(node, base, state.size, spool_file=spool_file,
                                        base_len=state.base_len if base is not None else 0, ranges=state.ranges)
             self._apply_meta(node, record.meta)
@@ -1085,7 +1092,7 @@ class Filesystem:
                     forget_spool_commits(db, gone)
         return done
 
-    def _replayed_state(self, record: SpoolRecord) -> tuple[FileState, int] | None:
+    def _replayed_state(self, record: SpoolRecord) -> ReplayedState | None:
         """What a record and its journal say the file is, and how many journal entries that
         includes; None if nothing of it can be trusted (the record is set aside)."""
         journal = self.spool.read_journal(record)
@@ -1096,7 +1103,7 @@ class Filesystem:
             if journal.damage is not None:
                 log.warning("%s: replaying %d journal entries; the rest cannot be trusted (%s)",
                             where, len(journal.entries), journal.damage)
-            return recorded.after(journal.entries), journal.total
+            return ReplayedState(recorded.after(journal.entries), journal.total)
         if not record.durable:
             aside = self.spool.set_aside(record.spool_id)
             log.error("%s: written without fsync before the machine restarted, so its bytes may not be on "
@@ -1105,7 +1112,7 @@ class Filesystem:
         if journal.entries or journal.damage is not None:
             log.warning("%s: replaying it as of its last fsync; %d later journal entries are dropped (written "
                         "without fsync before the machine restarted)", where, len(journal.entries))
-        return recorded, record.journal_entries
+        return ReplayedState(recorded, record.journal_entries)
 
     def _node_for_record(self, record: SpoolRecord) -> Node:
         with self._lock:
