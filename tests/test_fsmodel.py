@@ -323,6 +323,168 @@ def test_fsynced_writes_survive_a_kill_and_are_committed_at_the_next_open(store_
     assert sorted(os.listdir(StorePaths(store_dir).root / "spool"))[-1] == "mount.lock"
 
 
+_UNSYNCED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    from lmzfs.fsmodel.filesystem import Filesystem
+    from lmzfs.testing.fspaths import PathDriver
+    fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
+    p = PathDriver(fs)
+    p.mkdir("m")
+    p.write_file("m/stored", bytes(range(256)) * 64)
+    p.write_file("m/shrunk", b"0123456789" * 100)
+    p.write_file("m/appended", b"head:")
+    fh = p.open("m/stored", os.O_WRONLY)
+    fs.write(fh, 1000, b"MIDDLE")                       # an overwrite in the middle of a stored file
+    fh = p.open("m/shrunk", os.O_WRONLY)
+    fs.setattr(p.stat("m/shrunk").inode, size=15, fh=fh)
+    fh = p.open("m/appended", os.O_WRONLY | os.O_APPEND)
+    fs.write(fh, 0, b"one,")
+    fs.write(fh, 0, b"two")
+    fh = p.open("m/new", os.O_CREAT | os.O_WRONLY)
+    fs.write(fh, 0, b"a new file, ")
+    fs.write(fh, 12, b"never fsync'd")
+    fh = p.open("m/moved-before", os.O_CREAT | os.O_WRONLY)
+    fs.write(fh, 0, b"written, then renamed")
+    p.rename("m/moved-before", "m/moved")
+    p.open("m/empty", os.O_CREAT | os.O_WRONLY)
+    fh = p.open("m/gone", os.O_CREAT | os.O_WRONLY)
+    fs.write(fh, 0, b"unlinked before the kill")
+    p.unlink("m/gone")
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def kill_writer(script: str, store: Path) -> None:
+    run = subprocess.run([sys.executable, "-c", script, str(store)], capture_output=True)
+    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
+
+
+def test_writes_never_fsynced_survive_a_kill_with_their_names_truncates_and_appends(store_dir):
+    kill_writer(_UNSYNCED_WRITER, store_dir)
+    fs = open_fs(store_dir)
+    try:
+        assert fs.replayed == 6
+        p = PathDriver(fs)
+        assert p.listdir("m") == ["appended", "empty", "moved", "new", "shrunk", "stored"]
+        stored = bytearray(bytes(range(256)) * 64)
+        stored[1000:1006] = b"MIDDLE"
+        assert p.read_file("m/stored") == bytes(stored)
+        assert p.read_file("m/shrunk") == b"012345678901234"
+        assert p.read_file("m/appended") == b"head:one,two"
+        assert p.read_file("m/new") == b"a new file, never fsync'd"
+        assert p.read_file("m/moved") == b"written, then renamed"
+        assert p.read_file("m/empty") == b""
+    finally:
+        fs.close()
+    assert stored_files(store_dir)["m/stored"] == hashlib.sha256(bytes(stored)).hexdigest()
+    assert verify_store(StorePaths(store_dir)).ok
+    # what the unlinked file left is kept, not replayed: its data and journal, no record
+    assert sorted(Path(n).suffix for n in os.listdir(StorePaths(store_dir).root / "spool")) == [".data", ".lock", ".log"]
+
+
+_THREE_WRITES = textwrap.dedent("""
+    import os, signal, sys
+    from lmzfs.fsmodel.filesystem import Filesystem
+    from lmzfs.testing.fspaths import PathDriver
+    fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
+    p = PathDriver(fs)
+    p.mkdir("m")
+    fh = p.open("m/f", os.O_CREAT | os.O_WRONLY)
+    fs.write(fh, 0, b"aaaa")
+    if sys.argv[2] == "fsync":
+        fs.fsync(fh)
+    fs.write(fh, 4, b"bbbb")
+    fs.write(fh, 8, b"cccc")
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def spool_file(store: Path, suffix: str) -> Path:
+    (path,) = (StorePaths(store).root / "spool").glob(f"*{suffix}")
+    return path
+
+
+def replayed_f(store: Path) -> bytes:
+    fs = open_fs(store)
+    try:
+        return PathDriver(fs).read_file("m/f")
+    finally:
+        fs.close()
+
+
+@pytest.mark.allow_log_warnings
+@pytest.mark.parametrize("damage, expected", [
+    ("none", b"aaaabbbbcccc"),
+    ("cut mid-entry", b"aaaabbbb"),            # the third entry is torn: the first two replay
+    ("flip a byte", b"aaaa"),                  # the second entry is damaged: it and what follows are dropped
+    ("cut the header", b""),
+])
+def test_a_torn_or_damaged_journal_replays_its_whole_entries_and_nothing_after(store_dir, damage, expected, caplog):
+    from lmzfs.fsmodel.journal import ENTRY_SIZE, HEADER_SIZE
+    kill_writer(_THREE_WRITES.replace("sys.argv[2]", "'no'"), store_dir)
+    log = spool_file(store_dir, ".log")
+    data = bytearray(log.read_bytes())
+    assert len(data) == HEADER_SIZE + 3 * ENTRY_SIZE
+    if damage == "cut mid-entry":
+        data = data[:HEADER_SIZE + 2 * ENTRY_SIZE + 10]
+    elif damage == "flip a byte":
+        data[HEADER_SIZE + ENTRY_SIZE + 9] ^= 0x40
+    elif damage == "cut the header":
+        data = data[:HEADER_SIZE - 1]
+    log.write_bytes(bytes(data))
+    assert replayed_f(store_dir) == expected
+    assert ("cannot be trusted" in caplog.text) == (damage != "none")
+    assert verify_store(StorePaths(store_dir)).ok
+
+
+@pytest.mark.allow_log_warnings
+def test_an_unsynced_record_from_another_boot_is_set_aside_and_a_durable_one_replays_as_of_its_fsync(
+        store_dir, tmp_path, caplog):
+    import json
+    other = tmp_path / "other"
+    for store, mode in ((store_dir, "no"), (other, "fsync")):
+        kill_writer(_THREE_WRITES.replace("sys.argv[2]", repr(mode)), store)
+        record = spool_file(store, ".json")
+        raw = json.loads(record.read_bytes())
+        raw["boot_id"] = "a-boot-before-a-power-loss"
+        record.write_text(json.dumps(raw))
+    fs = open_fs(store_dir)
+    try:
+        assert fs.replayed == 0
+        assert PathDriver(fs).listdir("m") == []
+    finally:
+        fs.close()
+    assert "not replayed, kept as" in caplog.text
+    assert spool_file(store_dir, ".json-untrusted").exists() and spool_file(store_dir, ".data").exists()
+    assert replayed_f(other) == b"aaaa"
+    assert "2 later journal entries are dropped" in caplog.text
+
+
+@pytest.mark.parametrize("what", ["record", "journal"])
+def test_a_record_or_journal_of_an_unknown_version_is_refused_and_kept(store_dir, what):
+    import json
+    import struct
+    import zlib
+    kill_writer(_THREE_WRITES.replace("sys.argv[2]", "'no'"), store_dir)
+    if what == "record":
+        path = spool_file(store_dir, ".json")
+        raw = json.loads(path.read_bytes())
+        raw["version"] = 3
+        path.write_text(json.dumps(raw))
+    else:
+        path = spool_file(store_dir, ".log")
+        data = bytearray(path.read_bytes())
+        data[4:8] = struct.pack("<I", 2)
+        data[28:32] = struct.pack("<I", zlib.crc32(bytes(data[:28])))
+        path.write_bytes(bytes(data))
+    kept = path.read_bytes()
+    with pytest.raises(StoreError, match="version . is not supported"):
+        open_fs(store_dir)
+    assert path.read_bytes() == kept
+    with pytest.raises(StoreError, match="version . is not supported"):
+        open_fs(store_dir)          # refused again, not "already mounted": the first try let go
+
+
 def test_the_catalog_copy_follows_on_write_catalog_copy_and_at_close_not_at_every_commit(fs, p, store_dir):
     from lmzfs.store.catalogcopies import list_copies
     catalog_path = StorePaths(store_dir).catalog

@@ -129,18 +129,24 @@ def test_lmz_add_while_a_writable_mount_runs_shows_its_model_and_both_stay_consi
     assert verify_store(StorePaths(store)).ok
 
 
-def test_kill_9_of_the_daemon_after_fsyncd_writes_loses_nothing_fsyncd(tmp_path):
-    """At several random points: write random files (some rewritten in the middle), fsync each,
-    kill -9 the daemon, remount: every fsync'd byte is there and verify is clean."""
+def test_kill_9_of_the_daemon_after_writes_fsyncd_or_not_loses_nothing_written(tmp_path):
+    """At several random points: write random files (some rewritten in the middle, truncated or
+    renamed), fsync each or not, kill -9 the daemon, remount: every byte write() accepted is
+    there under its last name and verify is clean."""
     store, mnt = tmp_path / "store", tmp_path / "mnt"
     mnt.mkdir()
     rng = random.Random(27)
     expected: dict[str, bytes] = {}
+    synced_rounds = unsynced_rounds = 0
     for round_ in range(int(os.environ.get("LMZ_RW_KILLS", "4"))):
+        sync = round_ % 2 == 0 if round_ < 2 else rng.random() < 0.5
+        synced_rounds += sync
+        unsynced_rounds += not sync
         with mounted(mnt, store, "--writable") as fs:
             model = mnt / "ckpt"
             if round_ == 0:
                 model.mkdir()
+            assert sorted(os.listdir(model)) == sorted(expected), f"round {round_}"
             for rel, data in expected.items():
                 assert (model / rel).read_bytes() == data, f"round {round_}: {rel}"
             for i in range(rng.randint(1, 4)):
@@ -152,8 +158,17 @@ def test_kill_9_of_the_daemon_after_fsyncd_writes_loses_nothing_fsyncd(tmp_path)
                     piece = os.urandom(rng.randint(1, 300_000))
                     os.pwrite(fd, piece, offset)
                     data[offset:offset + len(piece)] = piece
-                    os.fsync(fd)
+                    if rng.random() < 0.3:
+                        size = rng.randrange(len(data) + 1)
+                        os.ftruncate(fd, size)
+                        data = data[:size]
+                    if sync:
+                        os.fsync(fd)
                     expected[rel] = bytes(data)
+                    if rng.random() < 0.3:
+                        new_rel = f"f{rng.randrange(6)}.bin"
+                        os.rename(model / rel, model / new_rel)
+                        expected[new_rel] = expected.pop(rel)
                     if rng.random() < 0.5:          # killed with the file still open
                         fs.process.kill()
                         fs.process.wait()
@@ -167,10 +182,52 @@ def test_kill_9_of_the_daemon_after_fsyncd_writes_loses_nothing_fsyncd(tmp_path)
                 fs.process.kill()
                 fs.process.wait()
     with mounted(mnt, store, "--writable"):
+        assert sorted(os.listdir(mnt / "ckpt")) == sorted(expected)
         for rel, data in expected.items():
             assert (mnt / "ckpt" / rel).read_bytes() == data
     report = verify_store(StorePaths(store))
     assert report.ok and report.files == len(expected)
+    assert synced_rounds and unsynced_rounds
+
+
+def test_kill_9_after_writes_never_fsyncd_keeps_new_overwritten_truncated_renamed_and_appended_files(tmp_path):
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    stored = os.urandom(1 << 20)
+    with mounted(mnt, store, "--writable"):
+        (mnt / "m").mkdir()
+        for name, data in (("stored", stored), ("shrunk", stored), ("log", b"line 1\n"), ("old", b"x")):
+            (mnt / "m" / name).write_bytes(data)
+    with mounted(mnt, store, "--writable") as fs:
+        (mnt / "m" / "new").write_bytes(b"new " * 50_000)
+        fds = [os.open(mnt / "m" / name, flags) for name, flags in (
+            ("stored", os.O_RDWR), ("shrunk", os.O_WRONLY), ("log", os.O_WRONLY | os.O_APPEND),
+            ("old", os.O_WRONLY | os.O_TRUNC), ("fresh", os.O_WRONLY | os.O_CREAT))]
+        os.pwrite(fds[0], b"MIDDLE", 500_000)
+        os.ftruncate(fds[1], 123_456)
+        os.write(fds[2], b"line 2\n")
+        os.write(fds[3], b"rewritten then renamed")
+        os.write(fds[4], b"a new file never closed")
+        os.rename(mnt / "m" / "old", mnt / "m" / "renamed")
+        fs.process.kill()               # all but "new" still open: none committed, none fsync'd
+        fs.process.wait()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass                    # the daemon is gone
+    changed = stored[:500_000] + b"MIDDLE" + stored[500_006:]
+    with mounted(mnt, store, "--writable"):
+        assert sorted(os.listdir(mnt / "m")) == ["fresh", "log", "new", "renamed", "shrunk", "stored"]
+        assert (mnt / "m" / "fresh").read_bytes() == b"a new file never closed"
+        assert (mnt / "m" / "stored").read_bytes() == changed
+        assert (mnt / "m" / "shrunk").read_bytes() == stored[:123_456]
+        assert (mnt / "m" / "log").read_bytes() == b"line 1\nline 2\n"
+        assert (mnt / "m" / "renamed").read_bytes() == b"rewritten then renamed"
+        assert (mnt / "m" / "new").read_bytes() == b"new " * 50_000
+    assert verify_store(StorePaths(store)).ok
+    run = subprocess.run([sys.executable, "-m", "lmzfs", "--store", str(store), "verify"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from typing import Callable
 
 from lmzfs.fsmodel.ranges import ByteRanges
 from lmzfs.fsmodel.spool import Spool, SpoolFile
@@ -21,8 +22,11 @@ from lmzfs.fsmodel.spool import Spool, SpoolFile
 
 class FileData:
     def __init__(self, spool: Spool, base, size: int, *, spool_file: SpoolFile | None = None,
-                 base_len: int | None = None, ranges: list[tuple[int, int]] | None = None):
-        """`base`: the stored version (anything with pread(offset, length) and close()), or None."""
+                 base_len: int | None = None, ranges: list[tuple[int, int]] | None = None,
+                 on_new_spool_file: Callable[[SpoolFile], None] | None = None):
+        """`base`: the stored version (anything with pread(offset, length) and close()), or None.
+        `on_new_spool_file`: called with a new spool file before anything is written to it (it
+        writes the file's spool record, so that a replay knows whose bytes follow)."""
         self.lock = threading.RLock()
         self._spool = spool
         self.base = base
@@ -30,6 +34,7 @@ class FileData:
         self.size = size
         self.spool_file = spool_file
         self.ranges = ByteRanges(ranges)
+        self._on_new_spool_file = on_new_spool_file
         self.dirty = spool_file is not None       # changed since the stored version
         self.last_change = time.monotonic()
 
@@ -63,7 +68,14 @@ class FileData:
     # -- changing --------------------------------------------------------------------------------
     def ensure_spool_file(self) -> SpoolFile:
         if self.spool_file is None:
-            self.spool_file = self._spool.new_file()
+            spool_file = self._spool.new_file()
+            if self._on_new_spool_file is not None:
+                try:
+                    self._on_new_spool_file(spool_file)
+                except BaseException:
+                    spool_file.close()
+                    raise
+            self.spool_file = spool_file
         return self.spool_file
 
     def _changed(self) -> None:
@@ -84,14 +96,13 @@ class FileData:
         with self.lock:
             if size == self.size:
                 return
+            # the spool's journal says what the truncate did, so a replay after a kill does it too
+            spool_file = self.ensure_spool_file()
             if size < self.size:
                 self.ranges.cut(size)
                 self.base_len = min(self.base_len, size)
-                if self.spool_file is not None:
-                    self.spool_file.truncate(size)
-            else:
-                # bytes of the stored version past base_len are gone; the holes of the spool read as zeros
-                self.ensure_spool_file().truncate(size)
+            # growing: bytes of the stored version past base_len are gone; the spool's holes read as zeros
+            spool_file.truncate(size)
             self.size = size
             self._changed()
 

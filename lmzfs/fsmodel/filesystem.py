@@ -13,9 +13,10 @@ tables of store/fscatalog.py) and kept in step with it:
   call returns: durable when it returns.
 - A file's bytes are written to the spool (fsmodel/spool.py) and committed to the store
   (store/fscommit.py, the `lmz add` machinery) on the last close, on commit_idle(), and at
-  unmount; fsync makes them durable in the spool first, and a mount commits every spool record
-  it finds (replay). A new file exists in memory only until its first commit (or in its spool
-  record, once fsync'd).
+  unmount. A file's spool record is written (without fsync) when it gets its spool file and when
+  it is renamed, and each write or truncate appends to its journal, so that what write() accepted
+  survives a kill of the daemon; fsync makes it durable against a power loss too. A mount
+  commits every spool record it finds (replay).
 
 Errors are OSError with the errno the caller passes on (ENOENT, EEXIST, ENOTEMPTY, EXDEV...).
 Thread-safe: in-memory state under one lock; changes to the store serialised by a second one
@@ -37,13 +38,14 @@ from pathlib import Path
 from typing import Iterator
 
 from lmzfs.fsmodel.filedata import FileData
-from lmzfs.fsmodel.spool import Spool, SpoolRecord
+from lmzfs.fsmodel.journal import FileState
+from lmzfs.fsmodel.spool import Spool, SpoolFile, SpoolRecord, boot_id
 from lmzfs.reader.filereader import FileReader
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.chunksource import ChunkSource
 from lmzfs.store.fscatalog import (EntryMeta, delete_entry, delete_xattr, ensure_fs_schema,
-                                   forget_spool_commit, load_entries, load_xattrs, model_id, move_subtree,
-                                   put_entry, put_xattr, remove_file_row, remove_subtree, spool_committed)
+                                   forget_spool_commits, load_entries, load_xattrs, model_id, move_subtree,
+                                   put_entry, put_xattr, remove_file_row, remove_subtree, spool_commits)
 from lmzfs.store.fscommit import FileContent, commit_file
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
@@ -122,6 +124,13 @@ class Handle:
 
 
 @dataclass(frozen=True)
+class ReplayedState:
+    """A spooled file as a mount replays it, and how many journal entries that includes."""
+    state: FileState
+    journal_entries: int
+
+
+@dataclass(frozen=True)
 class StatFs:
     block_size: int
     blocks: int
@@ -174,7 +183,11 @@ class Filesystem:
         with self._store_lock:
             self._seen_version = self.catalog.data_version()
             self._reload()
-        self.replayed = self._replay()
+        try:
+            self.replayed = self._replay()
+        except BaseException:
+            self.close()            # what was replayed stays committed; the rest stays in the spool
+            raise
 
     # -- loading and following the catalog -------------------------------------------------------
     def _new_node(self, kind: str, name: str, parent: Node, meta: EntryMeta | None = None, **kw) -> Node:
@@ -507,30 +520,44 @@ class Filesystem:
         if where is not None:
             put_entry(db, model_id(db, where[0]), where[1], directory.meta())
 
+    def _free_name_in(self, parent: int, name: str) -> Node:
+        """The directory `parent`, where a new entry `name` is to be made (EEXIST if one is there).
+        Called inside _changing(), under the namespace lock."""
+        directory = self._dir(parent)
+        if name in directory.children:
+            raise _error(errno.EEXIST)
+        return directory
+
+    def _store_new_entry(self, directory: Node, where: tuple[str, str], name: str, meta: EntryMeta) -> None:
+        """One transaction: the entry `name` in `directory` (at `where`), and the directory's new times."""
+        with self.catalog.transaction() as db:
+            put_entry(db, model_id(db, where[0]), self._join(where[1], name), meta)
+            self._touch_dir(directory, meta.mtime_ns)
+            self._store_dir_meta(db, directory)
+
+    def _attach_new(self, directory: Node, kind: str, name: str, meta: EntryMeta, **kw) -> Attributes:
+        """The new entry, stored, joins the tree (known to the kernel: one lookup)."""
+        with self._lock:
+            node = self._new_node(kind, name, directory, meta, **kw)
+            directory.children[name] = node
+            self._touch_dir(directory, meta.mtime_ns)
+            node.lookups += 1
+            return self.attributes(node)
+
     def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Attributes:
         self._check_name(name)
         with self._changing():
             with self._lock:
-                directory = self._dir(parent)
-                if name in directory.children:
-                    raise _error(errno.EEXIST)
+                directory = self._free_name_in(parent, name)
                 where = self._where(directory)
             now = time.time_ns()
             meta = EntryMeta("dir", stat.S_IMODE(mode), uid, gid, now, now, now)
-            if where is None:
-                model = "/".join(self._path_parts(directory) + [name])
-                self._create_model(model, meta)
-            else:
-                with self.catalog.transaction() as db:
-                    put_entry(db, model_id(db, where[0]), self._join(where[1], name), meta)
-                    self._touch_dir(directory, now)
-                    self._store_dir_meta(db, directory)
-            with self._lock:
-                node = self._new_node("dir", name, directory, meta, model=model if where is None else None)
-                directory.children[name] = node
-                self._touch_dir(directory, now)
-                node.lookups += 1
-                return self.attributes(node)
+            if where is not None:
+                self._store_new_entry(directory, where, name, meta)
+                return self._attach_new(directory, "dir", name, meta)
+            model = "/".join(self._path_parts(directory) + [name])
+            self._create_model(model, meta)
+            return self._attach_new(directory, "dir", name, meta, model=model)
 
     def _create_model(self, model: str, meta: EntryMeta) -> None:
         try:
@@ -579,21 +606,12 @@ class Filesystem:
         self._check_name(name)
         with self._changing():
             with self._lock:
-                directory = self._dir(parent)
-                if name in directory.children:
-                    raise _error(errno.EEXIST)
-                model, path = self._in_model(directory)
+                directory = self._free_name_in(parent, name)
+                where = self._in_model(directory)
             now = time.time_ns()
             meta = EntryMeta("symlink", 0o777, uid, gid, now, now, now, bytes(target))
-            with self.catalog.transaction() as db:
-                put_entry(db, model_id(db, model), self._join(path, name), meta)
-                self._touch_dir(directory, now)
-                self._store_dir_meta(db, directory)
-            with self._lock:
-                node = self._new_node("symlink", name, directory, meta)
-                directory.children[name] = node
-                node.lookups += 1
-                return self.attributes(node)
+            self._store_new_entry(directory, where, name, meta)
+            return self._attach_new(directory, "symlink", name, meta)
 
     # -- removing and renaming -------------------------------------------------------------------
     def unlink(self, parent: int, name: str) -> None:
@@ -721,10 +739,10 @@ class Filesystem:
         while stack:
             n = stack.pop()
             stack.extend(n.children.values())
-            if n.kind == "file" and n.data is not None and n.data.spool_file is not None \
-                    and n.data.spool_file.recorded:
+            if n.kind == "file" and n.data is not None and n.data.spool_file is not None:
                 with n.data.lock:
-                    self._record(n)
+                    if n.data.spool_file is not None:
+                        self._note(n, n.data.spool_file)
 
     # -- attributes ------------------------------------------------------------------------------
     def setattr(self, inode: int, *, mode: int | None = None, uid: int | None = None, gid: int | None = None,
@@ -829,7 +847,7 @@ class Filesystem:
             raise
         with self._lock:
             if node.data is None:
-                node.data = FileData(self.spool, base, node.size)
+                node.data = self._new_data(node, base, node.size)
             elif base is not None:
                 base.close()
             return node.data
@@ -864,11 +882,15 @@ class Filesystem:
                 now = time.time_ns()
                 meta = EntryMeta("file", stat.S_IMODE(mode), uid, gid, now, now, now)
                 node = self._new_node("file", name, directory, meta)
-                node.data = FileData(self.spool, None, 0)
+                node.data = self._new_data(node, None, 0)
                 node.data.dirty = True                # a new file is committed even if empty
                 directory.children[name] = node
                 self._touch_dir(directory, now)
                 node.lookups += 1
+                existing = None
+        if existing is None:
+            with node.data.lock:                      # its record: the new name survives a kill
+                node.data.ensure_spool_file()
         fh = self.open(node.inode, flags & ~os.O_CREAT & ~os.O_EXCL)
         return fh, self.getattr(node.inode)
 
@@ -944,23 +966,40 @@ class Filesystem:
             if node.data.dirty and node.linked:
                 self._record(node)
 
-    def _record(self, node: Node) -> None:
-        """Write the node's spool record (its bytes first): called with its data's lock held."""
+    def _new_data(self, node: Node, base, size: int, **kw) -> FileData:
+        return FileData(self.spool, base, size, on_new_spool_file=lambda spool_file: self._note(node, spool_file),
+                        **kw)
+
+    def _record_of(self, node: Node, spool_file: SpoolFile) -> SpoolRecord | None:
+        """The node's spool record as it stands (None: it is in no model, or unlinked, so no replay
+        may bring it back). Called with its data's lock held."""
         data = node.data
         # read without the namespace lock (a file's lock is never held while waiting for it): a
         # rename that races this records the file again once this returns (_rerecord_below)
         where = self._where(node)
         meta = node.meta()
-        if where is None:
-            return
-        spool_file = data.ensure_spool_file()
+        if where is None or not node.linked:
+            return None
         base_sha = None
         if node.file_id is not None:
             with self._reads_lock:
                 row = self._reads.file_by_id(node.file_id)
             base_sha = row.sha256 if row is not None else None
-        spool_file.record(SpoolRecord(spool_file.spool_id, where[0], where[1], node.file_id, base_sha,
-                                      data.base_len, data.size, data.ranges.as_list(), meta))
+        return SpoolRecord(spool_file.spool_id, where[0], where[1], node.file_id, base_sha,
+                           data.base_len, data.size, data.ranges.as_list(), meta)
+
+    def _note(self, node: Node, spool_file: SpoolFile) -> None:
+        """Write the node's spool record without fsync (durably once it was fsync'd)."""
+        record = self._record_of(node, spool_file)
+        if record is not None:
+            spool_file.note(record)
+
+    def _record(self, node: Node) -> None:
+        """Write the node's spool record durably (its bytes first): called with its data's lock held."""
+        spool_file = node.data.ensure_spool_file()
+        record = self._record_of(node, spool_file)
+        if record is not None:
+            spool_file.record(record)
 
     # -- commits ---------------------------------------------------------------------------------
     def commit(self, node: Node) -> bool:
@@ -991,10 +1030,8 @@ class Filesystem:
             with self._lock:
                 node.file_id = done.file_id
                 node.size = done.size
+            # the record's id stays in fs_spool_commits until a mount finds the record gone (_replay)
             data.rebase(self._base_reader(node), done.size)
-            if spool_id is not None:
-                with self.catalog.transaction() as db:
-                    forget_spool_commit(db, spool_id)
             return True
 
     def commit_idle(self, idle_seconds: float) -> int:
@@ -1012,35 +1049,70 @@ class Filesystem:
         return done
 
     def _replay(self) -> int:
-        """Commit every spool record a previous mount left (it was fsync'd, so it must not be lost)."""
+        """Commit every spool record a previous mount left: what its writes and fsyncs accepted."""
         records = self.spool.records()
         for path in self.spool.leftover_data():
-            log.info("keeping %s: written but never fsync'd before the mount ended", path)
+            log.info("keeping %s: a spool file with no record to replay", path)
+        with self._store_lock:
+            committed = spool_commits(self.catalog.db)
         done = 0
         for record in records:
-            with self._store_lock:
-                if spool_committed(self.catalog.db, record.spool_id):
-                    self.spool.remove(record.spool_id)
-                    with WriterLock(self.store.lock), self.catalog.transaction() as db:
-                        forget_spool_commit(db, record.spool_id)
-                    continue
+            if record.spool_id in committed:
+                self.spool.remove(record.spool_id)         # committed before the mount ended
+                continue
+            replayed = self._replayed_state(record)
+            if replayed is None:
+                continue
             try:
                 node = self._node_for_record(record)
             except StoreError as exc:
                 log.error("%s", exc)
                 continue
-            spool_file = self.spool.reopen(record)
+            spool_file = self.spool.reopen(record, replayed.journal_entries)
             base = self._base_reader(node) if node.file_id is not None else None
-            node.data = FileData(self.spool, base, record.size, spool_file=spool_file,
-                                 base_len=record.base_len if base is not None else 0, ranges=record.ranges)
+            state = replayed.state
+            node.data = self._new_data(node, base, state.size, spool_file=spool_file,
+                                       base_len=state.base_len if base is not None else 0, ranges=state.ranges)
             self._apply_meta(node, record.meta)
             if self.commit(node):
                 done += 1
+            elif node.data is not None and node.data.dirty:
+                with node.data.lock:
+                    self._note(node, spool_file)            # a record of this boot for what it holds
             with self._lock:
                 if node.opens == 0 and node.data is not None and not node.data.dirty:
                     self._close_later(node)
             self._close_deferred()
+        # ids of records now gone: removed durably first, so no record can come back to meet no row
+        with self._store_lock:
+            self.spool.sync_removals()
+            gone = committed - self.spool.record_ids()
+            if gone:
+                with WriterLock(self.store.lock), self.catalog.transaction() as db:
+                    forget_spool_commits(db, gone)
         return done
+
+    def _replayed_state(self, record: SpoolRecord) -> ReplayedState | None:
+        """What a record and its journal say the file is, and how many journal entries that
+        includes; None if nothing of it can be trusted (the record is set aside)."""
+        journal = self.spool.read_journal(record)
+        recorded = FileState(record.size, record.base_len, record.ranges)
+        where = f"{record.model}/{record.path}"
+        if record.boot_id and record.boot_id == boot_id():
+            # the daemon ended, the machine did not: the page cache holds every byte and entry
+            if journal.damage is not None:
+                log.warning("%s: replaying %d journal entries; the rest cannot be trusted (%s)",
+                            where, len(journal.entries), journal.damage)
+            return ReplayedState(recorded.after(journal.entries), journal.total)
+        if not record.durable:
+            aside = self.spool.set_aside(record.spool_id)
+            log.error("%s: written without fsync before the machine restarted, so its bytes may not be on "
+                      "disk; not replayed, kept as %s", where, aside)
+            return None
+        if journal.entries or journal.damage is not None:
+            log.warning("%s: replaying it as of its last fsync; %d later journal entries are dropped (written "
+                        "without fsync before the machine restarted)", where, len(journal.entries))
+        return ReplayedState(recorded, record.journal_entries)
 
     def _node_for_record(self, record: SpoolRecord) -> Node:
         with self._lock:

@@ -1,15 +1,24 @@
 """The spool: where a writable mount keeps written bytes until they are committed to the store.
 
 STORE/spool/ holds, per file with uncommitted writes, ``ID.data`` (a sparse file at the same
-offsets as the file itself: the bytes written, holes elsewhere) and, once the file has been
-fsync'd, ``ID.json`` (a SpoolRecord: which file, which ranges of ID.data hold its bytes, its size
-and metadata). fsync writes ID.data's bytes durably and then replaces ID.json durably (write,
-fsync, rename, fsync the directory), so a record never names bytes that are not on disk.
+offsets as the file itself: the bytes written, holes elsewhere), ``ID.log`` (its range journal,
+journal.py: one entry per write or truncate) and ``ID.json`` (a SpoolRecord: which file, which
+ranges of ID.data held its bytes when the record was written, its size and metadata, and how
+many journal entries that state already includes).
+
+Without fsync the record is written when the file gets its spool file and again when its name
+changes (rename); every write appends a journal entry. None of that is fsync'd, so it costs
+page-cache writes only, and a kill of the daemon loses none of it: the page cache belongs to the
+kernel. A record written in another boot than the current one may lack its bytes (a power loss),
+so replay trusts such a record only if it is durable. fsync writes ID.data and ID.log durably and
+then replaces ID.json durably (write, fsync, rename, fsync the directory), so a durable record
+never names bytes that are not on disk; from then on every record of that file is durable.
 
 A record stays until the file's commit to the store is durable; the commit's catalog
 transaction names the record's ID (fs_spool_commits), so a mount that finds a record whose ID the
 catalog names knows it is committed and only then removes the spool's files. Nothing else
-removes a record: a mount replays every record it finds (docs/operations.md).
+removes a record: a mount replays every record it finds (docs/operations.md), or sets aside one
+it cannot trust (``ID.json-untrusted``, kept with its files and logged).
 
 ``mount.lock`` is held (flock) by the one writable mount of the store.
 """
@@ -20,15 +29,28 @@ import fcntl
 import json
 import os
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import cache
 from pathlib import Path
 
+from lmzfs.fsmodel.journal import JournalRead, JournalWriter, read_journal
 from lmzfs.store.fscatalog import EntryMeta
 from lmzfs.store.layout import DIR_MODE, FILE_MODE, StoreError, fsync_dir
 
 SPOOL_DIR = "spool"
-RECORD_VERSION = 1
+RECORD_VERSION = 2
+RECORD_VERSIONS = (1, 2)               # 1: written at fsync only, no journal (always durable)
 MOUNT_LOCK = "mount.lock"
+UNTRUSTED_SUFFIX = ".json-untrusted"
+
+
+@cache
+def boot_id() -> str:
+    """This boot of the machine: a record from another boot outlived a restart (and the page cache)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""                      # unknown: every unsynced record is then from "another boot"
 
 
 @dataclass(frozen=True)
@@ -44,6 +66,9 @@ class SpoolRecord:
     ranges: list[tuple[int, int]]      # where ID.data holds the file's bytes
     meta: EntryMeta
     version: int = RECORD_VERSION
+    durable: bool = True               # written with its bytes fsync'd (else: page cache only)
+    journal_entries: int = 0           # entries of ID.log already in `ranges`, `size`, `base_len`
+    boot_id: str | None = None         # the boot it was written in
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -52,26 +77,34 @@ class SpoolRecord:
     def from_json(cls, data: bytes, source: Path) -> "SpoolRecord":
         try:
             raw = json.loads(data)
-            if raw.get("version") != RECORD_VERSION:
+            if raw.get("version") not in RECORD_VERSIONS:
                 raise StoreError(f"spool record {source}: version {raw.get('version')!r} is not supported")
             raw["meta"] = EntryMeta(**raw["meta"])
             raw["ranges"] = [tuple(r) for r in raw["ranges"]]
-            return cls(**raw)
+            record = cls(**raw)
+            if record.version == 1 and not record.durable:
+                raise ValueError("a version 1 record is durable")
+            return record
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise StoreError(f"spool record {source} is damaged ({exc}); it is kept, move it away to mount") from None
 
 
 @dataclass
 class SpoolFile:
-    """ID.data of one file: the bytes written to it, at the file's own offsets."""
+    """ID.data and ID.log of one file: the bytes written to it, at the file's own offsets, and
+    what each write and truncate did."""
     spool: "Spool"
     spool_id: str
     fd: int
+    journal: JournalWriter
     recorded: bool = False             # ID.json exists
+    durable: bool = False              # ID.json was written durably (by fsync): it stays so
     closed: bool = field(default=False)
 
     def pwrite(self, data: bytes, offset: int) -> int:
-        return os.pwrite(self.fd, data, offset)
+        n = os.pwrite(self.fd, data, offset)
+        self.journal.write(offset, n)
+        return n
 
     def pread(self, length: int, offset: int) -> bytes:
         data = os.pread(self.fd, length, offset)
@@ -81,31 +114,47 @@ class SpoolFile:
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
+        self.journal.truncate(size)
+
+    def _stamped(self, record: SpoolRecord, durable: bool) -> SpoolRecord:
+        return replace(record, durable=durable, journal_entries=self.journal.entries, boot_id=boot_id())
+
+    def note(self, record: SpoolRecord) -> None:
+        """Write the record as it stands now; durably if an earlier one was (fsync's promise holds)."""
+        if self.durable:
+            self.record(record)
+            return
+        self.spool.write_record(self._stamped(record, False), durable=False)
+        self.recorded = True
 
     def record(self, record: SpoolRecord) -> None:
-        """Make the bytes and the record durable, in that order."""
+        """Make the bytes, the journal and the record durable, in that order."""
         os.fsync(self.fd)
-        self.spool.write_record(record)
-        self.recorded = True
+        os.fsync(self.journal.fd)
+        self.spool.write_record(self._stamped(record, True), durable=True)
+        self.recorded = self.durable = True
 
     def forget_record(self) -> None:
         """The record no longer stands (the file was unlinked): a crash must not bring it back."""
         if self.recorded:
-            self.spool.remove_record(self.spool_id)
+            self.spool.remove_record(self.spool_id, durable=self.durable)
             self.recorded = False
 
-    def release(self) -> None:
-        """Close, keeping ID.data and ID.json for the next mount to commit."""
-        if not self.closed:
-            self.closed = True
-            os.close(self.fd)
-
-    def close(self) -> None:
-        """Close and remove ID.data (and ID.json): the file's bytes are committed or unwanted."""
-        if self.closed:
-            return
+    def _close_fds(self) -> None:
         self.closed = True
         os.close(self.fd)
+        os.close(self.journal.fd)
+
+    def release(self) -> None:
+        """Close, keeping the spool's files for the next mount to commit."""
+        if not self.closed:
+            self._close_fds()
+
+    def close(self) -> None:
+        """Close and remove the spool's files: the file's bytes are committed or unwanted."""
+        if self.closed:
+            return
+        self._close_fds()
         self.spool.remove(self.spool_id)
 
 
@@ -141,15 +190,41 @@ class Spool:
             fd = os.open(self._data(spool_id), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         except OSError as exc:
             raise OSError(exc.errno or errno.EIO, f"cannot create a spool file: {exc.strerror}") from None
-        return SpoolFile(self, spool_id, fd)
+        try:
+            log_fd = os.open(self._log(spool_id), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        except OSError as exc:
+            os.close(fd)
+            self._data(spool_id).unlink(missing_ok=True)
+            raise OSError(exc.errno or errno.EIO, f"cannot create a spool journal: {exc.strerror}") from None
+        try:
+            journal = JournalWriter(log_fd, spool_id)
+        except OSError:
+            os.close(fd)
+            os.close(log_fd)
+            self.remove(spool_id)
+            raise
+        return SpoolFile(self, spool_id, fd, journal)
 
-    def reopen(self, record: SpoolRecord) -> SpoolFile:
-        """The data file of a record found at mount."""
+    def read_journal(self, record: SpoolRecord) -> JournalRead:
+        """The journal entries past what `record` includes (none for a version 1 record: it has no journal)."""
+        if record.version == 1:
+            return JournalRead([], 0, None)
+        path = self._log(record.spool_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return JournalRead([], record.journal_entries, f"{path} is missing")
+        return read_journal(data, record.spool_id, record.journal_entries, str(path))
+
+    def reopen(self, record: SpoolRecord, journal_entries: int) -> SpoolFile:
+        """The files of a record found at mount; the journal goes on after `journal_entries` entries."""
         try:
             fd = os.open(self._data(record.spool_id), os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
             raise StoreError(f"spool record {record.spool_id} names bytes that are missing; it is kept") from None
-        return SpoolFile(self, record.spool_id, fd, recorded=True)
+        log_fd = os.open(self._log(record.spool_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        journal = JournalWriter.reopen(log_fd, record.spool_id, journal_entries)
+        return SpoolFile(self, record.spool_id, fd, journal, recorded=True, durable=record.durable)
 
     def records(self) -> list[SpoolRecord]:
         out = []
@@ -157,7 +232,10 @@ class Spool:
             out.append(SpoolRecord.from_json(path.read_bytes(), path))
         return out
 
-    def write_record(self, record: SpoolRecord) -> None:
+    def record_ids(self) -> set[str]:
+        return {p.stem for p in self.dir.glob("*.json")}
+
+    def write_record(self, record: SpoolRecord, *, durable: bool = True) -> None:
         final = self._record(record.spool_id)
         tmp = final.with_suffix(".json-tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
@@ -165,31 +243,49 @@ class Spool:
             data = record.to_json()
             if os.write(fd, data) != len(data):
                 raise OSError(errno.ENOSPC, "short write of a spool record")
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, final)
-        fsync_dir(self.dir)
+        if durable:
+            fsync_dir(self.dir)
 
-    def remove_record(self, spool_id: str) -> None:
+    def remove_record(self, spool_id: str, *, durable: bool = True) -> None:
         self._record(spool_id).unlink(missing_ok=True)
-        fsync_dir(self.dir)
+        if durable:
+            fsync_dir(self.dir)
 
     def remove(self, spool_id: str) -> None:
-        """Remove the record first: a data file without a record is never replayed."""
-        record = self._record(spool_id)
-        if record.exists():
-            record.unlink()
-            fsync_dir(self.dir)
+        """Remove the record first: a data file without a record is never replayed. Not fsync'd:
+        a record that comes back after a power loss is recognised by its id in fs_spool_commits,
+        which a mount forgets only after sync_removals()."""
+        self._record(spool_id).unlink(missing_ok=True)
         self._data(spool_id).unlink(missing_ok=True)
+        self._log(spool_id).unlink(missing_ok=True)
+
+    def sync_removals(self) -> None:
+        """Make every removal so far durable."""
+        fsync_dir(self.dir)
+
+    def set_aside(self, spool_id: str) -> Path:
+        """A record that cannot be trusted: kept, with its files, where no mount replays it."""
+        aside = self.dir / f"{spool_id}{UNTRUSTED_SUFFIX}"
+        os.replace(self._record(spool_id), aside)
+        fsync_dir(self.dir)
+        return aside
 
     def leftover_data(self) -> list[Path]:
-        """Data files with no record: written, never fsync'd, and not committed before a crash."""
+        """Spool files with no record (a mount killed as it made them) or a set-aside one."""
         recorded = {p.stem for p in self.dir.glob("*.json")}
-        return [p for p in self.dir.glob("*.data") if p.stem not in recorded]
+        return sorted(p for p in self.dir.iterdir()
+                      if p.suffix in (".data", ".log") and p.stem not in recorded)
 
     def _data(self, spool_id: str) -> Path:
         return self.dir / f"{spool_id}.data"
+
+    def _log(self, spool_id: str) -> Path:
+        return self.dir / f"{spool_id}.log"
 
     def _record(self, spool_id: str) -> Path:
         return self.dir / f"{spool_id}.json"

@@ -220,3 +220,14 @@ def spool_committed(db: sqlite3.Connection, spool_id: str) -> bool:
 
 def forget_spool_commit(db: sqlite3.Connection, spool_id: str) -> None:
     db.execute("DELETE FROM fs_spool_commits WHERE spool = ?", (spool_id,))
+
+
+def spool_commits(db: sqlite3.Connection) -> set[str]:
+    """Every spool record id a commit named (fs_spool_commits)."""
+    if not has_fs_tables(db):
+        return set()
+    return {row[0] for row in db.execute("SELECT spool FROM fs_spool_commits")}
+
+
+def forget_spool_commits(db: sqlite3.Connection, spool_ids: set[str]) -> None:
+    db.executemany("DELETE FROM fs_spool_commits WHERE spool = ?", [(s,) for s in sorted(spool_ids)])
