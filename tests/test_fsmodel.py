@@ -500,3 +500,30 @@ def test_the_catalog_copy_follows_on_write_catalog_copy_and_at_close_not_at_ever
     assert list_copies(catalog_path)[0].generation > newest
     from lmzfs.store.catalogcheck import diagnose
     assert diagnose(StorePaths(store_dir), check_packs=True).sound
+
+
+_CHMOD_AFTER_WRITE = textwrap.dedent("""
+    import os, signal, sys
+    from lmzfs.fsmodel.filesystem import Filesystem
+    from lmzfs.testing.fspaths import PathDriver
+    fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
+    p = PathDriver(fs)
+    p.mkdir("m")
+    fh = p.open("m/new", os.O_CREAT | os.O_WRONLY, 0o644)
+    fs.write(fh, 0, b"written, never fsync'd")
+    fs.setattr(p.stat("m/new").inode, mode=0o600, mtime_ns=1_234_000_000_000)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_chmod_and_utimes_after_unsynced_writes_survive_a_kill_with_the_bytes(store_dir):
+    run = subprocess.run([sys.executable, "-c", _CHMOD_AFTER_WRITE, str(store_dir)], capture_output=True)
+    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
+    fs = open_fs(store_dir)
+    try:
+        p = PathDriver(fs)
+        assert p.read_file("m/new") == b"written, never fsync'd"
+        st = p.stat("m/new")
+        assert (st.mode & 0o777, st.mtime_ns) == (0o600, 1_234_000_000_000)
+    finally:
+        fs.close()

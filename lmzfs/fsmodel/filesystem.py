@@ -777,10 +777,17 @@ class Filesystem:
             node.ctime_ns = now
             where = self._where(node) if node.linked else None
             stored = node.kind != "file" or node.file_id is not None
-        if where is not None and stored and (mode, uid, gid, atime_ns, mtime_ns) != (None,) * 5:
+        changed_meta = (mode, uid, gid, atime_ns, mtime_ns) != (None,) * 5
+        if where is not None and stored and changed_meta:
             with self._changing():
                 with self.catalog.transaction() as db:
                     put_entry(db, model_id(db, where[0]), where[1], node.meta())
+        data = node.data
+        if changed_meta and data is not None and data.spool_file is not None:
+            # a replay applies the record's metadata: it must not bring back the old one
+            with data.lock:
+                if data.spool_file is not None:
+                    self._note(node, data.spool_file)
         return self.getattr(inode)
 
     def getxattr(self, inode: int, name: bytes) -> bytes:
