@@ -2,7 +2,8 @@
 """GGUF files through our mount vs lmzip's mount vs the plain file: cold sequential read and a
 gguf.GGUFReader load of every tensor.
 
-Runs in the bench venv, like bench/run.py (it uses the same tools and helpers):
+`make bench` runs it as its GGUF mount section (bench/run.py, `--skip-gguf-mount`); on its own, in
+the bench venv:
 
     bench/.venv/bin/python bench/gguf_mount.py [--runs 3] [--json OUT] [--tmpdir DIR] [NAME ...]
 
@@ -96,6 +97,23 @@ def measure_file(path: Path, runs: int, work: Path) -> dict:
     return res
 
 
+def measure(paths: dict[str, Path | Exception], runs: int, work: Path) -> dict:
+    """Every GGUF of `paths` (corpus name -> file, or why it could not be had), each in its own
+    directory under work; what bench/run.py's GGUF mount section holds."""
+    out: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "files": {}}
+    for name, path in paths.items():
+        sub = work / name
+        sub.mkdir(parents=True)
+        try:
+            if isinstance(path, Exception):
+                raise path
+            out["files"][name] = measure_file(path, runs, sub)
+        except Exception as exc:
+            out["files"][name] = {"error": describe(exc)}
+            log(f"gguf mount: {name}: {describe(exc)}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", default=["smollm2-q4km", "smollm2"])
@@ -103,14 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the results here (default: stdout)")
     ap.add_argument("--tmpdir", type=Path, help="where stores and mounts go (default: system temp)")
     args = ap.parse_args(argv)
-    out: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "files": {}}
+    paths: dict[str, Path | Exception] = {}
     for name in args.names:
-        with tempfile.TemporaryDirectory(prefix="lmz-gguf-mount-", dir=args.tmpdir) as tmp:
-            try:
-                out["files"][name] = measure_file(fetch_corpus(name), args.runs, Path(tmp))
-            except Exception as exc:
-                out["files"][name] = {"error": describe(exc)}
-                log(f"gguf mount: {name}: {describe(exc)}")
+        try:
+            paths[name] = fetch_corpus(name)
+        except Exception as exc:
+            paths[name] = exc
+    with tempfile.TemporaryDirectory(prefix="lmz-gguf-mount-", dir=args.tmpdir) as tmp:
+        out = measure(paths, args.runs, Path(tmp))
     text = json.dumps(out, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

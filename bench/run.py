@@ -18,7 +18,9 @@
 6. Writable mount (bench/writable_table.py): `cp` of minilm and astra into `lmz mount --writable`
    beside `lmz add` of them (stored bytes, seconds), a 4 KiB write into the middle of astra, and a
    mixed tree (a model, Python source, JSON) beside zstd -3 per file.
-7. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
+7. GGUF through the mount (bench/gguf_mount.py): smollm2-q4km (K-quants) and smollm2 read cold
+   and loaded by gguf.GGUFReader through our mount, our `--fast` store's and lmzip's.
+8. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
    JSON goes beside the Markdown (docs/results.json) unless told otherwise: it is committed with
    it, so that a later run of one section can be merged into it on any machine (bench/merge.py).
 
@@ -42,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chains_table  # noqa: E402
 import common  # noqa: E402
 import compress_table  # noqa: E402
+import gguf_mount  # noqa: E402
 import mount_table  # noqa: E402
 import writable_table  # noqa: E402
 from common import LoadMonitor, code_state, describe, fetch_corpus, freeze_lmzfs, log, machine, sha256_file  # noqa: E402
@@ -51,6 +54,7 @@ from tools import Subject, ZipNNArchive, all_tools  # noqa: E402
 HERE = Path(__file__).resolve().parent
 SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire", "smollm2-q4km"]
 WRITABLE = ("minilm", "astra")      # the first is also the mixed tree's model
+GGUF_MOUNT = ("smollm2-q4km", "smollm2")
 CHAIN = ("quire", "quire@0.3.1")
 CHAIN_NOTE = ("Two successive releases of the same model (v0.3.0 then v0.3.1). Stores add both as one "
               "model (lmzfs shares identical chunks across the whole store, so two models would cost the "
@@ -134,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-codec-speed", action="store_true")
     ap.add_argument("--skip-chains", action="store_true", help="leave out the checkpoint-chain table")
     ap.add_argument("--skip-writable", action="store_true", help="leave out the writable-mount table")
+    ap.add_argument("--skip-gguf-mount", action="store_true", help="leave out the GGUF-through-the-mount table")
     ap.add_argument("--tmpdir", type=Path, help="where stores, archives and mounts go (default: system temp)")
     ap.add_argument("--no-freeze", action="store_true",
                     help="run the working tree's lmzfs as it is at each moment, instead of a copy frozen at the "
@@ -226,6 +231,8 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         need.update(["astra", "smollm2"])
     if not args.skip_writable:
         need.update(WRITABLE)
+    if not args.skip_gguf_mount:
+        need.update(GGUF_MOUNT)
     paths: dict[str, Path] = {}
     for name in [n for n in [*SINGLE, CHAIN[1]] if n in need]:
         log(f"corpus: {name}")
@@ -269,6 +276,10 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
                                                          paths.get(WRITABLE[0]), args.runs, Path(tmp) / "writable")
             except Exception as exc:
                 res["writable"] = {"error": describe(exc)}
+            save()
+        if not args.skip_gguf_mount:
+            res["gguf_mount"] = gguf_mount.measure({n: paths.get(n, RuntimeError(f"{n} is not available"))
+                                                    for n in GGUF_MOUNT}, args.runs, Path(tmp) / "gguf-mount")
             save()
         if not args.skip_mount:
             work = Path(tmp) / "mount"
