@@ -406,6 +406,7 @@ static PyMethodDef methods[] = {
     {"row_means", tans_row_means, METH_VARARGS, "floatsplit's row means; see _tansfit.c."},
     {"row_classes", tans_row_classes, METH_VARARGS, "floatsplit's row classes and their histogram; see _tansfit.c."},
     {"row_order_stats", tans_row_order_stats, METH_VARARGS, "floatsplit's row-mean order statistics; see _tansfit.c."},
+    {"column_hist", tans_column_hist, METH_VARARGS, "the entropy codec's column histograms; see _tansfit.c."},
     {"row_contexts", tans_row_contexts, METH_VARARGS, "floatsplit's row-class contexts; see _tansfit.c."},
     {"encode_rows", tans_encode_rows, METH_VARARGS, "tans.encode's table rows; see _tansfit.c."},
     {"copy_bytes", tans_copy_bytes, METH_O, "A buffer's bytes, copied without Python's lock; see _tanscopy.c."},

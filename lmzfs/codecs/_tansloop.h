@@ -90,6 +90,7 @@ PyObject *tans_float_planes(PyObject *self, PyObject *args);
 PyObject *tans_row_means(PyObject *self, PyObject *args);
 PyObject *tans_row_classes(PyObject *self, PyObject *args);
 PyObject *tans_row_order_stats(PyObject *self, PyObject *args);
+PyObject *tans_column_hist(PyObject *self, PyObject *args);
 PyObject *tans_row_contexts(PyObject *self, PyObject *args);
 PyObject *tans_encode_rows(PyObject *self, PyObject *args);
 /* ulpdelta's element loops (_tansulp.c) */

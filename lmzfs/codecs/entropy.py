@@ -283,17 +283,34 @@ def _h(counts: np.ndarray) -> float:
         return float(np.where(c > 0, -c * np.log2(c / np.maximum(tot, 1)), 0.0).sum()) / 8
 
 
+def _column_spreads(a: np.ndarray, C: int, mode: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mean distance of each column's bytes, as int8, from the mode over the whole rows;
+    C x 256 histogram of each column's bytes over all of a). Compiled: one histogram pass, the
+    spreads from the whole rows' histogram (their integer sums, so numpy's means exactly)."""
+    n = len(a)
+    rows = n // C
+    if tans._loop is None:
+        v = a[: rows * C].reshape(rows, C).astype(np.int64)
+        spread = np.abs(((v - mode + 128) & 255) - 128).mean(axis=0)
+        col = np.arange(n) % C
+        return spread, np.bincount(col * 256 + a, minlength=C * 256).reshape(C, 256)
+    colhist = np.zeros((C, 256), dtype=np.int64)
+    tans._loop.column_hist(a, rows * C, C, colhist)
+    dist = np.abs(((np.arange(256) - mode + 128) & 255) - 128)
+    spread = (colhist @ dist).astype(np.float64) / rows
+    t = n - rows * C
+    colhist[np.arange(t), a[rows * C:]] += 1
+    return spread, colhist
+
+
 def _column_classes(a: np.ndarray, C: int) -> tuple[int, np.ndarray] | None:
     """Split the columns (position mod C) into K classes by their spread, when that pays."""
     n = len(a)
     rows = n // C
     if C < 8 or rows < 32:
         return None
-    v = a[: rows * C].reshape(rows, C).astype(np.int64)
     mode = int(np.bincount(a).argmax())
-    spread = np.abs(((v - mode + 128) & 255) - 128).mean(axis=0)
-    col = np.arange(n) % C
-    colhist = np.bincount(col * 256 + a, minlength=C * 256).reshape(C, 256)
+    spread, colhist = _column_spreads(a, C, mode)
     hist_f = colhist.astype(np.float64)
     base = _h(colhist.sum(axis=0)[None, :]) + 300
     best = None
