@@ -18,7 +18,7 @@ import numpy as np
 from .base import VARINT_MAX_BYTES, Buffer, ChunkHint, Codec, CodecError, DeltaCodec, get_varint, put_varint
 from .blockdelta import BlockDeltaCodec
 from .bytegroup import ELEMENT_SIZES, BytegroupCodec
-from .entropy import EntropyCodec, order0_bytes
+from .entropy import EntropyCodec, every_trial, order0_bytes
 from .floatseg import SEGMENT_LOG, FloatSegCodec
 from .floatsplit import FORMAT_OF, FloatSplitCodec
 from .ggufblocks import TYPE_OF, GgufBlocksCodec
@@ -129,21 +129,32 @@ def _order0_bytes(mv: memoryview) -> float:
 
 
 def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL,
-                 fast: bool = False, segments: bool = False, thorough: bool = True) -> EncodedChunk:
+                 fast: bool = False, segments: bool = False, thorough: bool = True,
+                 exhaustive: bool = False) -> EncodedChunk:
     """Encode one chunk with whichever codec gives the smallest payload.
 
     Candidates (see ``candidates``): zstd always; bytegroup for element sizes 2, 4 and 8;
     floatsplit for float dtypes (with ``segments``, floatseg above SEGMENT_BYTES), ggufblocks for GGUF
     block-quantised dtypes and entropy for everything else, on chunks of at least MIN_ENTROPY_SIZE bytes; zstd at TEXT_LEVEL when the
     default level already halves the chunk; raw whenever nothing beats it. ``level`` is the zstd
-    level (an encoder setting, not recorded).
+    level (an encoder setting, not recorded). ``exhaustive``: no trial is left out on an
+    estimate (here or in the codecs' coded streams), the yardstick the estimates are tested
+    against; slower, never the default.
     """
+    if exhaustive:
+        with every_trial():
+            return _encode_chunk(data, hint, level, fast, segments, thorough, True)
+    return _encode_chunk(data, hint, level, fast, segments, thorough, False)
+
+
+def _encode_chunk(data: Buffer, hint: ChunkHint, level: int, fast: bool, segments: bool, thorough: bool,
+                  exhaustive: bool) -> EncodedChunk:
     mv = _as_bytes_view(data)
     size = len(mv)
     best_id, best_params, best_body = RawCodec.id, b"", None
     best_len = len(_header(RawCodec.id, size, b"")) + size
     for codec in candidates(hint, size, level, fast, segments):
-        if codec.id == EntropyCodec.id and _order0_bytes(mv) * 0.97 + 64 >= best_len:
+        if codec.id == EntropyCodec.id and not exhaustive and _order0_bytes(mv) * 0.97 + 64 >= best_len:
             continue    # order-0 coding cannot win (zstd found repeats): skip its time and memory
         params, body = codec.encode(mv, hint)
         n = len(_header(codec.id, size, params)) + len(body)

@@ -11,6 +11,8 @@ as many bytes as its symbols and not R more bits for its flush.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import zlib
 
@@ -220,13 +222,27 @@ TANS_SLACK = 0.0005
 ZSTD_PROBE = 1.02
 
 
+_EVERY_TRIAL: contextvars.ContextVar[bool] = contextvars.ContextVar("lmzfs_every_stream_trial", default=False)
+
+
+@contextlib.contextmanager
+def every_trial():
+    """Within it (in this thread or task), encode_stream tries every coding, as with ``exhaustive``:
+    what encode_chunk(exhaustive=True) measures the estimates against."""
+    token = _EVERY_TRIAL.set(True)
+    try:
+        yield
+    finally:
+        _EVERY_TRIAL.reset(token)
+
+
 def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K: int = 1, *,
                   exhaustive: bool = False) -> bytes:
     """The smallest of: mode 0 + stored bytes (S <= 256), mode 1 + zstd frame, mode 2 + tANS section
     (ties in that order). On streams of ESTIMATE_BYTES or more the zstd and tANS trials that an
     estimate rules out are left out (see TANS_SLACK, ZSTD_PROBE) unless ``exhaustive``."""
     a = np.asarray(a)
-    estimate = not exhaustive and len(a) >= ESTIMATE_BYTES
+    estimate = not (exhaustive or _EVERY_TRIAL.get()) and len(a) >= ESTIMATE_BYTES
     raw = z = t = None
     b = None
     if S <= 256:
