@@ -124,3 +124,31 @@ def test_the_compiled_column_histogram_is_numpys_bincount(n, C, seed):
     tans._loop.column_hist(a, n, C, got)
     want = np.bincount((np.arange(n) % C) * 256 + a, minlength=C * 256).reshape(C, 256)
     assert np.array_equal(got, want)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 3000), S=st.integers(1, 400), K=st.integers(1, 5), R=st.integers(4, 15),
+       lanes=st.integers(1, 40), interleaved=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_encoder_slots_counted_from_the_built_tables_give_the_numpy_encoders_stream(n, S, K, R, lanes,
+                                                                                   interleaved, seed):
+    S = min(S, 1 << R)
+    rng = np.random.default_rng(seed)
+    sym = np.minimum(rng.geometric(rng.uniform(0.02, 0.9), size=n) - 1, S - 1)
+    ctx = rng.integers(0, K, size=n)
+    counts = np.ones((K, S), dtype=np.int64) + rng.integers(0, 50, (K, S)) * (rng.random((K, S)) < 0.5)
+    freqs = tans.quantize_rows(counts, R)
+
+    def encode():   # tables built afresh in each path: the compiled one counts its slots
+        return tans.encode(sym, tans.Tables(freqs, R), lanes, ctx=ctx, interleaved=interleaved)
+    compiled, reference = _compiled_then_numpy(encode)
+    assert compiled == reference
+    out, _ = tans.decode(compiled, n, tans.Tables(freqs, R), lanes, ctx=ctx, interleaved=interleaved)
+    assert np.array_equal(out, sym)
+
+
+def test_encoder_slots_refuse_entries_that_do_not_match_the_frequencies():
+    freqs = np.array([[8, 8]], dtype=np.int64)
+    tab = tans.Tables(freqs, 4)
+    enc = np.empty(16, dtype=np.int64)
+    with pytest.raises(ValueError, match="do not match"):
+        tans._loop.encode_slots(tab.packed, 1, 2, 4, np.array([[9, 7]], dtype=np.int64), enc)

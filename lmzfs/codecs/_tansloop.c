@@ -385,6 +385,7 @@ done:
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, "Decode a tANS stream; see the comment at the top of _tansloop.c."},
     {"encode", tans_encode, METH_VARARGS, "tans.encode's steps and packing; see _tansenc.c."},
+    {"encode_slots", tans_encode_slots, METH_VARARGS, "tans.encode's slots from built tables; see _tansenc.c."},
     {"build", tans_build, METH_VARARGS, "Build decoder entries; see the comment above build()."},
     {"quantize_rows", tans_quantize_rows, METH_VARARGS, "tans.quantize_rows; see the comment above it."},
     {"pack_fields", tans_pack_fields, METH_VARARGS, "floatsplit's bits-back bytes; see the comment above it."},

@@ -83,6 +83,7 @@ PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_symbols(PyObject *self, PyObject *args);
 PyObject *tans_encode(PyObject *self, PyObject *args);
+PyObject *tans_encode_slots(PyObject *self, PyObject *args);
 /* the encoders' passes over a chunk (_tansfit.c) */
 PyObject *tans_float_range(PyObject *self, PyObject *args);
 PyObject *tans_float_fields(PyObject *self, PyObject *args);
