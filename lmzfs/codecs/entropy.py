@@ -82,8 +82,11 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
     n = len(sym)
     if n == 0:
         return EMPTY_SECTION
+    given = (sym, ctx)
     sym = np.asarray(sym, dtype=np.int64)
     c = np.zeros(n, dtype=np.int64) if ctx is None else np.asarray(ctx, dtype=np.int64)
+    # arrays made here (converted, not the caller's) may be changed in place below
+    own = [not any(g is not None and np.may_share_memory(a, g) for g in given) for a in (c, sym)]
     counts = np.bincount(c * S + sym, minlength=K * S).reshape(K, S)
     R = _table_log(counts, n, S, K)
     freqs = np.zeros((K, S), dtype=np.int64)
@@ -120,7 +123,7 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
         idx, ok = _tails(n, lanes, k)
         lo = np.where(ok, sym[np.clip(idx, 0, n - 1)] & ((1 << g) - 1), 0)
         bb = (lo << (g * np.arange(k))[None, :]).sum(axis=1)
-        tctx, tsym = c.copy(), sym.copy()
+        tctx, tsym = (a if mine else a.copy() for a, mine in zip((c, sym), own))
         ti = idx[ok]
         tctx[ti] += K
         tsym[ti] >>= g
