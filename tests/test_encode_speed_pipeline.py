@@ -22,9 +22,11 @@ from lmzfs.testing.killpoints import kill_at_marker
 from lmzfs.testing.synthetic import small_model
 
 # Prints HERE once two workers are encoding weight chunks at the same moment (a barrier holds the
-# first two until both have started), then lets the add go on until the kill lands.
+# first two until both have started), then lets the add go on until the kill lands: each encode
+# takes a tenth of a second longer, so that the workers are still at it after the kill's delay,
+# and the commit never comes.
 PARALLEL_ADD = """
-import sys, threading
+import sys, threading, time
 from pathlib import Path
 import lmzfs.store.add as add
 from lmzfs.store.layout import StorePaths
@@ -39,8 +41,13 @@ def encode(*a, **k):
                 said.set()
         except threading.BrokenBarrierError:
             pass
-    return real_encode(*a, **k)
+    got = real_encode(*a, **k)
+    time.sleep(0.1)
+    return got
+def commit(*a, **k):
+    time.sleep(60)
 add.encode_chunk = encode
+add._commit = commit
 add.add_model(StorePaths(Path(sys.argv[1])), Path(sys.argv[2]), "victim", workers=2)
 print("DONE", flush=True)
 """
