@@ -18,7 +18,7 @@ import numpy as np
 from .base import VARINT_MAX_BYTES, Buffer, ChunkHint, Codec, CodecError, DeltaCodec, get_varint, put_varint
 from .blockdelta import BlockDeltaCodec
 from .bytegroup import ELEMENT_SIZES, BytegroupCodec
-from .entropy import EntropyCodec, order0_bytes
+from .entropy import EntropyCodec, every_trial, order0_bytes
 from .floatseg import SEGMENT_LOG, FloatSegCodec
 from .floatsplit import FORMAT_OF, FloatSplitCodec
 from .ggufblocks import TYPE_OF, GgufBlocksCodec
@@ -128,32 +128,67 @@ def _order0_bytes(mv: memoryview) -> float:
     return order0_bytes(np.frombuffer(mv, dtype=np.uint8), 256)
 
 
+# The TEXT_LEVEL trial is left out where it is estimated to come out more than this factor above
+# the best payload so far: its gain over the default level is measured on a slice of the chunk
+# (TEXT_SAMPLE_PART of it) and applied to the whole. Chunks under TEXT_SAMPLE_MIN always try it.
+TEXT_SLACK = 1.02
+TEXT_SAMPLE_PART = 8
+TEXT_SAMPLE_MIN = 64 << 10
+
+
+def _text_level_may_win(mv: memoryview, hint: ChunkHint, level: int, default_len: int, best_len: int) -> bool:
+    """Whether zstd at TEXT_LEVEL may beat best_len, given the length at ``level``: on text
+    and metadata (where zstd is the best coding) always; on weights that an entropy coder
+    already codes well below zstd (int8 tables with many zeros), only if a slice says so. The
+    slow level costs many times the other trials together there."""
+    if default_len <= best_len * TEXT_SLACK or len(mv) < TEXT_SAMPLE_MIN:
+        return True
+    part = mv[:len(mv) // TEXT_SAMPLE_PART]
+    gain = len(ZstdCodec(TEXT_LEVEL).encode(part, hint)[1]) / max(1, len(ZstdCodec(level).encode(part, hint)[1]))
+    return default_len * gain <= best_len * TEXT_SLACK
+
+
 def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL,
-                 fast: bool = False, segments: bool = False, thorough: bool = True) -> EncodedChunk:
+                 fast: bool = False, segments: bool = False, thorough: bool = True,
+                 exhaustive: bool = False) -> EncodedChunk:
     """Encode one chunk with whichever codec gives the smallest payload.
 
     Candidates (see ``candidates``): zstd always; bytegroup for element sizes 2, 4 and 8;
     floatsplit for float dtypes (with ``segments``, floatseg above SEGMENT_BYTES), ggufblocks for GGUF
     block-quantised dtypes and entropy for everything else, on chunks of at least MIN_ENTROPY_SIZE bytes; zstd at TEXT_LEVEL when the
     default level already halves the chunk; raw whenever nothing beats it. ``level`` is the zstd
-    level (an encoder setting, not recorded).
+    level (an encoder setting, not recorded). ``exhaustive``: no trial is left out on an
+    estimate (here or in the codecs' coded streams), the yardstick the estimates are tested
+    against; slower, never the default.
     """
+    if exhaustive:
+        with every_trial():
+            return _encode_chunk(data, hint, level, fast, segments, thorough, True)
+    return _encode_chunk(data, hint, level, fast, segments, thorough, False)
+
+
+def _encode_chunk(data: Buffer, hint: ChunkHint, level: int, fast: bool, segments: bool, thorough: bool,
+                  exhaustive: bool) -> EncodedChunk:
     mv = _as_bytes_view(data)
     size = len(mv)
     best_id, best_params, best_body = RawCodec.id, b"", None
     best_len = len(_header(RawCodec.id, size, b"")) + size
+    text_trial = 0      # the zstd candidate's payload length, where it halves the chunk
     for codec in candidates(hint, size, level, fast, segments):
-        if codec.id == EntropyCodec.id and _order0_bytes(mv) * 0.97 + 64 >= best_len:
+        if codec.id == EntropyCodec.id and not exhaustive and _order0_bytes(mv) * 0.97 + 64 >= best_len:
             continue    # order-0 coding cannot win (zstd found repeats): skip its time and memory
         params, body = codec.encode(mv, hint)
         n = len(_header(codec.id, size, params)) + len(body)
         if n < best_len or (n == best_len and _DECODE_COST[codec.id] < _DECODE_COST[best_id]):
             best_id, best_params, best_body, best_len = codec.id, params, body, n
         if thorough and codec.id == ZstdCodec.id and len(body) * 2 <= size and level < TEXT_LEVEL:
-            body = ZstdCodec(TEXT_LEVEL).encode(mv, hint)[1]
-            n = len(_header(codec.id, size, b"")) + len(body)
-            if n < best_len:
-                best_id, best_params, best_body, best_len = codec.id, b"", body, n
+            text_trial = n
+    # Last, once every other candidate has been measured: the slow level only where it may win.
+    if text_trial and (exhaustive or _text_level_may_win(mv, hint, level, text_trial, best_len)):
+        body = ZstdCodec(TEXT_LEVEL).encode(mv, hint)[1]
+        n = len(_header(ZstdCodec.id, size, b"")) + len(body)
+        if n < best_len or (n == best_len and _DECODE_COST[ZstdCodec.id] < _DECODE_COST[best_id]):
+            best_id, best_params, best_body, best_len = ZstdCodec.id, b"", body, n
     if best_body is None:
         best_body = mv.tobytes()
     payload = _header(best_id, size, best_params) + best_body

@@ -131,3 +131,67 @@ done:
     PyBuffer_Release(&x0);
     return result;
 }
+
+/* encode_slots(packed, K, S, R, freqs, enc): the encoder slots from the decoder entries that
+ * build (_tanstables.c) made: enc[k * L + start + rank] = L + the rank-th position (ascending)
+ * holding symbol s in table k, start being the sum of k's frequencies below s. That is
+ * tans.py's argsort of the spread, by counting instead of sorting, and without spreading again. */
+PyObject *tans_encode_slots(PyObject *self, PyObject *args)
+{
+    Py_buffer pb = {0}, fb = {0}, eb = {0};
+    Py_ssize_t K, S, R;
+    if (!PyArg_ParseTuple(args, "y*nnny*w*", &pb, &K, &S, &R, &fb, &eb))
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *cursor = NULL, *limit = NULL;
+    const int64_t L = (int64_t)1 << (R < 1 || R > 15 ? 1 : R);
+    if (R < 1 || R > 15 || K < 1 || S < 1 || pb.len < K * L * 8 || fb.len < K * S * 8 || eb.len < K * L * 8) {
+        PyErr_SetString(PyExc_ValueError, "encode_slots: bad arguments");
+        goto done;
+    }
+    cursor = malloc((size_t)S * sizeof *cursor);
+    limit = malloc((size_t)S * sizeof *limit);
+    if (!cursor || !limit) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *restrict packed = pb.buf, *restrict f = fb.buf;
+    int64_t *restrict enc = eb.buf;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < K && !bad; k++) {
+        int64_t at = 0;
+        for (Py_ssize_t s = 0; s < S; s++) {
+            cursor[s] = at;
+            at += f[k * S + s];
+            limit[s] = at;
+        }
+        if (at != L) {
+            bad = 1;
+            break;
+        }
+        const int64_t *row = packed + k * L;
+        int64_t *out = enc + k * L;
+        for (int64_t p = 0; p < L; p++) {
+            const int64_t s = row[p] >> 20;
+            if (s < 0 || s >= S || cursor[s] >= limit[s]) {
+                bad = 1;
+                break;
+            }
+            out[cursor[s]++] = L + p;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "encode_slots: the entries do not match the frequencies");
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    free(cursor);
+    free(limit);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&fb);
+    PyBuffer_Release(&eb);
+    return result;
+}

@@ -8,6 +8,7 @@
  * These loops make one pass each and release the lock, so that the pool's threads encode at once. */
 #include "_tansloop.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* float_range(u, n, mb, eb) -> (emin, emax): the smallest and largest exponent field of the n
@@ -165,6 +166,131 @@ PyObject *tans_row_means(PyObject *self, PyObject *args)
 done:
     PyBuffer_Release(&eb);
     PyBuffer_Release(&out);
+    return result;
+}
+
+/* row_order_stats(e, n, C, shift, E, ranks, out) -> bool: out[j] = the ranks[j]-th smallest row
+ * mean (0-based, ranks ascending), the rows and means being row_means's, as numpy's partition
+ * finds them. Every full row's mean is its integer sum over C, so one counting pass over the sums
+ * orders them (at most two rows, the first and the last, are shorter and are merged in by value);
+ * False, with nothing written, when the sums span too many values for that to be cheaper than a
+ * partition (the caller partitions instead). */
+PyObject *tans_row_order_stats(PyObject *self, PyObject *args)
+{
+    Py_buffer eb = {0}, rb = {0}, out = {0};
+    Py_ssize_t n, C, shift, E;
+    if (!PyArg_ParseTuple(args, "y*nnnny*w*", &eb, &n, &C, &shift, &E, &rb, &out))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t nrows = n > 0 && C > 0 ? (n - 1 + shift) / C + 1 : 0, nr = rb.len / 8;
+    const int64_t *restrict ranks = rb.buf;
+    int bad = n < 1 || C < 1 || shift < 0 || shift >= C || E < 1 || eb.len < n * 2 || out.len < nr * 8;
+    for (Py_ssize_t j = 0; j < nr && !bad; j++)
+        bad = ranks[j] < 0 || ranks[j] >= nrows || (j && ranks[j] < ranks[j - 1]);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "row_order_stats: bad arguments");
+        goto done;
+    }
+    const Py_ssize_t bins = (E - 1) * C + 1;
+    if (bins > 4 * nrows) {
+        result = Py_NewRef(Py_False);
+        goto done;
+    }
+    int64_t *hist = calloc((size_t)bins, sizeof(int64_t));
+    if (!hist) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint16_t *restrict e = eb.buf;
+    double *restrict o = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    double extra[2];
+    int nx = 0;
+    Py_ssize_t i = 0;
+    for (Py_ssize_t r = 0; r < nrows && !bad; r++) {
+        const Py_ssize_t end = (r + 1) * C - shift < n ? (r + 1) * C - shift : n;
+        int64_t s = 0;
+        const Py_ssize_t c = end - i;
+        for (; i < end; i++) {
+            if (e[i] >= E)
+                bad = 1;
+            s += e[i];
+        }
+        if (bad)
+            break;
+        if (c == C)
+            hist[s]++;
+        else
+            extra[nx++] = (double)s / (double)(c > 1 ? c : 1);
+    }
+    if (nx == 2 && extra[1] < extra[0]) {
+        const double t = extra[0];
+        extra[0] = extra[1];
+        extra[1] = t;
+    }
+    /* walk the means in ascending order: the bins' values s / C with the short rows merged in */
+    int64_t pos = 0;
+    Py_ssize_t j = 0, s = 0;
+    int x = 0;
+    while (!bad && j < nr) {
+        double v;
+        int64_t cnt;
+        const double vb = s < bins ? (double)s / (double)C : 0.0;
+        if (x < nx && (s >= bins || extra[x] <= vb)) {
+            v = extra[x++];
+            cnt = 1;
+        } else if (s < bins) {
+            v = vb;
+            cnt = hist[s++];
+        } else
+            break;
+        for (; j < nr && ranks[j] < pos + cnt; j++)
+            o[j] = v;
+        pos += cnt;
+    }
+    Py_END_ALLOW_THREADS
+    free(hist);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "row_order_stats: an exponent is outside the range");
+        goto done;
+    }
+    result = Py_NewRef(Py_True);
+done:
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* column_hist(a, n, C, hist): hist[(i % C) * 256 + a[i]] counted over the n bytes of a (hist
+ * zeroed, C x 256 int64): the entropy codec's column histograms, numpy's bincount of
+ * (arange(n) % C) * 256 + a without its int64 temporaries. */
+PyObject *tans_column_hist(PyObject *self, PyObject *args)
+{
+    Py_buffer ab = {0}, hb = {0};
+    Py_ssize_t n, C;
+    if (!PyArg_ParseTuple(args, "y*nnw*", &ab, &n, &C, &hb))
+        return NULL;
+    PyObject *result = NULL;
+    if (n < 0 || C < 1 || ab.len < n || hb.len < C * 256 * 8) {
+        PyErr_SetString(PyExc_ValueError, "column_hist: bad arguments");
+        goto done;
+    }
+    const uint8_t *restrict a = ab.buf;
+    int64_t *restrict h = hb.buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t i = 0;
+    while (i < n) {
+        const Py_ssize_t end = i + C < n ? i + C : n;
+        int64_t *row = h;
+        for (; i < end; i++, row += 256)
+            row[a[i]]++;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&ab);
+    PyBuffer_Release(&hb);
     return result;
 }
 

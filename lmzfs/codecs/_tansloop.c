@@ -385,6 +385,7 @@ done:
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, "Decode a tANS stream; see the comment at the top of _tansloop.c."},
     {"encode", tans_encode, METH_VARARGS, "tans.encode's steps and packing; see _tansenc.c."},
+    {"encode_slots", tans_encode_slots, METH_VARARGS, "tans.encode's slots from built tables; see _tansenc.c."},
     {"build", tans_build, METH_VARARGS, "Build decoder entries; see the comment above build()."},
     {"quantize_rows", tans_quantize_rows, METH_VARARGS, "tans.quantize_rows; see the comment above it."},
     {"pack_fields", tans_pack_fields, METH_VARARGS, "floatsplit's bits-back bytes; see the comment above it."},
@@ -406,6 +407,8 @@ static PyMethodDef methods[] = {
     {"float_planes", tans_float_planes, METH_VARARGS, "floatsplit's stored planes; see _tansfit.c."},
     {"row_means", tans_row_means, METH_VARARGS, "floatsplit's row means; see _tansfit.c."},
     {"row_classes", tans_row_classes, METH_VARARGS, "floatsplit's row classes and their histogram; see _tansfit.c."},
+    {"row_order_stats", tans_row_order_stats, METH_VARARGS, "floatsplit's row-mean order statistics; see _tansfit.c."},
+    {"column_hist", tans_column_hist, METH_VARARGS, "the entropy codec's column histograms; see _tansfit.c."},
     {"row_contexts", tans_row_contexts, METH_VARARGS, "floatsplit's row-class contexts; see _tansfit.c."},
     {"encode_rows", tans_encode_rows, METH_VARARGS, "tans.encode's table rows; see _tansfit.c."},
     {"copy_bytes", tans_copy_bytes, METH_O, "A buffer's bytes, copied without Python's lock; see _tanscopy.c."},

@@ -84,12 +84,15 @@ PyObject *tans_scatter_field(PyObject *self, PyObject *args);
 PyObject *tans_tail_contexts(PyObject *self, PyObject *args);
 PyObject *tans_tail_symbols(PyObject *self, PyObject *args);
 PyObject *tans_encode(PyObject *self, PyObject *args);
+PyObject *tans_encode_slots(PyObject *self, PyObject *args);
 /* the encoders' passes over a chunk (_tansfit.c) */
 PyObject *tans_float_range(PyObject *self, PyObject *args);
 PyObject *tans_float_fields(PyObject *self, PyObject *args);
 PyObject *tans_float_planes(PyObject *self, PyObject *args);
 PyObject *tans_row_means(PyObject *self, PyObject *args);
 PyObject *tans_row_classes(PyObject *self, PyObject *args);
+PyObject *tans_row_order_stats(PyObject *self, PyObject *args);
+PyObject *tans_column_hist(PyObject *self, PyObject *args);
 PyObject *tans_row_contexts(PyObject *self, PyObject *args);
 PyObject *tans_encode_rows(PyObject *self, PyObject *args);
 /* ulpdelta's element loops (_tansulp.c) */

@@ -11,6 +11,8 @@ as many bytes as its symbols and not R more bits for its flush.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import zlib
 
@@ -80,8 +82,11 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
     n = len(sym)
     if n == 0:
         return EMPTY_SECTION
+    given = (sym, ctx)
     sym = np.asarray(sym, dtype=np.int64)
     c = np.zeros(n, dtype=np.int64) if ctx is None else np.asarray(ctx, dtype=np.int64)
+    # arrays made here (converted, not the caller's) may be changed in place below
+    own = [not any(g is not None and np.may_share_memory(a, g) for g in given) for a in (c, sym)]
     counts = np.bincount(c * S + sym, minlength=K * S).reshape(K, S)
     R = _table_log(counts, n, S, K)
     freqs = np.zeros((K, S), dtype=np.int64)
@@ -118,7 +123,7 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
         idx, ok = _tails(n, lanes, k)
         lo = np.where(ok, sym[np.clip(idx, 0, n - 1)] & ((1 << g) - 1), 0)
         bb = (lo << (g * np.arange(k))[None, :]).sum(axis=1)
-        tctx, tsym = c.copy(), sym.copy()
+        tctx, tsym = (a if mine else a.copy() for a, mine in zip((c, sym), own))
         ti = idx[ok]
         tctx[ti] += K
         tsym[ti] >>= g
@@ -220,13 +225,27 @@ TANS_SLACK = 0.0005
 ZSTD_PROBE = 1.02
 
 
+_EVERY_TRIAL: contextvars.ContextVar[bool] = contextvars.ContextVar("lmzfs_every_stream_trial", default=False)
+
+
+@contextlib.contextmanager
+def every_trial():
+    """Within it (in this thread or task), encode_stream tries every coding, as with ``exhaustive``:
+    what encode_chunk(exhaustive=True) measures the estimates against."""
+    token = _EVERY_TRIAL.set(True)
+    try:
+        yield
+    finally:
+        _EVERY_TRIAL.reset(token)
+
+
 def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K: int = 1, *,
                   exhaustive: bool = False) -> bytes:
     """The smallest of: mode 0 + stored bytes (S <= 256), mode 1 + zstd frame, mode 2 + tANS section
     (ties in that order). On streams of ESTIMATE_BYTES or more the zstd and tANS trials that an
     estimate rules out are left out (see TANS_SLACK, ZSTD_PROBE) unless ``exhaustive``."""
     a = np.asarray(a)
-    estimate = not exhaustive and len(a) >= ESTIMATE_BYTES
+    estimate = not (exhaustive or _EVERY_TRIAL.get()) and len(a) >= ESTIMATE_BYTES
     raw = z = t = None
     b = None
     if S <= 256:
@@ -283,17 +302,34 @@ def _h(counts: np.ndarray) -> float:
         return float(np.where(c > 0, -c * np.log2(c / np.maximum(tot, 1)), 0.0).sum()) / 8
 
 
+def _column_spreads(a: np.ndarray, C: int, mode: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mean distance of each column's bytes, as int8, from the mode over the whole rows;
+    C x 256 histogram of each column's bytes over all of a). Compiled: one histogram pass, the
+    spreads from the whole rows' histogram (their integer sums, so numpy's means exactly)."""
+    n = len(a)
+    rows = n // C
+    if tans._loop is None:
+        v = a[: rows * C].reshape(rows, C).astype(np.int64)
+        spread = np.abs(((v - mode + 128) & 255) - 128).mean(axis=0)
+        col = np.arange(n) % C
+        return spread, np.bincount(col * 256 + a, minlength=C * 256).reshape(C, 256)
+    colhist = np.zeros((C, 256), dtype=np.int64)
+    tans._loop.column_hist(a, rows * C, C, colhist)
+    dist = np.abs(((np.arange(256) - mode + 128) & 255) - 128)
+    spread = (colhist @ dist).astype(np.float64) / rows
+    t = n - rows * C
+    colhist[np.arange(t), a[rows * C:]] += 1
+    return spread, colhist
+
+
 def _column_classes(a: np.ndarray, C: int) -> tuple[int, np.ndarray] | None:
     """Split the columns (position mod C) into K classes by their spread, when that pays."""
     n = len(a)
     rows = n // C
     if C < 8 or rows < 32:
         return None
-    v = a[: rows * C].reshape(rows, C).astype(np.int64)
     mode = int(np.bincount(a).argmax())
-    spread = np.abs(((v - mode + 128) & 255) - 128).mean(axis=0)
-    col = np.arange(n) % C
-    colhist = np.bincount(col * 256 + a, minlength=C * 256).reshape(C, 256)
+    spread, colhist = _column_spreads(a, C, mode)
     hist_f = colhist.astype(np.float64)
     base = _h(colhist.sum(axis=0)[None, :]) + 300
     best = None

@@ -461,7 +461,7 @@ def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
     # The quartile and median cuts are among the eighth ones, so one quantile call, one class per
     # row and one histogram serve all three K: a row's class among K is its class among 8 shifted,
     # and K's counts are sums of 8's rows (the quantiles never decrease).
-    edges = np.quantile(mean, np.linspace(0, 1, 9)[1:-1])
+    edges = _row_edges(e, n, C, shift, E, mean) if compiled else np.quantile(mean, _EIGHTHS)
     if compiled:
         cls8 = np.empty(nrows, dtype=np.int64)
         cA8 = np.zeros((8, E), dtype=np.int64)
@@ -476,6 +476,33 @@ def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
         if best is None or cost < best[0]:
             best = (cost, K, cls, cA)
     return best
+
+
+_EIGHTHS = np.linspace(0, 1, 9)[1:-1]
+
+
+def _row_edges(e: np.ndarray, n: int, C: int, shift: int, E: int, mean: np.ndarray) -> np.ndarray:
+    """np.quantile(mean, _EIGHTHS), the same floats: the compiled pass finds the order statistics
+    the interpolation needs from the rows' integer sums (no partition of the means), and they are
+    interpolated here exactly as numpy's "linear" method does; a partition where it cannot."""
+    nrows = len(mean)
+    virtual = (nrows - 1) * _EIGHTHS
+    prev = np.floor(virtual)
+    nxt = prev + 1
+    above = virtual >= nrows - 1
+    prev[above] = nxt[above] = nrows - 1
+    prev, nxt = prev.astype(np.intp), nxt.astype(np.intp)
+    ranks = np.unique(np.concatenate((prev, nxt)))
+    vals = np.empty(len(ranks), dtype=np.float64)
+    if not tans._loop.row_order_stats(e, n, C, shift, E, ranks.astype(np.int64), vals):
+        return np.quantile(mean, _EIGHTHS)
+    a, b = vals[np.searchsorted(ranks, prev)], vals[np.searchsorted(ranks, nxt)]
+    # numpy's gamma uses the floor index, or -1 (the last element) above the bounds
+    gamma = virtual - np.where(above, -1, prev)
+    diff = b - a
+    out = a + diff * gamma
+    np.subtract(b, diff * (1 - gamma), out=out, where=gamma >= 0.5)
+    return out
 
 
 def _row_contexts(cls: np.ndarray, n: int, C: int, shift: int) -> np.ndarray:

@@ -178,16 +178,22 @@ class Tables:
         if self._enc is None:
             if self.freqs is None:
                 raise ValueError("tans: prebuilt tables decode only")
-            if self._order is None:
-                self._spread_tables()
             K, R, L, f = self.K, self.R, self.L, self.freqs
+            enc = None
+            if self._order is None and _loop is not None and self.S <= 32767:
+                # the entries build() made hold each position's symbol: count them into slots
+                enc = np.empty(K * L, dtype=np.int64)
+                _loop.encode_slots(self.packed, K, self.S, R, np.ascontiguousarray(f), enc)
+            elif self._order is None:
+                self._spread_tables()
             bitlen = np.where(f > 0, np.frexp(np.maximum(f, 1).astype(np.float64))[1], 0).astype(np.int64)
             ks = R + 1 - bitlen
             thr = f << ks
             start = (np.cumsum(f, axis=1) - f) + (np.arange(K, dtype=np.int64)[:, None] * L)
-            enc = np.empty(K * L, dtype=np.int64)
-            for k in range(K):
-                enc[k * L:(k + 1) * L] = L + self._order[k]    # slot start_s + rank -> L + position
+            if enc is None:
+                enc = np.empty(K * L, dtype=np.int64)
+                for k in range(K):
+                    enc[k * L:(k + 1) * L] = L + self._order[k]    # slot start_s + rank -> L + position
             self._enc = (ks.ravel(), thr.ravel(), start.ravel(), f.ravel(), enc)
         return self._enc
 
