@@ -289,12 +289,27 @@ def test_an_idle_file_is_committed_by_commit_idle_while_still_open(fs, p, store_
     fs.release(fh)
 
 
-_KILLED_WRITER = textwrap.dedent("""
+_CHILD_HEAD = textwrap.dedent("""
     import os, signal, sys
     from lmzfs.fsmodel.filesystem import Filesystem
     from lmzfs.testing.fspaths import PathDriver
     fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
     p = PathDriver(fs)
+""")
+
+
+def killed_child(body: str) -> str:
+    """A child's script: fs, a Filesystem of the store in sys.argv[1], and p, its PathDriver;
+    then `body`; then SIGKILL of itself, as kill -9 ends a daemon."""
+    return _CHILD_HEAD + textwrap.dedent(body) + "os.kill(os.getpid(), signal.SIGKILL)\n"
+
+
+def kill_writer(script: str, store: Path) -> None:
+    run = subprocess.run([sys.executable, "-c", script, str(store)], capture_output=True)
+    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
+
+
+_KILLED_WRITER = killed_child("""
     p.mkdir("m")
     p.write_file("m/committed", b"closed before the kill")
     fh = p.open("m/committed", os.O_WRONLY)
@@ -304,13 +319,11 @@ _KILLED_WRITER = textwrap.dedent("""
     fs.write(fh2, 0, b"fsync'd new file")
     fs.fsync(fh2)
     p.rename("m/new", "m/renamed")     # a rename of a recorded file records it again
-    os.kill(os.getpid(), signal.SIGKILL)
 """)
 
 
 def test_fsynced_writes_survive_a_kill_and_are_committed_at_the_next_open(store_dir):
-    run = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(store_dir)], capture_output=True)
-    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
+    kill_writer(_KILLED_WRITER, store_dir)
     fs = open_fs(store_dir)
     try:
         assert fs.replayed == 2
@@ -323,12 +336,7 @@ def test_fsynced_writes_survive_a_kill_and_are_committed_at_the_next_open(store_
     assert sorted(os.listdir(StorePaths(store_dir).root / "spool"))[-1] == "mount.lock"
 
 
-_UNSYNCED_WRITER = textwrap.dedent("""
-    import os, signal, sys
-    from lmzfs.fsmodel.filesystem import Filesystem
-    from lmzfs.testing.fspaths import PathDriver
-    fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
-    p = PathDriver(fs)
+_UNSYNCED_WRITER = killed_child("""
     p.mkdir("m")
     p.write_file("m/stored", bytes(range(256)) * 64)
     p.write_file("m/shrunk", b"0123456789" * 100)
@@ -350,13 +358,7 @@ _UNSYNCED_WRITER = textwrap.dedent("""
     fh = p.open("m/gone", os.O_CREAT | os.O_WRONLY)
     fs.write(fh, 0, b"unlinked before the kill")
     p.unlink("m/gone")
-    os.kill(os.getpid(), signal.SIGKILL)
 """)
-
-
-def kill_writer(script: str, store: Path) -> None:
-    run = subprocess.run([sys.executable, "-c", script, str(store)], capture_output=True)
-    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
 
 
 def test_writes_never_fsynced_survive_a_kill_with_their_names_truncates_and_appends(store_dir):
@@ -382,12 +384,7 @@ def test_writes_never_fsynced_survive_a_kill_with_their_names_truncates_and_appe
     assert sorted(Path(n).suffix for n in os.listdir(StorePaths(store_dir).root / "spool")) == [".data", ".lock", ".log"]
 
 
-_THREE_WRITES = textwrap.dedent("""
-    import os, signal, sys
-    from lmzfs.fsmodel.filesystem import Filesystem
-    from lmzfs.testing.fspaths import PathDriver
-    fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
-    p = PathDriver(fs)
+_THREE_WRITES = killed_child("""
     p.mkdir("m")
     fh = p.open("m/f", os.O_CREAT | os.O_WRONLY)
     fs.write(fh, 0, b"aaaa")
@@ -395,7 +392,6 @@ _THREE_WRITES = textwrap.dedent("""
         fs.fsync(fh)
     fs.write(fh, 4, b"bbbb")
     fs.write(fh, 8, b"cccc")
-    os.kill(os.getpid(), signal.SIGKILL)
 """)
 
 
@@ -502,23 +498,16 @@ def test_the_catalog_copy_follows_on_write_catalog_copy_and_at_close_not_at_ever
     assert diagnose(StorePaths(store_dir), check_packs=True).sound
 
 
-_CHMOD_AFTER_WRITE = textwrap.dedent("""
-    import os, signal, sys
-    from lmzfs.fsmodel.filesystem import Filesystem
-    from lmzfs.testing.fspaths import PathDriver
-    fs = Filesystem(sys.argv[1], cache_bytes=1 << 24, workers=1)
-    p = PathDriver(fs)
+_CHMOD_AFTER_WRITE = killed_child("""
     p.mkdir("m")
     fh = p.open("m/new", os.O_CREAT | os.O_WRONLY, 0o644)
     fs.write(fh, 0, b"written, never fsync'd")
     fs.setattr(p.stat("m/new").inode, mode=0o600, mtime_ns=1_234_000_000_000)
-    os.kill(os.getpid(), signal.SIGKILL)
 """)
 
 
 def test_a_chmod_and_utimes_after_unsynced_writes_survive_a_kill_with_the_bytes(store_dir):
-    run = subprocess.run([sys.executable, "-c", _CHMOD_AFTER_WRITE, str(store_dir)], capture_output=True)
-    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
+    kill_writer(_CHMOD_AFTER_WRITE, store_dir)
     fs = open_fs(store_dir)
     try:
         p = PathDriver(fs)
