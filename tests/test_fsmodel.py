@@ -516,3 +516,38 @@ def test_a_chmod_and_utimes_after_unsynced_writes_survive_a_kill_with_the_bytes(
         assert (st.mode & 0o777, st.mtime_ns) == (0o600, 1_234_000_000_000)
     finally:
         fs.close()
+
+
+def test_a_checkpoint_written_through_the_mount_recodes_its_predecessor_as_deltas_like_lmz_add(
+        tmp_path, store_dir):
+    from lmzfs.testing.checkpoints import bf16_checkpoints
+    step0, step1 = bf16_checkpoints(tmp_path / "run", 2, rows=512, cols=512)
+    add_model(StorePaths(store_dir), step0, "step-0")
+    payload_before = payload_bytes(store_dir)
+    fs = open_fs(store_dir)
+    try:
+        p = PathDriver(fs)
+        p.mkdir("step-1")
+        p.write_file("step-1/model.safetensors", (step1 / "model.safetensors").read_bytes())
+        assert p.read_file("step-0/model.safetensors") == (step0 / "model.safetensors").read_bytes()
+        assert p.read_file("step-1/model.safetensors") == (step1 / "model.safetensors").read_bytes()
+    finally:
+        fs.close()
+    catalog = Catalog(StorePaths(store_dir).catalog, readonly=True)
+    try:
+        (old,) = [f for f in catalog.files() if f.model == "step-0" and f.path == "model.safetensors"]
+        based = [e for e in catalog.extents(old.id) if catalog.chunk_base(e.chunk_id) is not None]
+    finally:
+        catalog.close()
+    assert based, "no chunk of step-0 was recoded against step-1"
+    # the new checkpoint costs less than a second whole copy of the model would
+    assert payload_bytes(store_dir) - payload_before < 0.8 * payload_before
+    assert verify_store(StorePaths(store_dir)).ok
+
+
+def payload_bytes(store: Path) -> int:
+    catalog = Catalog(StorePaths(store).catalog, readonly=True)
+    try:
+        return catalog.db.execute("SELECT SUM(length) FROM chunks WHERE refs > 0").fetchone()[0]
+    finally:
+        catalog.close()

@@ -154,10 +154,16 @@ def _new_tensors(tree: SourceTree) -> list[NewTensor]:
     out = []
     for src in tree.files:
         with open(tree.open(src), "rb") as f:
-            layout = parse_open_file(src.shown, f, os.fstat(f.fileno()).st_size)
-        if layout.error is None:
-            out.extend(NewTensor(src.rel, (t.name, t.dtype, t.shape), t.offset, t.size) for t in tensors_of(layout))
+            out.extend(file_tensors(src.rel, src.shown, f, os.fstat(f.fileno()).st_size))
     return out
+
+
+def file_tensors(rel: str, shown: str, f: BinaryIO, size: int) -> list[NewTensor]:
+    """The tensors of one file (`rel` in its model), from its header alone; none if it is malformed."""
+    layout = parse_open_file(shown, f, size)
+    if layout.error is not None:
+        return []
+    return [NewTensor(rel, (t.name, t.dtype, t.shape), t.offset, t.size) for t in tensors_of(layout)]
 
 
 def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress | None, workers: int | None,
@@ -227,7 +233,7 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
         plan = encode_file(f, lambda length, offset: os.pread(f.fileno(), length, offset), before.st_size,
                            src.shown, catalog, writer, pool, limit, fast=fast, segments=segments,
                            chunk_size=chunk_size, new=new, result=result, progress=progress,
-                           chain=_FileChain(index, recoder, src.rel) if index is not None else None)
+                           chain=FileChain(index, recoder, src.rel) if index is not None else None)
         plan.rel, plan.mtime = src.rel, before.st_mtime
         after = os.fstat(f.fileno())
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
@@ -236,7 +242,7 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
 
 
 @dataclass(frozen=True)
-class _FileChain:
+class FileChain:
     """What pairs a file's tensors with the base model's chunks, and recodes those as deltas."""
     index: BaseIndex
     recoder: ChainRecoder
@@ -246,7 +252,7 @@ class _FileChain:
 def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, shown: str, catalog: Catalog,
                 writer: PackWriter, pool: ThreadPoolExecutor, limit: int, *, fast: bool, segments: bool,
                 chunk_size: int, new: dict[bytes, _NewChunk], result: AddResult,
-                progress: Callable[[int], None], chain: _FileChain | None = None) -> _FilePlan:
+                progress: Callable[[int], None], chain: FileChain | None = None) -> _FilePlan:
     """Parse, chunk, hash and encode the `size` bytes that `f` (for the container parser) and
     `pread(length, offset)` read: what `lmz add` does to one file, and what a writable mount does
     to a file it commits. Chunks already stored (or in `new`) are reused; new ones are appended
@@ -338,12 +344,7 @@ def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
             new: dict[bytes, _NewChunk], writer: PackWriter, recoded: dict) -> set[int]:
     """Make the model visible in one transaction; returns the packs that held the recoded
     chunks' payloads before (their bytes there are dead from now on)."""
-    old_bases = {cid: catalog.chunk_base(cid) for cid in recoded}
-    old_packs: set[int] = set()
-    for cid in recoded:
-        row = catalog.db.execute("SELECT pack FROM chunks WHERE id = ?", (cid,)).fetchone()
-        if row is not None:
-            old_packs.add(row[0])
+    before = RecodedBefore.of(catalog, recoded)
     with catalog.transaction() as db:
         insert_new_chunks(db, plans, new)
         model_id = db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
@@ -357,14 +358,35 @@ def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
             insert_tensors(db, file_id, p)
             for _, cid in p.extents:
                 refs[cid] = refs.get(cid, 0) + 1
-        # Recoded chunks: new payload and base; a base's refs count the chunks coded against it.
-        db.executemany("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ?, base = ? WHERE id = ?",
-                       [(r.codec, r.pack, r.offset, r.length, r.base, r.chunk_id) for r in recoded.values()])
-        for cid, r in recoded.items():
-            if r.base is not None:
-                refs[r.base] = refs.get(r.base, 0) + 1
-            if old_bases[cid] is not None:
-                refs[old_bases[cid]] = refs.get(old_bases[cid], 0) - 1
+        record_recoded(db, recoded, before, refs)
         db.executemany("UPDATE chunks SET refs = refs + ? WHERE id = ?", [(n, cid) for cid, n in refs.items() if n])
         Catalog.record_pack_ids(db, writer.pack_id, max(writer.touched))
-    return old_packs
+    return before.packs
+
+
+@dataclass(frozen=True)
+class RecodedBefore:
+    """What the catalog said of the recoded chunks before the commit that records their recode."""
+    bases: dict[bytes, bytes | None]       # chunk -> the base it was coded against
+    packs: set[int]                        # the packs that held their payloads
+
+    @classmethod
+    def of(cls, catalog: Catalog, recoded: dict) -> "RecodedBefore":
+        packs: set[int] = set()
+        for cid in recoded:
+            row = catalog.db.execute("SELECT pack FROM chunks WHERE id = ?", (cid,)).fetchone()
+            if row is not None:
+                packs.add(row[0])
+        return cls({cid: catalog.chunk_base(cid) for cid in recoded}, packs)
+
+
+def record_recoded(db: sqlite3.Connection, recoded: dict, before: RecodedBefore, refs: dict[bytes, int]) -> None:
+    """Inside a write transaction: the recoded chunks' new payloads and bases; `refs` gains the
+    reference changes (a base's refs count the chunks coded against it) for the caller to apply."""
+    db.executemany("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ?, base = ? WHERE id = ?",
+                   [(r.codec, r.pack, r.offset, r.length, r.base, r.chunk_id) for r in recoded.values()])
+    for cid, r in recoded.items():
+        if r.base is not None:
+            refs[r.base] = refs.get(r.base, 0) + 1
+        if before.bases[cid] is not None:
+            refs[before.bases[cid]] = refs.get(before.bases[cid], 0) - 1
