@@ -551,3 +551,30 @@ def payload_bytes(store: Path) -> int:
         return catalog.db.execute("SELECT SUM(length) FROM chunks WHERE refs > 0").fetchone()[0]
     finally:
         catalog.close()
+
+
+def test_a_small_write_into_a_paired_checkpoint_appends_one_chunk_not_the_recoded_ones_again(tmp_path, store_dir):
+    from lmzfs.testing.checkpoints import bf16_checkpoints
+    step0, step1 = bf16_checkpoints(tmp_path / "run", 2, rows=512, cols=512)
+    add_model(StorePaths(store_dir), step0, "step-0")
+    fs = open_fs(store_dir)
+    try:
+        p = PathDriver(fs)
+        p.mkdir("step-1")
+        data = bytearray((step1 / "model.safetensors").read_bytes())
+        p.write_file("step-1/model.safetensors", bytes(data))
+        after_first = pack_bytes(store_dir)
+        fh = p.open("step-1/model.safetensors", os.O_WRONLY)
+        fs.write(fh, len(data) - 8, b"\x01" * 8)     # inside the last tensor (the bias)
+        fs.release(fh)
+        data[-8:] = b"\x01" * 8
+        assert p.read_file("step-1/model.safetensors") == bytes(data)
+    finally:
+        fs.close()
+    # one new chunk appended: the weight matrix's chunks are not recoded a second time
+    assert pack_bytes(store_dir) - after_first < 16 << 10
+    assert verify_store(StorePaths(store_dir)).ok
+
+
+def pack_bytes(store: Path) -> int:
+    return sum(f.stat().st_size for f in (StorePaths(store).root / "packs").iterdir())

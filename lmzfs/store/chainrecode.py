@@ -101,7 +101,10 @@ class ChainRecoder:
     def offer(self, new_id: bytes, data: bytes, hint: ChunkHint, paired: Extent) -> None:
         """The new model's chunk `new_id` (plain `data`) pairs with the stored chunk `paired`."""
         b = paired.chunk_id
-        if b == new_id or b in self._claimed or b in self._new or not self.graph.allows(b, new_id):
+        if b == new_id or b in self._claimed or b in self._new or self.graph.base_of(b) == new_id \
+                or not self.graph.allows(b, new_id):
+            # (already coded against it: a writable mount's commit of a file after a small write
+            # offers every chunk again, the unchanged ones included)
             return
         self._claimed.add(b)
         deep = self.graph.over_cap(b, self.graph.depth(new_id) + 1)
