@@ -10,6 +10,7 @@ import pytest
 from lmzfs.codecs import (CodecError, ChunkHint, DELTA_CODECS, decode_chunk, encode_delta_chunk,
                           encode_delta_with, parse_payload, tans)
 from lmzfs.testing.hostile import within_bounds
+from lmzfs.testing.tanspaths import compiled_then_numpy
 
 FLOATS = {"BF16": 16, "F16": 16, "F32": 32, "F8_E4M3": 8, "F8_E5M2": 8}
 INTS = {"I8": 8, "U8": 8}
@@ -69,19 +70,6 @@ def _bf16(a: np.ndarray) -> bytes:
     return (a.view(np.uint32) >> 16).astype("<u2").tobytes()
 
 
-def _both_paths(compute):
-    """compute() with the compiled loops, then with numpy only."""
-    if tans._loop is None:
-        pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; `pip install -e .` builds it")
-    saved = tans._loop
-    try:
-        compiled = compute()
-        tans._loop = None
-        return compiled, compute()
-    finally:
-        tans._loop = saved
-
-
 @pytest.mark.parametrize("dtype", [*FLOATS, *INTS])
 def test_ulpdelta_round_trips_every_adversarial_pair_exactly_with_and_without_a_trailing_byte(dtype):
     bits = {**FLOATS, **INTS}[dtype]
@@ -103,9 +91,9 @@ def test_the_compiled_and_numpy_paths_write_identical_ulpdelta_payloads_and_deco
     pairs.append((_bf16(new), _bf16(ref)) if bits == 16 else (new.tobytes(), ref.tobytes()) if bits == 32
                  else (bytes(_bf16(new)[1::2]), bytes(_bf16(ref)[1::2])))
     for data, reference in pairs:
-        encoded = _both_paths(lambda: encode_delta_with("ulpdelta", data, reference, hint))
+        encoded = compiled_then_numpy(lambda: encode_delta_with("ulpdelta", data, reference, hint))
         assert encoded[0] == encoded[1]
-        decoded = _both_paths(lambda: decode_chunk(encoded[0], len(data), ref=reference))
+        decoded = compiled_then_numpy(lambda: decode_chunk(encoded[0], len(data), ref=reference))
         assert decoded[0] == decoded[1] == data
 
 

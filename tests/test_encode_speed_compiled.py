@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lmzfs.codecs import decode_chunk, encode_with, entropy, floatsplit, tans
 from lmzfs.codecs.base import ChunkHint
+from lmzfs.testing.tanspaths import compiled_then_numpy
 
 
 @pytest.fixture(autouse=True)
@@ -18,18 +19,8 @@ def _compiled_loop_built():
         pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; `pip install -e .` builds it")
 
 
-def _compiled_then_numpy(compute) -> tuple:
-    saved = tans._loop
-    try:
-        compiled = compute()
-        tans._loop = None
-        return compiled, compute()
-    finally:
-        tans._loop = saved
-
-
 def _decodes_back_both_ways(payload: bytes, data: bytes) -> None:
-    got = _compiled_then_numpy(lambda: decode_chunk(payload, len(data)))
+    got = compiled_then_numpy(lambda: decode_chunk(payload, len(data)))
     assert got == (data, data)
 
 
@@ -63,7 +54,7 @@ def test_compiled_and_numpy_floatsplit_encoders_write_the_same_payload_and_it_de
     width = _FLOATS[dtype][1]
     data = _float_chunk(kind, dtype, n, C, seed) + bytes(range(tail))
     hint = ChunkHint(dtype, width, shape=(-(-n // C), C) if C else (n,), offset=offset * width)
-    compiled, reference = _compiled_then_numpy(lambda: encode_with("floatsplit", data, hint))
+    compiled, reference = compiled_then_numpy(lambda: encode_with("floatsplit", data, hint))
     assert compiled == reference
     _decodes_back_both_ways(compiled, data)
 
@@ -82,7 +73,7 @@ def test_compiled_and_numpy_entropy_encoders_write_the_same_payload_and_it_decod
         a = np.clip(rng.normal(0, 1, n) * scale, -127, 127).astype(np.int8).view(np.uint8)
     data = a.tobytes()
     hint = ChunkHint("I8", 1, shape=(-(-n // C), C))
-    compiled, reference = _compiled_then_numpy(lambda: encode_with("entropy", data, hint))
+    compiled, reference = compiled_then_numpy(lambda: encode_with("entropy", data, hint))
     assert compiled == reference
     _decodes_back_both_ways(compiled, data)
 
@@ -140,7 +131,7 @@ def test_encoder_slots_counted_from_the_built_tables_give_the_numpy_encoders_str
 
     def encode():   # tables built afresh in each path: the compiled one counts its slots
         return tans.encode(sym, tans.Tables(freqs, R), lanes, ctx=ctx, interleaved=interleaved)
-    compiled, reference = _compiled_then_numpy(encode)
+    compiled, reference = compiled_then_numpy(encode)
     assert compiled == reference
     out, _ = tans.decode(compiled, n, tans.Tables(freqs, R), lanes, ctx=ctx, interleaved=interleaved)
     assert np.array_equal(out, sym)

@@ -1,0 +1,23 @@
+"""Run a computation through the compiled tANS loops and then through the numpy reference path,
+for tests that the two give the same bytes."""
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+from lmzfs.codecs import tans
+
+T = TypeVar("T")
+
+
+def compiled_then_numpy(compute: Callable[[], T]) -> tuple[T, T]:
+    """(compute() with the compiled loop, compute() with numpy only); the loop is put back after."""
+    if tans._loop is None:
+        raise AssertionError("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; "
+                             "`pip install -e .` builds it")
+    saved = tans._loop
+    try:
+        compiled = compute()
+        tans._loop = None
+        return compiled, compute()
+    finally:
+        tans._loop = saved
