@@ -10,6 +10,7 @@ setup(ext_modules=[Extension("lmzfs.codecs._tansloop",
                               "lmzfs/codecs/_tansfloat.c", "lmzfs/codecs/_tansgguf.c",
                               "lmzfs/codecs/_tanstails.c", "lmzfs/codecs/_tansvec.c",
                               "lmzfs/codecs/_tanscopy.c", "lmzfs/codecs/_tansenc.c",
-                              "lmzfs/codecs/_tansulp.c", "lmzfs/codecs/_tansfit.c"],
+                              "lmzfs/codecs/_tansulp.c", "lmzfs/codecs/_tansfit.c",
+                              "lmzfs/codecs/_tanssection.c"],
                              depends=["lmzfs/codecs/_tansloop.h"],
                              optional=True, extra_compile_args=["-O3"])])

@@ -63,17 +63,79 @@ def _table_log(counts: np.ndarray, n: int, S: int, K: int) -> int:
     hi = 14
     while hi > lo and 2 * K * ((1 << hi) + S) > max(1 << 16, 8 * n):
         hi -= 1
-    rows = [r for r in counts if r.any()]
-    c = np.concatenate(rows).astype(np.float64)
-    tot = np.concatenate([np.full(len(r), r.sum()) for r in rows]).astype(np.float64)
+    rows = counts[counts.any(axis=1)]
+    c = rows.ravel().astype(np.float64)
+    tot = np.repeat(rows.sum(axis=1), rows.shape[1]).astype(np.float64)
     nzm = c > 0
     H = float(-(c[nzm] * np.log2(c[nzm] / tot[nzm])).sum())
     for R in range(lo, hi + 1):
-        f = np.concatenate([tans.quantize(r, R) for r in rows]).astype(np.float64)
+        f = tans.quantize_rows(rows, R).ravel().astype(np.float64)
         Hq = float(-(c[nzm] * np.log2(f[nzm] / (1 << R))).sum())
         if Hq - H <= 0.0005 * H + 8:
             return R
     return max(lo, hi)
+
+
+def _compiled_symbols(a: np.ndarray | None) -> np.ndarray | None:
+    """a as the compiled section passes read it: uint8 or int64, contiguous."""
+    if a is None:
+        return None
+    a = np.asarray(a)
+    return np.ascontiguousarray(a if a.dtype in (np.uint8, np.int64) else a.astype(np.int64))
+
+
+def _section_histograms(sym, S: int, ctx, K: int, lanes: int, D: int) -> tuple[np.ndarray, np.ndarray]:
+    """(K x S counts of (context, symbol) over all of sym; D x K x S counts of those at depth d < D
+    from the end of their interleaved lane, the last symbol of a lane at depth 0)."""
+    n = len(sym)
+    if tans._loop is not None:      # the same integers as the numpy lines below; see _tanssection.c
+        counts = np.zeros(K * S, dtype=np.int64)
+        depth = np.zeros(D * K * S, dtype=np.int64)
+        T, wp, _ = tans.layout(n, lanes, True)
+        if not tans._loop.section_counts(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, D,
+                                         counts, depth):
+            raise ValueError("tans section: a symbol or context out of range")
+        return counts.reshape(K, S), depth.reshape(D, K, S)
+    sym = np.asarray(sym, dtype=np.int64)
+    c = np.zeros(n, dtype=np.int64) if ctx is None else np.asarray(ctx, dtype=np.int64)
+    if sym.min() < 0 or sym.max() >= S or c.min() < 0 or c.max() >= K:
+        raise ValueError("tans section: a symbol or context out of range")
+    counts = np.bincount(c * S + sym, minlength=K * S).reshape(K, S)
+    idx, ok = _tails(n, lanes, D)
+    ti = idx[ok]
+    d = np.broadcast_to(D - 1 - np.arange(D), idx.shape)[ok]
+    depth = np.bincount((d * K + c[ti]) * S + sym[ti], minlength=D * K * S).reshape(D, K, S)
+    return counts, depth
+
+
+def _section_stream(sym, S: int, ctx, K: int, freqs: np.ndarray, R: int, g: int, lanes: int) -> bytes:
+    """The tANS stream of a section: the last R // g symbols of every lane (g > 0) coded as
+    (symbol >> g) under the marginal tables (contexts K..2K-1), their low g bits the lanes' end
+    states."""
+    n = len(sym)
+    T, wp, _ = tans.layout(n, lanes, True)
+    tab_f = np.concatenate([freqs, _marginal(freqs, g)]) if g else freqs
+    k = R // g if g else 0
+    if tans._loop is not None:      # the same rows and end states as the numpy lines below
+        rows = np.empty(n, dtype=np.int64)
+        bb = np.zeros(wp, dtype=np.int64)
+        if not tans._loop.section_rows(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, k, g,
+                                       np.ascontiguousarray(tab_f.ravel()), rows, bb):
+            raise ValueError("tans: a symbol has zero frequency in its table")
+        return tans.encode_table_rows(rows, tans.Tables(tab_f, R), lanes, bits_back=bb if g else None,
+                                      interleaved=True)
+    tsym = np.array(sym, dtype=np.int64)
+    tctx = np.zeros(n, dtype=np.int64) if ctx is None else np.array(ctx, dtype=np.int64)
+    bb = None
+    if g:
+        idx, ok = _tails(n, lanes, k)
+        lo = np.where(ok, tsym[np.clip(idx, 0, n - 1)] & ((1 << g) - 1), 0)
+        bb = (lo << (g * np.arange(k))[None, :]).sum(axis=1)
+        ti = idx[ok]
+        tctx[ti] += K
+        tsym[ti] >>= g
+    return tans.encode(tsym, tans.Tables(tab_f, R), lanes, ctx=tctx if (K > 1 or g) else None,
+                       bits_back=bb, interleaved=True)
 
 
 def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int = 1,
@@ -82,54 +144,33 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
     n = len(sym)
     if n == 0:
         return EMPTY_SECTION
-    given = (sym, ctx)
-    sym = np.asarray(sym, dtype=np.int64)
-    c = np.zeros(n, dtype=np.int64) if ctx is None else np.asarray(ctx, dtype=np.int64)
-    # arrays made here (converted, not the caller's) may be changed in place below
-    own = [not any(g is not None and np.may_share_memory(a, g) for g in given) for a in (c, sym)]
-    counts = np.bincount(c * S + sym, minlength=K * S).reshape(K, S)
-    R = _table_log(counts, n, S, K)
-    freqs = np.zeros((K, S), dtype=np.int64)
-    for k in range(K):
-        if counts[k].any():
-            freqs[k] = tans.quantize(counts[k], R)
-        else:
-            freqs[k, 0] = 1 << R
     lanes = lanes or tans.lanes_for(n, 128)
     T, wp, _ = tans.layout(n, lanes, True)
-    # choose g (bits lent per tail symbol) by the estimated cost of coding the tails on the marginal
-    p = np.where(freqs > 0, freqs, 1) / (1 << R)
+    # tails are at most R // 1 symbols deep, and no deeper than a lane
+    counts, depth = _section_histograms(sym, S, ctx, K, lanes, min(tans.MAX_R, T))
+    R = _table_log(counts, n, S, K)
+    freqs = np.zeros((K, S), dtype=np.int64)
+    used = counts.any(axis=1)
+    freqs[used] = tans.quantize_rows(counts[used], R)
+    freqs[~used, 0] = 1 << R
+    # choose g (bits lent per tail symbol) by the estimated cost of coding the tails on the
+    # marginal: only the tails' own costs differ (every other symbol costs the same either way),
+    # so it is a sum over the (context, symbol) counts of the tails, exact for the tables used
+    logp = np.log2(np.where(freqs > 0, freqs, 1) / (1 << R))
+    tails = np.cumsum(depth, axis=0)        # tails[k - 1]: the counts of the last k of every lane
     best_g, best_extra = 0, float(R) * wp
     for g in (1, 2, 3, 4, 5, 8):
         if (1 << g) > S:
             break
         k = R // g
-        if k > T:
+        if k == 0 or k > T:
             continue
-        idx, ok = _tails(n, lanes, k)
-        pm = np.where(_marginal(freqs, g) > 0, _marginal(freqs, g), 1) / (1 << R)
-        ti = idx[ok]
-        # only the tails' own costs differ (every other symbol costs the same either way)
-        base = -np.log2(p[c[ti], sym[ti]])
-        extra = float((-np.log2(pm[c[ti], sym[ti] >> g]) + g - base).sum()) + (R - k * g) * wp
+        m = _marginal(freqs, g)
+        logpm = np.log2(np.where(m > 0, m, 1) / (1 << R))[:, np.arange(S) >> g]
+        extra = float((tails[k - 1] * (logp - logpm + g)).sum()) + (R - k * g) * wp
         if extra < best_extra:
             best_g, best_extra = g, extra
-    bb = None
-    tctx, tsym = c, sym
-    tab_f = freqs
-    if best_g:
-        g = best_g
-        k = R // g
-        idx, ok = _tails(n, lanes, k)
-        lo = np.where(ok, sym[np.clip(idx, 0, n - 1)] & ((1 << g) - 1), 0)
-        bb = (lo << (g * np.arange(k))[None, :]).sum(axis=1)
-        tctx, tsym = (a if mine else a.copy() for a, mine in zip((c, sym), own))
-        ti = idx[ok]
-        tctx[ti] += K
-        tsym[ti] >>= g
-        tab_f = np.concatenate([freqs, _marginal(freqs, g)])
-    stream = tans.encode(tsym, tans.Tables(tab_f, R), lanes, ctx=tctx if (K > 1 or best_g) else None,
-                         bits_back=bb, interleaved=True)
+    stream = _section_stream(sym, S, ctx, K, freqs, R, best_g, lanes)
     blob = uintlist.pack_uints(freqs.ravel())
     return bytes((R, best_g)) + put_varint(lanes) + put_varint(len(blob)) + blob + stream
 
@@ -268,7 +309,13 @@ def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K:
 
 def order0_bytes(a: np.ndarray, S: int) -> float:
     """The order-0 entropy of symbols a (< S), in bytes."""
-    c = np.bincount(a.ravel(), minlength=S)
+    a = np.asarray(a).ravel()
+    if tans._loop is not None and len(a):     # the same counts as bincount; see _tanssection.c
+        c = np.zeros(S, dtype=np.int64)
+        if not tans._loop.section_counts(_compiled_symbols(a), None, len(a), S, 1, 1, 1, 1, c, None):
+            raise ValueError("order0_bytes: a symbol out of range")
+    else:
+        c = np.bincount(a, minlength=S)
     c = c[c > 0].astype(np.float64)
     return float(-(c * np.log2(c / c.sum())).sum()) / 8
 
@@ -322,6 +369,14 @@ def _column_spreads(a: np.ndarray, C: int, mode: int) -> tuple[np.ndarray, np.nd
     return spread, colhist
 
 
+def _class_counts(hist_f: np.ndarray, cls: np.ndarray, K: int) -> np.ndarray:
+    """K x 256: the sum of the column histograms (rows of hist_f, as float64) of each class, as one
+    matrix product with the classes' indicator rows instead of K masked copies; exact, as every
+    count and sum stays far below 2**53."""
+    member = (cls[None, :] == np.arange(K)[:, None]).astype(np.float64)
+    return member @ hist_f
+
+
 def _column_classes(a: np.ndarray, C: int) -> tuple[int, np.ndarray] | None:
     """Split the columns (position mod C) into K classes by their spread, when that pays."""
     n = len(a)
@@ -337,10 +392,10 @@ def _column_classes(a: np.ndarray, C: int) -> tuple[int, np.ndarray] | None:
         edges = np.quantile(spread, np.linspace(0, 1, K + 1)[1:-1])
         cls = np.searchsorted(edges, spread, side="right")
         for _ in range(3):    # refine: move each column to the class that codes it shortest
-            counts = np.stack([colhist[cls == j].sum(axis=0) for j in range(K)]).astype(np.float64)
+            counts = _class_counts(hist_f, cls, K)
             logp = np.log2((counts + 0.5) / (counts + 0.5).sum(axis=1, keepdims=True))
             cls = np.argmax(hist_f @ np.ascontiguousarray(logp.T), axis=1)
-        counts = np.stack([colhist[cls == j].sum(axis=0) for j in range(K)])
+        counts = _class_counts(hist_f, cls, K).astype(np.int64)
         cost = _h(counts) + 300 * K + C * np.log2(K) / 8
         if cost < base and (best is None or cost < best[0]):
             best = (cost, K, cls)
@@ -363,7 +418,7 @@ class EntropyCodec(Codec):
         if found:    # chosen on estimated sizes (the order-0 coding is not tried as well)
             K, cls = found
             cmap = encode_stream(cls, K)
-            sec = tans_section(a, 256, np.tile(cls, -(-len(a) // C))[:len(a)], K)
+            sec = tans_section(a, 256, np.tile(cls.astype(np.uint8), -(-len(a) // C))[:len(a)], K)
             return crc + b"\x01" + put_varint(C) + bytes((K,)) + put_varint(len(cmap)) + cmap, sec
         return crc + b"\x00", tans_section(a, 256)
 

@@ -286,6 +286,25 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     return acc[:nbytes].astype(np.uint8).tobytes()
 
 
+def encode_table_rows(rows: np.ndarray, tab: Tables, lanes: int, bits_back: np.ndarray | None = None,
+                      interleaved: bool = False) -> bytes:
+    """``encode``'s stream for symbols given as their table rows (context * S + symbol, int64,
+    each of frequency > 0: the caller has checked), through the compiled loop only: for callers
+    that computed the rows in a compiled pass of their own (entropy.tans_section)."""
+    n = len(rows)
+    if n == 0:
+        return b""
+    if _loop is None:
+        raise ValueError("tans: encode_table_rows needs the compiled loop")
+    T, Wp, _ = layout(n, lanes, interleaved)
+    ks, thr, start, fr, enc = tab._encode_tables()
+    x = np.full(Wp, tab.L, dtype=np.int64)
+    if bits_back is not None:
+        x += bits_back
+    return _loop.encode(np.ascontiguousarray(rows, dtype=np.int64), n, T, Wp, interleaved, ks, thr,
+                        np.ascontiguousarray(start - fr), enc, x, tab.R)
+
+
 def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = None,
            dyn: tuple[np.ndarray, int] | None = None, values: np.ndarray | None = None,
            interleaved: bool = False, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,202 @@
+/* The encoder's passes over a tANS symbol section (entropy.tans_section), compiled: the numpy
+ * code in entropy.py computes the same integers and stays the reference the tests compare
+ * against (and the path where this extension is not built).
+ *
+ * Why C: a section codes up to a whole chunk of symbols, and numpy made every step of it an
+ * int64 copy of the chunk (the symbols, their contexts, their table rows, the histogram's
+ * indices, the tails' symbols and contexts) with the lock held between the steps, so the
+ * encoder threads of `lmz add` took turns on it instead of running side by side.
+ *
+ * Symbols and contexts are uint8[n] or int64[n] (told apart by their length); contexts may be
+ * None (all 0). The lanes are interleaved: lane j of Wp holds symbols t * Wp + j, T of them if
+ * j < n - (T - 1) * Wp, else T - 1; a symbol of lane j at step t is at depth len - 1 - t from
+ * the lane's end (the last symbol is at depth 0).
+ *
+ * section_counts(sym, ctx, n, S, K, T, Wp, D, counts, depth) -> bool
+ *   counts int64[K * S] (zeroed): counts[c * S + s] over every symbol; depth int64[D * K * S]
+ *   (zeroed) or None: depth[d * K * S + c * S + s] over the symbols at depth d < D. False (and
+ *   the counts half made) if a symbol is >= S or a context >= K.
+ * section_rows(sym, ctx, n, S, K, T, Wp, k, g, fr, rows, bb) -> bool
+ *   rows int64[n]: each symbol's table row, c * S + s, or for the last k symbols of every lane
+ *   (g > 0) the marginal's row (c + K) * S + (s >> g); bb int64[Wp] (zeroed): the low g bits of
+ *   lane j's q-th tail (its symbol at step len - k + q, where that is >= 0) at bits q * g of
+ *   bb[j]. False if a row's frequency fr[row] is 0 or a symbol or context is out of range.
+ */
+#include "_tansloop.h"
+
+struct symbols {
+    const uint8_t *s8, *c8;
+    const int64_t *s64, *c64;
+};
+
+static int symbols_of(Py_buffer *sb, Py_buffer *cb, Py_ssize_t n, struct symbols *out)
+{
+    *out = (struct symbols){0};
+    if (sb->len == n)
+        out->s8 = sb->buf;
+    else if (sb->len == 8 * n)
+        out->s64 = sb->buf;
+    else
+        return 0;
+    if (!cb->buf)
+        return 1;
+    if (cb->len == n)
+        out->c8 = cb->buf;
+    else if (cb->len == 8 * n)
+        out->c64 = cb->buf;
+    else
+        return 0;
+    return 1;
+}
+
+static inline int64_t sym_at(const struct symbols *v, Py_ssize_t i)
+{
+    return v->s8 ? v->s8[i] : v->s64[i];
+}
+
+static inline int64_t ctx_at(const struct symbols *v, Py_ssize_t i)
+{
+    return v->c8 ? v->c8[i] : v->c64 ? v->c64[i] : 0;
+}
+
+static int layout_ok(Py_ssize_t n, Py_ssize_t T, Py_ssize_t Wp)
+{
+    return n >= 1 && T >= 1 && Wp >= 1 && (T - 1) * Wp < n && T * Wp >= n;
+}
+
+static int get_optional(PyObject *o, Py_buffer *b, int writable)
+{
+    if (o == Py_None)
+        return 0;
+    return PyObject_GetBuffer(o, b, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE);
+}
+
+PyObject *tans_section_counts(PyObject *self, PyObject *args)
+{
+    Py_buffer sb = {0}, cb = {0}, hb = {0}, db = {0};
+    PyObject *ctxo, *deptho;
+    Py_ssize_t n, S, K, T, Wp, D;
+    if (!PyArg_ParseTuple(args, "y*Onnnnnnw*O", &sb, &ctxo, &n, &S, &K, &T, &Wp, &D, &hb, &deptho))
+        return NULL;
+    PyObject *result = NULL;
+    struct symbols v;
+    if (get_optional(ctxo, &cb, 0) < 0 || get_optional(deptho, &db, 1) < 0)
+        goto done;
+    const Py_ssize_t KS = K * S;
+    if (n < 1 || S < 1 || K < 1 || KS > (Py_ssize_t)1 << 24 || !symbols_of(&sb, &cb, n, &v) ||
+        hb.len < KS * 8 || (db.buf && (D < 1 || !layout_ok(n, T, Wp) || db.len < D * KS * 8))) {
+        PyErr_SetString(PyExc_ValueError, "section_counts: bad arguments");
+        goto done;
+    }
+    int64_t *restrict h = hb.buf, *restrict dh = db.buf;
+    int ok = 1;
+    Py_BEGIN_ALLOW_THREADS
+    if (v.s8 && !v.c8 && !v.c64 && S >= 256) {
+        /* order-0 bytes: four histograms side by side, so that runs of one byte value do not
+         * wait on the same counter */
+        int64_t part[4][256] = {{0}};
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            part[0][v.s8[i]]++;
+            part[1][v.s8[i + 1]]++;
+            part[2][v.s8[i + 2]]++;
+            part[3][v.s8[i + 3]]++;
+        }
+        for (; i < n; i++)
+            part[0][v.s8[i]]++;
+        for (int s = 0; s < 256; s++)
+            h[s] += part[0][s] + part[1][s] + part[2][s] + part[3][s];
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const int64_t s = sym_at(&v, i), c = ctx_at(&v, i);
+            if (s < 0 || s >= S || c < 0 || c >= K) {
+                ok = 0;
+                break;
+            }
+            h[c * S + s]++;
+        }
+    }
+    if (ok && dh) {
+        const Py_ssize_t last = n - (T - 1) * Wp;      /* lanes with T symbols */
+        for (Py_ssize_t j = 0; j < Wp; j++) {
+            const Py_ssize_t len = j < last ? T : T - 1;
+            for (Py_ssize_t d = 0; d < D && d < len; d++) {
+                const Py_ssize_t i = (len - 1 - d) * Wp + j;
+                dh[d * KS + ctx_at(&v, i) * S + sym_at(&v, i)]++;   /* in range: checked above */
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyBool_FromLong(ok);
+done:
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&hb);
+    if (cb.buf)
+        PyBuffer_Release(&cb);
+    if (db.buf)
+        PyBuffer_Release(&db);
+    return result;
+}
+
+PyObject *tans_section_rows(PyObject *self, PyObject *args)
+{
+    Py_buffer sb = {0}, cb = {0}, fb = {0}, rb = {0}, bbb = {0};
+    PyObject *ctxo;
+    Py_ssize_t n, S, K, T, Wp, k, g;
+    if (!PyArg_ParseTuple(args, "y*Onnnnnnny*w*w*", &sb, &ctxo, &n, &S, &K, &T, &Wp, &k, &g, &fb, &rb, &bbb))
+        return NULL;
+    PyObject *result = NULL;
+    struct symbols v;
+    if (get_optional(ctxo, &cb, 0) < 0)
+        goto done;
+    const Py_ssize_t nrows = fb.len / 8;
+    if (n < 1 || S < 1 || K < 1 || g < 0 || g > 8 || (g && (k < 1 || k > T || k * g > 62)) ||
+        !layout_ok(n, T, Wp) || !symbols_of(&sb, &cb, n, &v) || rb.len < n * 8 || bbb.len < Wp * 8 ||
+        nrows < (g ? 2 : 1) * K * S) {
+        PyErr_SetString(PyExc_ValueError, "section_rows: bad arguments");
+        goto done;
+    }
+    const int64_t *restrict fr = fb.buf;
+    int64_t *restrict rows = rb.buf, *restrict bb = bbb.buf;
+    int ok = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t s = sym_at(&v, i), c = ctx_at(&v, i);
+        if (s < 0 || s >= S || c < 0 || c >= K) {
+            ok = 0;
+            break;
+        }
+        rows[i] = c * S + s;
+    }
+    if (ok && g) {
+        const Py_ssize_t last = n - (T - 1) * Wp;
+        const int64_t mask = (INT64_C(1) << g) - 1;
+        for (Py_ssize_t j = 0; j < Wp; j++) {
+            const Py_ssize_t len = j < last ? T : T - 1;
+            int64_t bits = 0;
+            for (Py_ssize_t q = 0; q < k; q++) {
+                const Py_ssize_t t = len - k + q;
+                if (t < 0)
+                    continue;
+                const Py_ssize_t i = t * Wp + j;
+                const int64_t s = sym_at(&v, i);
+                bits |= (s & mask) << (g * q);
+                rows[i] = (ctx_at(&v, i) + K) * S + (s >> g);
+            }
+            bb[j] = bits;
+        }
+    }
+    for (Py_ssize_t i = 0; ok && i < n; i++)
+        if (fr[rows[i]] == 0)
+            ok = 0;
+    Py_END_ALLOW_THREADS
+    result = PyBool_FromLong(ok);
+done:
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&fb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&bbb);
+    if (cb.buf)
+        PyBuffer_Release(&cb);
+    return result;
+}
