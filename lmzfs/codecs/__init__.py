@@ -181,7 +181,10 @@ def _encode_chunk(data: Buffer, hint: ChunkHint, level: int, fast: bool, segment
         n = len(_header(codec.id, size, params)) + len(body)
         if n < best_len or (n == best_len and _DECODE_COST[codec.id] < _DECODE_COST[best_id]):
             best_id, best_params, best_body, best_len = codec.id, params, body, n
-        if thorough and codec.id == ZstdCodec.id and len(body) * 2 <= size and level < TEXT_LEVEL:
+        # --fast keeps the slow level for what has no tensor dtype (headers, metadata, opaque
+        # files): on int8 tensors it costs many times the rest of a fast add
+        if thorough and codec.id == ZstdCodec.id and len(body) * 2 <= size and level < TEXT_LEVEL and \
+                not (fast and hint.dtype):
             text_trial = n
     # Last, once every other candidate has been measured: the slow level only where it may win.
     if text_trial and (exhaustive or _text_level_may_win(mv, hint, level, text_trial, best_len)):
