@@ -2,7 +2,7 @@
 
 Targets: the plain file in the page cache (the anchor of every ratio), our mount (`lmz --store S
 mount MNT --cache-size C`, on the default store and on the stores `lmz add --fast`, `lmz add
---chunk-size 256K`, `lmz add --segments` and `lmz add --fast --chunk-size 256K` make), and lmzip's
+--chunk-size 256K`, `lmz add --no-segments` and `lmz add --fast --chunk-size 256K` make), and lmzip's
 mount. Every timed cold read gets a fresh mount, with the store's own files read into the
 page cache just before, so what is measured is decoding and serving, not the disk. Runs are
 interleaved over targets, and each ratio is taken within one run (target vs the plain file in
@@ -214,7 +214,7 @@ class MountBench:
         ours, ours_fast, theirs = lmzfs_store(), lmzfs_store("--fast"), lmzip_store()
         ours_small = lmzfs_store("--chunk-size", SMALL_CHUNKS)
         ours_fast_small = lmzfs_store("--fast", "--chunk-size", SMALL_CHUNKS)
-        ours_seg = lmzfs_store("--segments")
+        ours_whole = lmzfs_store("--no-segments")
         self.targets.append(Target("lmzfs mount", "ours", ours, ["--cache-size", DEFAULT_CACHE],
                                    cache_size=DEFAULT_CACHE))
         # the store `lmz add --fast` makes (zstd and byte grouping only)
@@ -223,15 +223,15 @@ class MountBench:
         # the default codecs with smaller chunks: what a cache miss (a random read) costs less
         self.targets.append(Target(f"lmzfs mount, `add --chunk-size {SMALL_CHUNKS}` store", "ours", ours_small,
                                    ["--cache-size", DEFAULT_CACHE], cache_size=DEFAULT_CACHE))
-        # float chunks in 256 KiB segments that a lone small read decodes alone
-        self.targets.append(Target("lmzfs mount, `add --segments` store", "ours", ours_seg,
+        # float chunks coded whole (floatsplit), not in segments that a lone small read decodes alone
+        self.targets.append(Target("lmzfs mount, `add --no-segments` store", "ours", ours_whole,
                                    ["--cache-size", DEFAULT_CACHE], cache_size=DEFAULT_CACHE))
         # both: what a random-access workload would choose (small misses, decoded without a thread hop)
         self.targets.append(Target(f"lmzfs mount, `add --fast --chunk-size {SMALL_CHUNKS}` store", "ours",
                                    ours_fast_small, ["--cache-size", DEFAULT_CACHE], cache_size=DEFAULT_CACHE))
         self.targets.append(Target("lmzip mount", "lmzip", theirs, [], cache_size="512 blocks x 64 KiB per model (default)"))
         stores: dict[str, Path | str] = {}
-        for tool in (ours, ours_fast, ours_small, ours_seg, ours_fast_small, theirs):
+        for tool in (ours, ours_fast, ours_small, ours_whole, ours_fast_small, theirs):
             store = self.work / ("store-" + "-".join(w.strip("-") for w in tool.name.split()))
             try:
                 start = time.perf_counter()

@@ -367,10 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="plain bytes per chunk, 64K to 16M (default 1M); smaller chunks make random "
                          "4 KiB reads through the mount faster on a cache miss and sequential reads "
                          "somewhat slower (docs/results.md)")
-    sp.add_argument("--segments", action="store_true",
+    sp.add_argument("--segments", action=argparse.BooleanOptionalAction, default=True,
                     help="code float chunks over 256 KiB in 256 KiB segments that a lone small read "
-                         "decodes alone: random 4 KiB reads miss faster, sequential reads and model "
-                         "loads are slower (docs/operations.md); no effect with --fast")
+                         "decodes alone (default); --no-segments codes them whole: random 4 KiB "
+                         "reads miss slower, whole chunks decode a little faster (docs/results.md); "
+                         "no effect with --fast")
     chains = sp.add_mutually_exclusive_group()
     chains.add_argument("--base", metavar="MODEL",
                         help="pair with this stored model: its chunks of the same tensors are recoded as deltas "

@@ -14,6 +14,7 @@ class ReadCounters:
     bytes_served: int = 0
     chunks_decoded: int = 0
     segments_decoded: int = 0        # parts of chunks decoded alone for reads that needed no more
+    part_decoders_built: int = 0     # chunks whose params were parsed and tables built to decode parts
     bytes_decoded: int = 0
     decode_seconds: float = 0.0
     readahead_chunks: int = 0        # chunks decoded ahead of a sequential reader

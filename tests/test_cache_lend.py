@@ -130,12 +130,13 @@ def test_every_codec_decodes_the_same_bytes_into_its_own_buffer_as_into_bytes():
 
 @pytest.fixture(scope="module")
 def float_store(tmp_path_factory):
-    """A store of one BF16 safetensors-like file whose chunks are floatsplit (not quick)."""
+    """A store of one BF16 safetensors-like file whose chunks are floatsplit (not quick, and
+    coded whole: `--no-segments`)."""
     from lmzfs.testing.synthetic import small_model
     root = tmp_path_factory.mktemp("lend")
     src = small_model(root / "src")
     store = StorePaths(root / "store")
-    add_model(store, src, "m")
+    add_model(store, src, "m", segments=False)
     return store, src
 
 

@@ -224,10 +224,10 @@ def test_malformed_params_and_bodies_are_codec_errors(small_segments):
                                               peak_bytes=64 * len(plain))
 
 
-def test_chunks_over_a_segment_get_floatseg_only_when_asked_and_cost_about_what_floatsplit_does():
+def test_chunks_over_a_segment_get_floatseg_unless_asked_not_to_and_cost_about_what_floatsplit_does():
     plain = weights(3 * SEGMENT_BYTES // 2 + 1000, 11)
-    assert encode_chunk(plain, ChunkHint("BF16", 2)).codec == "floatsplit"
-    enc = encode_chunk(plain, ChunkHint("BF16", 2), segments=True)
+    assert encode_chunk(plain, ChunkHint("BF16", 2), segments=False).codec == "floatsplit"
+    enc = encode_chunk(plain, ChunkHint("BF16", 2))
     assert enc.codec == "floatseg" and len(segments_of(enc.payload)) == 4
     whole = encode_with("floatsplit", plain, ChunkHint("BF16", 2))
     assert len(enc.payload) <= len(whole) * 1.002

@@ -313,7 +313,7 @@ def test_lmz_add_fast_and_default_models_share_a_store_and_read_back_exactly(tmp
         small = set(archive.entry("small", "model.safetensors").codecs.split(","))
     finally:
         archive.close()
-    assert quick <= {"raw", "zstd", "bytegroup"} and "floatsplit" in small
+    assert quick <= {"raw", "zstd", "bytegroup"} and "floatseg" in small
     files = read_all(store_dir)
     assert files["quick/model.safetensors"] == files["quick-again/model.safetensors"] == \
         (a / "model.safetensors").read_bytes()
@@ -392,8 +392,8 @@ def test_a_default_add_uses_the_entropy_coded_codecs_and_fast_keeps_to_the_quick
     src = small_model(tmp_path / "src", seed=50, mib=2)
     store = StorePaths(store_dir)
     add_model(store, src, "fast", fast=True)
-    add_model(StorePaths(tmp_path / "max"), src, "max")
-    assert lmz(["--store", str(tmp_path / "seg"), "add", str(src), "--name", "seg", "--segments"]) == 0
+    add_model(StorePaths(tmp_path / "max"), src, "max", segments=False)
+    assert lmz(["--store", str(tmp_path / "seg"), "add", str(src), "--name", "seg"]) == 0
 
     def codecs(root: Path) -> set[str]:
         archive = Archive(root)

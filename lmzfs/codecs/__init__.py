@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from .base import VARINT_MAX_BYTES, Buffer, ChunkHint, Codec, CodecError, DeltaCodec, get_varint, put_varint
+from .base import VARINT_MAX_BYTES, Buffer, ChunkHint, Codec, CodecError, DeltaCodec, PartDecoder, get_varint, put_varint
 from .blockdelta import BlockDeltaCodec
 from .bytegroup import ELEMENT_SIZES, BytegroupCodec
 from .entropy import EntropyCodec, every_trial, order0_bytes
@@ -29,7 +29,7 @@ from .zstd import DEFAULT_LEVEL, ZstdCodec
 
 __all__ = [
     "MAGIC", "FORMAT_VERSION", "REGISTRY", "Codec", "CodecError", "ChunkHint", "EncodedChunk",
-    "PayloadHeader", "DELTA_CODECS", "by_name", "encode_chunk", "decode_chunk", "decode_chunk_segments", "decode_segments_from",
+    "PayloadHeader", "DELTA_CODECS", "by_name", "encode_chunk", "decode_chunk", "decode_chunk_segments", "decode_segments_from", "PayloadParts", "payload_parts_from",
     "parse_payload", "encode_with", "encode_delta_chunk", "needs_reference", "encode_delta_with", "SEGMENT_BYTES",
 ]
 
@@ -52,10 +52,10 @@ _DECODE_COST = {RawCodec.id: 0, ZstdCodec.id: 1, BytegroupCodec.id: 2, FloatSpli
 TEXT_LEVEL = 19
 # tANS coders are only tried on chunks at least this long (below it their tables cost more).
 MIN_ENTROPY_SIZE = 256
-# With encode_chunk(segments=True) (`lmz add --segments`), float chunks longer than this are coded
-# in segments of it (floatseg), which a reader can decode one at a time. Not the default: a whole
-# chunk then decodes as several streams, so sequential reads and model loads through the mount
-# are slower (docs/results.md).
+# Float chunks longer than this are coded in segments of it (floatseg), which a reader can decode
+# one at a time: a random small read that misses the cache decodes a quarter of a 1 MiB chunk,
+# not all of it. encode_chunk(segments=False) (`lmz add --no-segments`) codes them whole
+# (floatsplit): a whole chunk then decodes as one stream, a little faster (docs/results.md).
 SEGMENT_BYTES = 1 << SEGMENT_LOG
 
 
@@ -103,10 +103,10 @@ def encode_with(codec: Codec | str, data: Buffer, hint: ChunkHint = ChunkHint())
 
 
 def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: bool = False,
-               segments: bool = False) -> list[Codec]:
+               segments: bool = True) -> list[Codec]:
     """The codecs encode_chunk tries for a chunk of ``size`` bytes with this hint; ``fast`` leaves
     out the entropy-coded ones (floatsplit, ggufblocks, entropy), which decode several times slower;
-    ``segments`` codes float chunks over SEGMENT_BYTES with floatseg instead of floatsplit."""
+    ``segments`` codes float chunks over SEGMENT_BYTES with floatseg, else floatsplit."""
     if not size:
         return []
     out: list[Codec] = [ZstdCodec(level) if level != DEFAULT_LEVEL else REGISTRY[ZstdCodec.id]]
@@ -149,12 +149,12 @@ def _text_level_may_win(mv: memoryview, hint: ChunkHint, level: int, default_len
 
 
 def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL,
-                 fast: bool = False, segments: bool = False, thorough: bool = True,
+                 fast: bool = False, segments: bool = True, thorough: bool = True,
                  exhaustive: bool = False) -> EncodedChunk:
     """Encode one chunk with whichever codec gives the smallest payload.
 
     Candidates (see ``candidates``): zstd always; bytegroup for element sizes 2, 4 and 8;
-    floatsplit for float dtypes (with ``segments``, floatseg above SEGMENT_BYTES), ggufblocks for GGUF
+    floatsplit for float dtypes (floatseg above SEGMENT_BYTES unless ``segments`` is False), ggufblocks for GGUF
     block-quantised dtypes and entropy for everything else, on chunks of at least MIN_ENTROPY_SIZE bytes; zstd at TEXT_LEVEL when the
     default level already halves the chunk; raw whenever nothing beats it. ``level`` is the zstd
     level (an encoder setting, not recorded). ``exhaustive``: no trial is left out on an
@@ -297,12 +297,27 @@ def decode_chunk_segments(payload: Buffer, size: int, lo: int, hi: int) -> list[
 SEGMENT_HEAD_BYTES = 4096
 
 
-def decode_segments_from(read: Callable[[int, int], Buffer], length: int, size: int, lo: int, hi: int,
-                         *, head: int = SEGMENT_HEAD_BYTES) -> list[tuple[int, bytes]] | None:
-    """decode_chunk_segments for a payload of `length` bytes that read(start, n) returns parts
-    of (n bytes, fewer only where the payload is truncated): it reads the header and params,
-    then only the body bytes of the segments [lo, hi) touch (a quarter of a 1 MiB chunk's, for
-    a small read), not the whole payload. None for codecs without segments."""
+@dataclass(frozen=True)
+class PayloadParts:
+    """A payload's part decoder and where its body starts in the payload: what a reader keeps
+    to decode more parts of the chunk later without reading and parsing its params again."""
+    decoder: PartDecoder
+    body_at: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.decoder.nbytes
+
+    def decode_from(self, read: Callable[[int, int], Buffer], lo: int, hi: int) -> list[tuple[int, bytes]]:
+        """The parts [lo, hi) touches, reading payload bytes through read(start, n)."""
+        return self.decoder.decode_from(lambda a, n: read(self.body_at + a, n), lo, hi)
+
+
+def payload_parts_from(read: Callable[[int, int], Buffer], length: int, size: int,
+                       *, head: int = SEGMENT_HEAD_BYTES) -> PayloadParts | None:
+    """The part decoder of a payload of `length` bytes that read(start, n) returns parts of (n
+    bytes, fewer only where the payload is truncated), reading its header and params only;
+    None for codecs that decode whole chunks only."""
     first = _as_bytes_view(read(0, min(length, max(head, 4 + 2 * VARINT_MAX_BYTES))))   # the header's varints
     _, codec_id, psize, pos, plen = _header_fields(first)
     codec = REGISTRY[codec_id]
@@ -317,4 +332,14 @@ def decode_segments_from(read: Callable[[int, int], Buffer], length: int, size: 
     if len(first) < pos + plen:
         raise CodecError("truncated payload: params cut short")
     body = pos + plen
-    return codec.decode_parts(first[pos:body], lambda a, n: read(body + a, n), length - body, size, lo, hi)
+    return PayloadParts(codec.part_decoder(first[pos:body], length - body, size), body)
+
+
+def decode_segments_from(read: Callable[[int, int], Buffer], length: int, size: int, lo: int, hi: int,
+                         *, head: int = SEGMENT_HEAD_BYTES) -> list[tuple[int, bytes]] | None:
+    """decode_chunk_segments for a payload of `length` bytes that read(start, n) returns parts
+    of (n bytes, fewer only where the payload is truncated): it reads the header and params,
+    then only the body bytes of the segments [lo, hi) touch (a quarter of a 1 MiB chunk's, for
+    a small read), not the whole payload. None for codecs without segments."""
+    parts = payload_parts_from(read, length, size, head=head)
+    return None if parts is None else parts.decode_from(read, lo, hi)

@@ -73,15 +73,45 @@ class Codec(ABC):
         for a reader that needs a few of them now and the copy later (lmzfs/reader/filereader.py)."""
         return self.decode(params, body, size, check=check)
 
+    def part_decoder(self, params: Buffer, body_len: int, size: int) -> "PartDecoder":
+        """The chunk's params parsed and its tables built, once, for decoding its parts one read
+        at a time (a reader keeps it while it reads parts of the chunk); for codecs with
+        part_bytes > 0 only. Raises CodecError for params that do not fit the body length."""
+        raise NotImplementedError(f"{self.name} decodes whole chunks only")
+
     def decode_parts(self, params: Buffer, read_body, body_len: int, size: int, lo: int,
                      hi: int) -> list[tuple[int, bytes]]:
         """(start, plain bytes) of each part that plain bytes [lo, hi) of the chunk touch, each
         checked against its own checksum, reading only the body bytes they need through
         read_body(start, n); for codecs with part_bytes > 0 only."""
-        raise NotImplementedError(f"{self.name} decodes whole chunks only")
+        return self.part_decoder(params, body_len, size).decode_from(read_body, lo, hi)
 
     def __repr__(self) -> str:
         return f"<codec {self.name} id={self.id}>"
+
+
+class PartDecoder(ABC):
+    """A chunk's parsed params, for decoding its parts: what a reader may keep (``nbytes`` of
+    memory) instead of parsing the params and building the tables again for every part."""
+
+    nbytes: int
+
+    @abstractmethod
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        """The body bytes [start, stop) that the parts plain bytes [lo, hi) touch are coded in."""
+
+    @abstractmethod
+    def decode(self, piece: Buffer, lo: int, hi: int) -> list[tuple[int, bytes]]:
+        """(start, plain bytes) of each part [lo, hi) touches, each checked against its own
+        checksum, from piece: exactly the body bytes span(lo, hi) names."""
+
+    def decode_from(self, read_body, lo: int, hi: int) -> list[tuple[int, bytes]]:
+        """decode(), reading the body bytes it needs through read_body(start, n)."""
+        start, stop = self.span(lo, hi)
+        piece = read_body(start, stop - start)
+        if len(piece) != stop - start:
+            raise CodecError("truncated payload: a part's body is cut short")
+        return self.decode(piece, lo, hi)
 
 
 class DeltaCodec(Codec):

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import floatsplit as fs
 from . import tans
-from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from .base import Buffer, ChunkHint, Codec, CodecError, PartDecoder, get_varint, put_varint
 
 SEGMENT_LOG = 18                 # encoder choice: 256 KiB of plain bytes per segment
 MIN_SEGMENT_LOG, MAX_SEGMENT_LOG = 12, 24
@@ -31,7 +31,7 @@ class Segment:
     lanes: int
     crc: int        # CRC-32 of the segment's plain bytes (the last one's include the trailing bytes)
     slen: int       # tANS stream length
-    groups: fs.Groups
+    groups: fs.GroupLens    # its flags decoded only when the segment is
     body: int       # offset of its bytes in the body
     length: int     # and their count
 
@@ -100,7 +100,7 @@ class FloatSegCodec(Codec):
                 raise CodecError("floatseg: params truncated")
             crc = int.from_bytes(p[pos:pos + 4], "little")
             slen, pos = get_varint(p, pos + 4, "floatseg stream length")
-            groups, pos = fs.parse_groups(p, pos, count, fmt, "floatseg")
+            groups, pos = fs.parse_group_lens(p, pos, count, fmt, "floatseg")
             if not 1 <= lanes <= count:
                 raise CodecError("floatseg: bad lanes")
             length = fs.part_length(model, count, lanes, slen, groups)
@@ -115,7 +115,7 @@ class FloatSegCodec(Codec):
     @staticmethod
     def _decode_into(lay: Layout, piece: memoryview, s: Segment, u: np.ndarray) -> None:
         """Segment s's elements into u (s.count of them) from its body bytes (s.length of them)."""
-        fs.decode_part(lay.model, piece, s.first, s.lanes, s.slen, s.groups, u)
+        fs.decode_part(lay.model, piece, s.first, s.lanes, s.slen, fs.groups_of(s.groups, s.count, lay.model.fmt), u)
 
     @staticmethod
     def _tail(lay: Layout, body: memoryview) -> bytes:
@@ -137,15 +137,8 @@ class FloatSegCodec(Codec):
                     raise CodecError(f"floatseg: checksum mismatch in segment {s.index}")
         return out
 
-    def decode_parts(self, params: Buffer, read_body, body_len: int, size: int, lo: int,
-                     hi: int) -> list[tuple[int, bytes]]:
-        lay = self.layout(params, body_len, size)
-        segs = self.touched(lay, size, lo, hi)
-        start, stop = self.span(lay, segs, body_len)
-        piece = memoryview(read_body(start, stop - start))
-        if len(piece) != stop - start:
-            raise CodecError("truncated payload: a segment's body is cut short")
-        return self.decode_span(lay, piece, start, segs, body_len)
+    def part_decoder(self, params: Buffer, body_len: int, size: int) -> "SegmentDecoder":
+        return SegmentDecoder(self, self.layout(params, body_len, size), size, body_len)
 
     @staticmethod
     def touched(lay: Layout, size: int, lo: int, hi: int) -> list[Segment]:
@@ -181,3 +174,28 @@ class FloatSegCodec(Codec):
                 raise CodecError(f"floatseg: checksum mismatch in segment {s.index}")
             out.append((s.first * width, data))
         return out
+
+
+def _layout_bytes(lay: Layout) -> int:
+    """About the memory a layout holds: its tables and per-segment records."""
+    m = lay.model
+    arrays = [m.cmap, m.val] + [a for a in vars(m.tab).values() if isinstance(a, np.ndarray)]
+    if m.rows is not None:
+        arrays.append(m.rows[2])
+    return sum(a.nbytes for a in arrays) + sum(256 + len(s.groups.flags or b"") for s in lay.segments)
+
+
+class SegmentDecoder(PartDecoder):
+    """A floatseg chunk's layout, tables built, for decoding its segments a read at a time."""
+
+    def __init__(self, codec: FloatSegCodec, lay: Layout, size: int, body_len: int):
+        self._codec, self._lay, self._size, self._body_len = codec, lay, size, body_len
+        self.nbytes = _layout_bytes(lay)
+
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        return self._codec.span(self._lay, self._codec.touched(self._lay, self._size, lo, hi), self._body_len)
+
+    def decode(self, piece: Buffer, lo: int, hi: int) -> list[tuple[int, bytes]]:
+        segs = self._codec.touched(self._lay, self._size, lo, hi)
+        start, _ = self._codec.span(self._lay, segs, self._body_len)
+        return self._codec.decode_span(self._lay, memoryview(piece), start, segs, self._body_len)

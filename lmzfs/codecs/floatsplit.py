@@ -328,30 +328,54 @@ def _planes_of(fmt: int) -> tuple[int, int]:
     return raw_bits, raw_bits // 8 + (1 if raw_bits % 8 else 0)
 
 
-def parse_groups(blob: memoryview, q: int, n: int, fmt: int, name: str) -> tuple[Groups, int]:
-    """The zero-block flags and stored-group lengths of a part of n elements at blob[q:]."""
+@dataclass(frozen=True)
+class GroupLens:
+    """A part's stored-group lengths, its zero-block size and its still-coded zero-block flags:
+    what a reader that decodes only some parts of a chunk parses of the others."""
+    zb: int
+    flags: memoryview | None
+    lens: tuple[int, ...]
+
+
+def parse_group_lens(blob: memoryview, q: int, n: int, fmt: int, name: str) -> tuple[GroupLens, int]:
+    """The zero-block size and flags (not decoded) and the stored-group lengths of a part of n
+    elements at blob[q:]."""
     nplanes = _planes_of(fmt)[1]
     if q >= len(blob):
         raise CodecError(f"{name}: params truncated")
     zb = blob[q]
-    z = None
+    flags = None
     if zb:
         if not 1 <= zb <= 16 or not nplanes:
             raise CodecError(f"{name}: bad zero-block size")
         flen, q = get_varint(blob, q + 1, f"{name} zero-block flags length")
         if q + flen > len(blob):
             raise CodecError(f"{name}: zero-block flags run past the params")
-        nblk = -(-n // (1 << zb))
-        z = np.repeat(entropy.decode_stream(blob[q:q + flen], nblk, nplanes + 1), 1 << zb)[:n]
+        flags = blob[q:q + flen]
         q += flen
     else:
         q += 1
-    groups = _groups(nplanes, z, n)
     lens = []
-    for _ in groups:
+    for _ in range(2 * nplanes - 1 if zb else nplanes):     # as many as _groups makes
         ln, q = get_varint(blob, q, f"{name} plane stream length")
         lens.append(ln)
-    return Groups(groups, lens), q
+    return GroupLens(zb, flags, tuple(lens)), q
+
+
+def groups_of(g: GroupLens, n: int, fmt: int) -> Groups:
+    """The groups of a part of n elements, its zero-block flags decoded."""
+    nplanes = _planes_of(fmt)[1]
+    z = None
+    if g.zb:
+        nblk = -(-n // (1 << g.zb))
+        z = np.repeat(entropy.decode_stream(g.flags, nblk, nplanes + 1), 1 << g.zb)[:n]
+    return Groups(_groups(nplanes, z, n), list(g.lens))
+
+
+def parse_groups(blob: memoryview, q: int, n: int, fmt: int, name: str) -> tuple[Groups, int]:
+    """The zero-block flags and stored-group lengths of a part of n elements at blob[q:]."""
+    g, q = parse_group_lens(blob, q, n, fmt, name)
+    return groups_of(g, n, fmt), q
 
 
 @dataclass

@@ -113,7 +113,7 @@ DEFAULT_CHAIN_DEPTH = 4         # lmzfs/config.py keeps the same default
 
 def add_model(store: StorePaths, source: Path, name: str | None = None, *,
               progress: Progress | None = None, workers: int | None = None, fast: bool = False,
-              chunk_size: int | None = None, segments: bool = False, base: str | None = None,
+              chunk_size: int | None = None, segments: bool = True, base: str | None = None,
               delta: bool = True, chain_depth: int = DEFAULT_CHAIN_DEPTH) -> AddResult:
     """Add SOURCE as model NAME.
 
@@ -126,7 +126,8 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     sequential reads a little slower; chunks cut at different sizes do not deduplicate.
 
     ``segments``: float chunks over 256 KiB are coded in segments (floatseg) that a lone small
-    read decodes alone: random reads miss faster, sequential reads and loads are slower.
+    read decodes alone, so a random read's miss costs a quarter of a chunk's decode; False codes
+    them whole (floatsplit), which decodes a little faster front to back.
 
     ``base``: the stored model to pair with (else one is chosen, if any qualifies); ``delta``
     False stores the model without touching any other; ``chain_depth``: the most references a

@@ -1,5 +1,8 @@
 """Decoded chunks, shared by every open file, bounded in bytes, least recently used out first.
 
+Besides whole chunks it holds parts of chunks and the part decoders they are made with (objects
+that state their memory as ``nbytes``), under keys of their own, in the same budget.
+
 A chunk that one thread is decoding is awaited by the others, never decoded twice. A chunk can
 also be lent: its loader's buffer goes to the one caller that needs a few of its bytes at once,
 and the copy into the cache (settle) follows on another thread while the others wait for it.
@@ -32,6 +35,10 @@ class _InFlight:
         self.value: bytes | None = None
         self.error: BaseException | None = None
         self.dropped = False    # discarded before it landed: hand it to the waiters, do not keep it
+
+
+def _nbytes(value) -> int:
+    return len(value) if isinstance(value, (bytes, bytearray)) else value.nbytes
 
 
 class ChunkCache:
@@ -137,17 +144,17 @@ class ChunkCache:
 
     def _insert(self, key: bytes, value: bytes) -> None:
         with self._lock:
-            self.stats.decoded_bytes += len(value)
-            if len(value) > self.capacity:
+            self.stats.decoded_bytes += _nbytes(value)
+            if _nbytes(value) > self.capacity:
                 return
             old = self._items.pop(key, None)
             if old is not None:
-                self._bytes -= len(old)
-            while self._bytes + len(value) > self.capacity:
+                self._bytes -= _nbytes(old)
+            while self._bytes + _nbytes(value) > self.capacity:
                 _, evicted = self._items.popitem(last=False)
-                self._bytes -= len(evicted)
+                self._bytes -= _nbytes(evicted)
             self._items[key] = value
-            self._bytes += len(value)
+            self._bytes += _nbytes(value)
             self._peak = max(self._peak, self._bytes)
 
     def put(self, key: bytes, value: bytes) -> None:
@@ -164,7 +171,7 @@ class ChunkCache:
                 if flight is not None:
                     flight.dropped = True
                 return False
-            self._bytes -= len(value)
+            self._bytes -= _nbytes(value)
             return True
 
     def clear(self) -> None:

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import xxhash
 
-from lmzfs.codecs import CodecError, decode_chunk, decode_segments_from
+from lmzfs.codecs import CodecError, PayloadParts, decode_chunk, payload_parts_from
 from lmzfs.codecs.base import Buffer
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
@@ -50,11 +50,19 @@ def read_chunk(fd: int, extent: Extent, *, check_id: bool = False, copy: bool = 
     return plain
 
 
-def read_chunk_segments(fd: int, extent: Extent, lo: int, hi: int) -> list[tuple[int, bytes]] | None:
-    """(start, plain bytes) of each segment that plain bytes [lo, hi) of a chunk whose codec
-    decodes in segments (floatseg) touch, each checked against its CRC-32; None for other codecs.
-    Reads the payload's header and params, then only those segments' bytes."""
+def chunk_parts(fd: int, extent: Extent) -> PayloadParts | None:
+    """The part decoder of a chunk whose codec decodes in segments (floatseg): its header and
+    params read and parsed, its tables built; None for other codecs. Keep it to decode more of
+    the chunk's parts with read_chunk_parts."""
     loc = extent.location
     with _reported(extent):
-        return decode_segments_from(lambda a, n: read_payload_part(fd, extent.chunk_id, loc, a, n),
-                                    loc.length, extent.size, lo, hi)
+        return payload_parts_from(lambda a, n: read_payload_part(fd, extent.chunk_id, loc, a, n),
+                                  loc.length, extent.size)
+
+
+def read_chunk_parts(fd: int, extent: Extent, parts: PayloadParts, lo: int, hi: int) -> list[tuple[int, bytes]]:
+    """(start, plain bytes) of each segment that plain bytes [lo, hi) of the chunk touch, each
+    checked against its CRC-32, reading only those segments' bytes."""
+    loc = extent.location
+    with _reported(extent):
+        return parts.decode_from(lambda a, n: read_payload_part(fd, extent.chunk_id, loc, a, n), lo, hi)

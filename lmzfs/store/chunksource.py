@@ -30,7 +30,7 @@ from lmzfs.counters import ReadCounters
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
 from lmzfs.store.chunkcache import ChunkCache
-from lmzfs.store.chunkread import read_chunk, read_chunk_segments
+from lmzfs.store.chunkread import chunk_parts, read_chunk, read_chunk_parts
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.packfds import PackDescriptors
 
@@ -41,6 +41,10 @@ class _NotInParts(Exception):
 
 def _part_key(e: Extent, start: int) -> bytes:
     return e.chunk_id + start.to_bytes(4, "little")     # 36 bytes: never a chunk id (32)
+
+
+def _parts_key(e: Extent) -> bytes:
+    return e.chunk_id + b"parts"                        # 37 bytes: the chunk's part decoder
 
 
 def _codec(e: Extent) -> Codec | None:
@@ -118,13 +122,26 @@ class ChunkSource:
         self.counters.add(chunks_decoded=1, bytes_decoded=e.size, decode_seconds=time.perf_counter() - t0)
         return data
 
+    def _parts(self, e: Extent):
+        """The chunk's part decoder (its params parsed, tables built), through the cache: built
+        once for all the reads that decode parts of the chunk, not once per part."""
+        def load():
+            with self._counted():
+                parts = chunk_parts(self._fd(e), e)
+            if parts is None:
+                raise _NotInParts
+            self.counters.add(part_decoders_built=1)
+            return parts
+        return self.cache.get(_parts_key(e), load)
+
     def _decode_parts(self, e: Extent, starts: range, step: int) -> bytes:
         """Decode the parts at these plain starts of the chunk together, checked; cache all but
         the first, which is returned (the cache stores it under the caller's key)."""
+        parts = self._parts(e)
         t0 = time.perf_counter()
         with self._counted():
-            got = read_chunk_segments(self._fd(e), e, starts[0], starts[-1] + 1)
-        if got is None or [(a, len(d)) for a, d in got] != [(a, min(step, e.size - a)) for a in starts]:
+            got = read_chunk_parts(self._fd(e), e, parts, starts[0], starts[-1] + 1)
+        if [(a, len(d)) for a, d in got] != [(a, min(step, e.size - a)) for a in starts]:
             raise _NotInParts
         self.counters.add(segments_decoded=len(got), bytes_decoded=sum(len(d) for _, d in got),
                           decode_seconds=time.perf_counter() - t0)

@@ -64,7 +64,7 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
     try:
         new: dict = {}
         plan = encode_file(content.file, content.pread, content.size, shown, catalog, writer, pool,
-                           2 * workers + 2, fast=False, segments=False, chunk_size=chunk_size, new=new,
+                           2 * workers + 2, fast=False, segments=True, chunk_size=chunk_size, new=new,
                            result=result, progress=lambda done: None,
                            chain=FileChain(index, recoder, path) if recoder is not None else None)
         recoded: dict = {}

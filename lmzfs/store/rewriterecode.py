@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 
-from lmzfs.codecs import by_name, encode_chunk, encode_delta_chunk
+from lmzfs.codecs import encode_chunk, encode_delta_chunk
+from lmzfs.codecs.floatsplit import FloatSplitCodec
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.rewrite import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
                                  store_reader, writing)
@@ -22,11 +23,9 @@ from lmzfs.store.rewritescan import StoredChunk, chunks_of, scan_models
 
 
 def _in_parts(codec: str) -> bool:
-    """The chunk was coded to decode in parts (`add --segments`): what its codec says of itself."""
-    try:
-        return by_name(codec).part_bytes > 0
-    except KeyError:
-        return False
+    """Code the chunk in parts (the default) unless its add coded it whole (`add --no-segments`):
+    floatsplit on a chunk that floatseg would have cut."""
+    return codec != FloatSplitCodec.name
 
 
 def smallest(job: RecodeJob, plain: bytes, ref: bytes | None) -> Recoding | None:
