@@ -236,7 +236,10 @@ class MountBench:
             try:
                 start = time.perf_counter()
                 tool.add(store, [self.astra, self.gguf], "bench", self.work)
-                tool.add(store, self.variants, "astra8", self.work)
+                # standalone: lmzfs would otherwise pair the variants' tensors with astra's (same
+                # names and shapes) and recode astra as deltas against them, and every astra row
+                # below would measure a delta chain instead of the model stored alone
+                tool.add(store, self.variants, "astra8", self.work, standalone=True)
                 log(f"mount: {tool.name}: both models added in {time.perf_counter() - start:.1f} s")
                 stores[tool.name] = store
             except Exception as exc:

@@ -235,6 +235,9 @@ class CliStore(Tool):
     files_argv: Callable[[Path, str], list] | None = None       # (store, model) -> argv: per-file charges as JSON
     add_options: list[str] = field(default_factory=list)        # options of `add` this row depends on
     add_help_argv: list | None = None                            # the add subcommand, for `--help`
+    # options of `add` that store a model standalone, coded against no other model of the store
+    # (lmzfs pairs checkpoints across models; a store without cross-model deltas needs none)
+    standalone_options: list[str] = field(default_factory=list)
     model: str = "bench-model"
     kind: str = "store"
 
@@ -252,9 +255,15 @@ class CliStore(Tool):
     def startup_argv(self) -> list:
         return self.help_argv
 
-    def add(self, store: Path, files: list[Path], model: str, work: Path) -> None:
+    def add(self, store: Path, files: list[Path], model: str, work: Path, *, standalone: bool = False) -> None:
+        """Add `files` as `model`; `standalone`: neither it nor a stored model is delta-coded
+        against the other (what a table that reads one model as if stored alone needs)."""
         src = Path(tempfile.mkdtemp(prefix="src-", dir=work)) / model.replace("/", "_")
-        run(self.add_argv(store, link_dir(files, src), model))
+        argv = self.add_argv(store, link_dir(files, src), model)
+        if standalone and self.standalone_options:
+            at = argv.index("add") + 1
+            argv = [*argv[:at], *self.standalone_options, *argv[at:]]
+        run(argv)
 
     def encode(self, subject: Subject, work: Path) -> Encoded:
         store = work / "store"
@@ -335,6 +344,7 @@ def lmzfs_store(*add_options: str) -> CliStore:
         help_argv=[lmz, "--help"],
         files_argv=lambda store, m: [lmz, "--store", store, "ls", m, "--json"],
         add_help_argv=[lmz, "add"],
+        standalone_options=["--no-delta"],
     )
 
 
