@@ -3,10 +3,11 @@ trying everything (encode_chunk(exhaustive=True)) on real chunks of every corpus
 stored bytes may grow by at most 0.05% (issue 26's bound), and every payload decodes back."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from lmzfs.chunker import plan_chunks
-from lmzfs.codecs import decode_chunk, encode_chunk, zstd
+from lmzfs.codecs import ChunkHint, ZstdCodec, decode_chunk, encode_chunk, zstd
 from lmzfs.formats import parse_file
 from lmzfs.testing.corpus import CorpusUnavailable, fetch
 
@@ -47,3 +48,50 @@ def test_estimated_codec_choices_store_within_a_twentieth_of_a_percent_of_trying
         chosen += len(fast.payload)
         tried += len(full.payload)
     assert chunks and chosen <= tried * 1.0005, (name, chosen, tried)
+
+
+def _bf16_weights(n: int, seed: int = 3) -> bytes:
+    """n BF16 values of a trained-looking weight (a normal of small spread), truncated from FP32."""
+    rng = np.random.default_rng(seed)
+    return (rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+def _whole_chunk_zstd_calls(monkeypatch, data: bytes) -> list[int]:
+    """encode_chunk's zstd trials on data, by input length."""
+    sizes = []
+    real = ZstdCodec.encode
+
+    def counted(self, mv, hint):
+        sizes.append(len(mv))
+        return real(self, mv, hint)
+
+    monkeypatch.setattr(ZstdCodec, "encode", counted)
+    return sizes
+
+
+def test_a_bf16_chunk_that_zstd_cannot_win_is_never_zstd_coded_whole(monkeypatch):
+    data = _bf16_weights(1 << 19)
+    hint = ChunkHint("BF16", 2, 0, (1024, 512))
+    sizes = _whole_chunk_zstd_calls(monkeypatch, data)
+    got = encode_chunk(data, hint)
+    assert got.codec == "floatseg"
+    assert len(data) not in sizes and sizes    # only its slices were
+    assert decode_chunk(got.payload, len(data)) == data
+
+
+def test_a_bf16_chunk_of_one_repeated_block_is_still_zstd_coded():
+    block = _bf16_weights(2048)
+    data = block * ((1 << 20) // len(block))
+    got = encode_chunk(data, ChunkHint("BF16", 2, 0, (1024, 512)))
+    assert got.codec == "zstd"
+    assert decode_chunk(got.payload, len(data)) == data
+    assert len(got.payload) == len(encode_chunk(data, ChunkHint("BF16", 2, 0, (1024, 512)), exhaustive=True).payload)
+
+
+def test_row_classes_of_rows_too_short_to_pay_are_left_to_the_exhaustive_search():
+    # the last axis of a 3x3x3 convolution kernel: rows of 3 elements
+    data = _bf16_weights(1 << 18)
+    hint = ChunkHint("BF16", 2, 0, (256, 256, 4, 3))
+    fast, full = encode_chunk(data, hint), encode_chunk(data, hint, exhaustive=True)
+    assert len(fast.payload) <= len(full.payload) * 1.0005
+    assert decode_chunk(fast.payload, len(data)) == data

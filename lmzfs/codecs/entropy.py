@@ -280,6 +280,11 @@ def every_trial():
         _EVERY_TRIAL.reset(token)
 
 
+def trying_every() -> bool:
+    """Whether the caller is inside every_trial(): no trial may be left out on an estimate."""
+    return _EVERY_TRIAL.get()
+
+
 def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K: int = 1, *,
                   exhaustive: bool = False) -> bytes:
     """The smallest of: mode 0 + stored bytes (S <= 256), mode 1 + zstd frame, mode 2 + tANS section
@@ -292,13 +297,16 @@ def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K:
     if S <= 256:
         b = a.astype(np.uint8).tobytes()
         raw = bytes((RAW,)) + b
+    flat = False    # the stream is as long as its order-0 entropy: tANS is not tried
     if len(a) >= 64 or S > 256:
-        if not (estimate and raw is not None and ctx is None and
-                order0_bytes(a, S) >= len(raw) * (1 - TANS_SLACK)):
+        flat = estimate and raw is not None and ctx is None and order0_bytes(a, S) >= len(raw) * (1 - TANS_SLACK)
+        if not flat:
             t = bytes((TANS,)) + tans_section(a, S, ctx, K)
     if b is not None and len(b) > 16:
         sofar = min(len(c) for c in (raw, t) if c is not None)
-        if not estimate or len(_zstd.compress(b, 1)) + 1 <= sofar * ZSTD_PROBE:
+        # On a flat stream only repeats can shrink it, and level 1 finds long ones: level 9 is
+        # tried only where level 1 already beats the stored bytes.
+        if not estimate or len(_zstd.compress(b, 1)) + 1 <= (len(raw) - 1 if flat else sofar * ZSTD_PROBE):
             z = bytes((ZSTD,)) + _zstd.compress(b, 9)
     best = b""
     for c in (raw, z, t):

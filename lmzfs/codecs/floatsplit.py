@@ -35,6 +35,11 @@ MAX_CONTEXTS = 16
 ZERO_BLOCK_LOG = 6       # elements per zero-plane block: 64
 MAX_TABLE_SLOTS = 1 << 16   # encoder choice: contexts x 2**R, so that building the tables stays quick
 ROW_CLASSES = 0xFF       # the "first context" byte value that selects row-class contexts
+# Row classes are measured only for rows of at least this many elements. Shorter "rows" are
+# the last axis of a convolution kernel (3) or a column (1): a class per row then costs more in
+# its class map than grouping by it saves, on every such chunk of the corpus, while measuring it
+# takes a tenth of the chunk's encode. encode_chunk(exhaustive=True) still measures them.
+ROW_CLASS_MIN = 8
 
 
 def _row_scale(counts: np.ndarray, log: int) -> np.ndarray:
@@ -242,7 +247,7 @@ def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np
     rowmode = b""
     ctx = None
     C = hint.shape[-1] if hint.shape and len(hint.shape) >= 2 and hint.shape[-1] > 0 else 0
-    if C and n >= 4 * C:
+    if C and n >= 4 * C and (C >= ROW_CLASS_MIN or entropy.trying_every()):
         shift = (hint.offset // width) % C
         found = _row_classes(e, n, C, shift, E)
         if found and found[0] < best[0]:
