@@ -55,6 +55,11 @@ def cmd_add(args) -> int:
         print(f"lmz: warning: {printable(warning)}", file=sys.stderr)
     saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
     print(printable(_chain_line(r)))
+    if r.siblings.chunks:
+        t = r.siblings
+        print(f"deltas within the model: {t.chunks} chunk(s) coded against the same tensor of an earlier file: "
+              f"{human_bytes(t.bytes_alone)} -> {human_bytes(t.bytes_after)}, "
+              f"{human_bytes(t.bytes_alone - t.bytes_after)} saved")
     print(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
           f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved), {r.reused_chunks} chunk(s) already "
           f"in the store, {r.seconds:.1f} s")
@@ -66,7 +71,7 @@ def _chain_line(r) -> str:
     if not r.delta:
         return "deltas: none (--no-delta): stored standalone, no other model changed"
     if r.base is None:
-        return "deltas: none: no stored model has tensors of the same names, dtypes and shapes; stored standalone"
+        return "deltas: no stored model has tensors of the same names, dtypes and shapes; no other model changed"
     b, t = r.base, r.recoded
     how = "given by --base" if b.explicit else "chosen: the same family or most recent of the stored models that match"
     line = (f"deltas: base {b.model} ({how}; {human_bytes(b.matched_bytes)} of {human_bytes(b.tensor_bytes)} "
@@ -376,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     chains.add_argument("--base", metavar="MODEL",
                         help="pair with this stored model: its chunks of the same tensors are recoded as deltas "
                              "against the new model's (default: the stored model of the same family, else the "
-                             "most recent, whose tensors match; docs/operations.md, Checkpoint chains)")
+                             "most recent, whose tensors match; docs/chains.md)")
     chains.add_argument("--no-delta", dest="delta", action="store_false",
                         help="store the model standalone and change no other model")
     sp.set_defaults(delta=True)
@@ -390,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("models", nargs="+", metavar="MODEL")
     cmd("gc", cmd_gc, "reclaim space of removed models and interrupted adds")
     sp = cmd("rewrite", cmd_rewrite, "rewrite how chunks are stored, offline and atomically; no served byte "
-                                     "changes (docs/operations.md)")
+                                     "changes (docs/chains.md)")
     passes = sp.add_subparsers(dest="rewrite", required=True, metavar="PASS")
 
     def rewrite_pass(name, help_):

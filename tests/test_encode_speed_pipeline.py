@@ -30,7 +30,7 @@ import sys, threading, time
 from pathlib import Path
 import lmzfs.store.add as add
 from lmzfs.store.layout import StorePaths
-real_encode = add.encode_chunk
+real_encode = add.encode_alone
 both = threading.Barrier(2)
 said = threading.Event()
 def encode(*a, **k):
@@ -46,7 +46,7 @@ def encode(*a, **k):
     return got
 def commit(*a, **k):
     time.sleep(60)
-add.encode_chunk = encode
+add.encode_alone = encode
 add._commit = commit
 add.add_model(StorePaths(Path(sys.argv[1])), Path(sys.argv[2]), "victim", workers=2)
 print("DONE", flush=True)

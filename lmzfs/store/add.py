@@ -25,7 +25,6 @@ from typing import BinaryIO, Callable
 import xxhash
 
 from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, plan_chunks
-from lmzfs.codecs import encode_chunk
 from lmzfs.formats import parse_open_file
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.chainrecode import ChainRecoder, RecodeTotals
@@ -35,6 +34,7 @@ from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import validate_model_name
 from lmzfs.store.packs import PackWriter
+from lmzfs.store.siblings import SiblingIndex, SiblingTotals, encode_against, encode_alone
 from lmzfs.store.sources import SourceFile, SourceTree
 
 Progress = Callable[[int, int], None]     # (bytes done, bytes total)
@@ -53,6 +53,7 @@ class AddResult:
     base: BaseChoice | None = None          # the model paired with, if any
     delta: bool = True                      # False: --no-delta
     recoded: RecodeTotals = field(default_factory=RecodeTotals)
+    siblings: SiblingTotals = field(default_factory=SiblingTotals)  # deltas between this add's files
     reclaimed: GcResult | None = None      # the recode's dead payloads dropped after the commit
 
 
@@ -65,6 +66,7 @@ class _NewChunk:
     offset: int
     length: int
     xxh3: bytes           # XXH3-128 of the plain bytes: what reads check
+    base: bytes | None = None   # the chunk of this add it is coded against (store/siblings.py)
 
 
 @dataclass(frozen=True)
@@ -187,13 +189,14 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                 plans: list[_FilePlan] = []
                 done = 0
                 workers = workers or os.cpu_count() or 2
+                siblings = SiblingIndex(chains.depth) if chains.delta else None
                 with ThreadPoolExecutor(max_workers=workers) as pool:
                     recoder = ChainRecoder(store, catalog, writer, pool, chains.depth, fast) if index else None
                     try:
                         for src in sources:
                             plan = _add_file(tree, src, catalog, writer, pool, 2 * workers + 2, fast, segments,
                                              chunk_size, new, result, lambda n: progress and progress(done + n, total),
-                                             index, recoder)
+                                             index, recoder, siblings)
                             done += plan.size
                             plans.append(plan)
                         if recoder is not None:
@@ -203,6 +206,9 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                     finally:
                         if recoder is not None:
                             recoder.close()
+                        if siblings is not None:
+                            result.siblings = siblings.totals
+                            siblings.close()
                 writer.sync()
                 try:
                     old_packs = _commit(catalog, name, str(tree.resolved), plans, new, writer,
@@ -225,7 +231,7 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
 def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor,
               limit: int, fast: bool, segments: bool, chunk_size: int, new: dict[bytes, _NewChunk],
               result: AddResult, progress: Callable[[int], None], index: BaseIndex | None,
-              recoder: ChainRecoder | None) -> _FilePlan:
+              recoder: ChainRecoder | None, siblings: SiblingIndex | None) -> _FilePlan:
     # The one descriptor the walk's file is read through: parsing, hashing and chunking alike.
     with open(tree.open(src), "rb") as f:
         before = os.fstat(f.fileno())
@@ -234,7 +240,8 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
         plan = encode_file(f, lambda length, offset: os.pread(f.fileno(), length, offset), before.st_size,
                            src.shown, catalog, writer, pool, limit, fast=fast, segments=segments,
                            chunk_size=chunk_size, new=new, result=result, progress=progress,
-                           chain=FileChain(index, recoder, src.rel) if index is not None else None)
+                           chain=FileChain(index, recoder, src.rel) if index is not None else None,
+                           siblings=siblings)
         plan.rel, plan.mtime = src.rel, before.st_mtime
         after = os.fstat(f.fileno())
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
@@ -253,12 +260,15 @@ class FileChain:
 def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, shown: str, catalog: Catalog,
                 writer: PackWriter, pool: ThreadPoolExecutor, limit: int, *, fast: bool, segments: bool,
                 chunk_size: int, new: dict[bytes, _NewChunk], result: AddResult,
-                progress: Callable[[int], None], chain: FileChain | None = None) -> _FilePlan:
+                progress: Callable[[int], None], chain: FileChain | None = None,
+                siblings: SiblingIndex | None = None) -> _FilePlan:
     """Parse, chunk, hash and encode the `size` bytes that `f` (for the container parser) and
     `pread(length, offset)` read: what `lmz add` does to one file, and what a writable mount does
     to a file it commits. Chunks already stored (or in `new`) are reused; new ones are appended
     to `writer` and recorded in `new`; with `chain`, the base's paired chunks are offered to its
-    recoder. The plan's rel and mtime are the caller's to set."""
+    recoder; with `siblings`, chunks that pair with an earlier file of the same add are coded
+    against it where that is smaller (and this file's are recorded for the files after it).
+    The plan's rel and mtime are the caller's to set."""
     layout = parse_open_file(shown, f, size)
     # A header that is malformed or claims more than the file holds buys its bytes the quick
     # codecs only: an input crafted to be slow to store gets no slow search.
@@ -268,16 +278,21 @@ def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, show
     plan = _FilePlan("", size, 0.0, "", layout.format, tensors=[] if hostile else tensors_of(layout))
     pairs = chain.index.pairs(catalog, chain.rel, [NewTensor(chain.rel, (t.name, t.dtype, t.shape), t.offset, t.size)
                                                    for t in plan.tensors]) if chain is not None else {}
+    earlier = siblings.pairs(plan.tensors) if siblings is not None and not hostile else {}
     whole = hashlib.sha256()
     window: deque[tuple[bytes, int, Future]] = deque()
+    stored_here: list[bytes] = []
 
     def drain(keep: int) -> None:
         while len(window) > keep:
             cid, size, check, fut = window.popleft()
-            encoded = fut.result()
-            loc = writer.append(cid, encoded.payload)
-            new[cid] = _NewChunk(cid, size, encoded.codec, loc.pack, loc.offset, loc.length, check)
+            coded = fut.result()
+            loc = writer.append(cid, coded.encoded.payload)
+            new[cid] = _NewChunk(cid, size, coded.encoded.codec, loc.pack, loc.offset, loc.length, check, coded.base)
+            stored_here.append(cid)
             result.new_payload_bytes += loc.length
+            if siblings is not None:
+                siblings.landed(coded)
 
     pending: set[bytes] = set()
     for cp in plan_chunks(layout, chunk_size):
@@ -289,6 +304,7 @@ def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, show
         cid = hashlib.sha256(data).digest()
         check = xxhash.xxh3_128_digest(data)
         plan.extents.append((cp.offset, cid))
+        paired = None
         if chain is not None:
             chain.recoder.saw(cid)
             paired = pairs.get(cp.offset)
@@ -303,13 +319,21 @@ def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, show
         else:
             pending.add(cid)
             result.new_chunks += 1
-            window.append((cid, cp.length, check, pool.submit(encode_chunk, data, cp.hint,
-                                                             fast=fast or hostile, segments=segments,
-                                                             thorough=not hostile)))
+            options = dict(fast=fast or hostile, segments=segments, thorough=not hostile)
+            # a chunk the cross-model chain pairs stays coded alone (its recoder counts on it)
+            ref = earlier.get(cp.offset) if paired is None else None
+            if ref is not None and ref.length == cp.length:
+                job = pool.submit(encode_against, data, cp.hint, ref, **options)
+            else:
+                job = pool.submit(encode_alone, data, cp.hint, **options)
+            window.append((cid, cp.length, check, job))
             drain(limit)
         del data
         progress(cp.offset + cp.length)
     drain(0)
+    if siblings is not None and not hostile:
+        siblings.record(f.fileno(), plan.tensors, plan.extents, {c: new[c].size for c in stored_here},
+                        {c: new[c].base for c in stored_here})
     plan.sha256 = whole.hexdigest()
     result.files += 1
     result.logical_bytes += plan.size
@@ -317,10 +341,14 @@ def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, show
 
 
 def insert_new_chunks(db: sqlite3.Connection, plans: list[_FilePlan], new: dict[bytes, _NewChunk]) -> None:
-    """Inside a write transaction: record the chunks encode_file appended (with no references
-    yet) and the read checksums of reused chunks stored without one."""
-    db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3) VALUES (?,?,?,?,?,?,0,?)",
-                   [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3) for c in new.values()])
+    """Inside a write transaction: record the chunks encode_file appended (no extent refers to
+    them yet; a base counts the chunks coded against it) and the read checksums of reused
+    chunks stored without one."""
+    db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3, base) "
+                   "VALUES (?,?,?,?,?,?,0,?,?)",
+                   [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3, c.base) for c in new.values()])
+    # a base's refs count the chunks coded against it, as its extents do
+    db.executemany("UPDATE chunks SET refs = refs + 1 WHERE id = ?", [(c.base,) for c in new.values() if c.base])
     db.executemany("UPDATE chunks SET xxh3 = ? WHERE id = ? AND xxh3 IS NULL",
                    [(check, cid) for p in plans for cid, check in p.checks.items()])
 
