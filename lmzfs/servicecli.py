@@ -32,7 +32,7 @@ def add_mount_arguments(sp: argparse.ArgumentParser, parse_size) -> None:
                     help="decode ahead of sequential readers (default: on)")
     sp.add_argument("--writable", action="store_true",
                     help="serve a writable file system: mkdir at the top makes a model, files written "
-                         "into it are stored as `lmz add` stores them (docs/operations.md)")
+                         "into it are stored as `lmz add` stores them (docs/writable.md)")
 
 
 def _no_mountpoint() -> StoreError:

@@ -1,5 +1,5 @@
 """The writable mount's POSIX surface as programs meet it, through the kernel: the refusals
-docs/operations.md lists, statfs, shared writable mmap, unlinked open files, and readers of a file
+docs/writable.md lists, statfs, shared writable mmap, unlinked open files, and readers of a file
 while it is written (every mount is unmounted, even on failure)."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ succeeds on both or fails on both with the same errno, reads return the same byt
 end identical.
 
 The default run is sized to take about 20 seconds; LMZ_RW_OPS=5000 runs at least 5,000 operations
-(docs/operations.md, "Testing the writable mount").
+(docs/writable.md, "Testing the writable mount").
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Real programs and test suites nobody here wrote, run with their files inside a writable mount.
 
-Long (minutes): run with LMZ_RW_SUITES=1 (docs/operations.md, "Testing the writable mount", lists
+Long (minutes): run with LMZ_RW_SUITES=1 (docs/writable.md, "Testing the writable mount", lists
 the cases skipped and why). Needs git, sqlite3 (Python's module), rsync, fio and stress-ng.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-readahead", dest="readahead", action="store_false",
                         help="decode only what is read, nothing ahead of sequential readers")
     parser.add_argument("--writable", action="store_true",
-                        help="serve a writable file system: top-level directories are models (docs/operations.md)")
+                        help="serve a writable file system: top-level directories are models (docs/writable.md)")
     parser.add_argument("--debug", action="store_true", help="log every detail")
     # Internal: the launcher's readiness pipe, and a test hook naming the archive to serve.
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)

@@ -159,7 +159,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
         return self.fs.readlink(inode)
 
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        raise pyfuse3.FUSEError(errno.EPERM)        # hard links are not supported (docs/operations.md)
+        raise pyfuse3.FUSEError(errno.EPERM)        # hard links are not supported (docs/writable.md)
 
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         raise pyfuse3.FUSEError(errno.EPERM)        # regular files, directories and symlinks only

@@ -17,7 +17,7 @@ never names bytes that are not on disk; from then on every record of that file i
 A record stays until the file's commit to the store is durable; the commit's catalog
 transaction names the record's ID (fs_spool_commits), so a mount that finds a record whose ID the
 catalog names knows it is committed and only then removes the spool's files. Nothing else
-removes a record: a mount replays every record it finds (docs/operations.md), or sets aside one
+removes a record: a mount replays every record it finds (docs/writable.md), or sets aside one
 it cannot trust (``ID.json-untrusted``, kept with its files and logged).
 
 ``mount.lock`` is held (flock) by the one writable mount of the store.
