@@ -2,6 +2,9 @@
 
 optional=True: without a C compiler the install still succeeds and lmzfs uses its numpy loop,
 which decodes the same streams, only slower.
+
+-ffp-contract=off: the encoder's compiled searches repeat numpy's floating-point steps one rounding
+at a time (see _tanscolumns.c), which a fused multiply-add would break.
 """
 from setuptools import Extension, setup
 
@@ -11,6 +14,6 @@ setup(ext_modules=[Extension("lmzfs.codecs._tansloop",
                               "lmzfs/codecs/_tanstails.c", "lmzfs/codecs/_tansvec.c",
                               "lmzfs/codecs/_tanscopy.c", "lmzfs/codecs/_tansenc.c",
                               "lmzfs/codecs/_tansulp.c", "lmzfs/codecs/_tansfit.c",
-                              "lmzfs/codecs/_tanssection.c"],
+                              "lmzfs/codecs/_tanssection.c", "lmzfs/codecs/_tanscolumns.c"],
                              depends=["lmzfs/codecs/_tansloop.h"],
-                             optional=True, extra_compile_args=["-O3"])])
+                             optional=True, extra_compile_args=["-O3", "-ffp-contract=off"])])

@@ -1,6 +1,6 @@
-"""The compiled encoder passes (lmzfs/codecs/_tansfit.c) against the numpy code they stand in for:
-the same payload bytes, on adversarial chunks (constant, all-NaN, random, tiny, odd sizes, rows
-of very different scale), and payloads that both decode paths give back exactly."""
+"""The compiled encoder passes (lmzfs/codecs/_tansfit.c, _tanscolumns.c) against the numpy code they
+stand in for: the same choices and payload bytes, on adversarial chunks (constant, all-NaN, random,
+tiny, odd sizes, rows of very different scale), and payloads that both decode paths give back exactly."""
 from __future__ import annotations
 
 import numpy as np
@@ -107,16 +107,6 @@ def test_row_order_stats_refuses_ranks_outside_the_rows_and_exponents_outside_th
     assert tans._loop.row_order_stats(e, 4, 2, 0, 4, np.array([1], dtype=np.int64), out) and out[0] == 2.5
 
 
-@settings(max_examples=100, deadline=None)
-@given(n=st.integers(0, 5000), C=st.integers(1, 400), seed=st.integers(0, 2**32 - 1))
-def test_the_compiled_column_histogram_is_numpys_bincount(n, C, seed):
-    a = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-    got = np.zeros((C, 256), dtype=np.int64)
-    tans._loop.column_hist(a, n, C, got)
-    want = np.bincount((np.arange(n) % C) * 256 + a, minlength=C * 256).reshape(C, 256)
-    assert np.array_equal(got, want)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 3000), S=st.integers(1, 400), K=st.integers(1, 5), R=st.integers(4, 15),
        lanes=st.integers(1, 40), interleaved=st.booleans(), seed=st.integers(0, 2**32 - 1))
@@ -143,3 +133,82 @@ def test_encoder_slots_refuse_entries_that_do_not_match_the_frequencies():
     enc = np.empty(16, dtype=np.int64)
     with pytest.raises(ValueError, match="do not match"):
         tans._loop.encode_slots(tab.packed, 1, 2, 4, np.array([[9, 7]], dtype=np.int64), enc)
+
+
+def _column_bytes(kind: str, rows: int, C: int, tail: int, seed: int) -> np.ndarray:
+    """rows of C bytes and a short row of ``tail``: adversarial kinds (ties between classes and
+    columns everywhere) and int8 columns of very different spread."""
+    rng = np.random.default_rng(seed)
+    n = rows * C + tail
+    if kind == "constant":
+        return np.full(n, rng.integers(0, 256), dtype=np.uint8)
+    if kind == "two values":
+        p = rng.uniform(0.05, 0.95)
+        return rng.choice(rng.integers(0, 256, 2).astype(np.uint8), n, p=[p, 1 - p])
+    if kind == "random":
+        return rng.integers(0, 256, n, dtype=np.uint8)
+    if kind == "skewed":    # a few values, most of them one
+        return (np.minimum(rng.geometric(rng.uniform(0.3, 0.95), n) - 1, 255) + rng.integers(0, 256)).astype(np.uint8)
+    if kind == "two column kinds":      # half the columns constant, half random: exact ties within each half
+        a = rng.integers(0, 256, n, dtype=np.uint8)
+        a[(np.arange(n) % C) % 2 == 0] = 7
+        return a
+    scale = rng.uniform(0.05, 60, C)[np.arange(n) % C]
+    return np.clip(rng.normal(0, 1, n) * scale, -127, 127).astype(np.int8).view(np.uint8)
+
+
+def _same_column_classes(compiled, reference) -> None:
+    if reference is None:
+        assert compiled is None
+    else:
+        assert compiled is not None and compiled[0] == reference[0]
+        assert compiled[1].tolist() == np.asarray(reference[1]).tolist()
+
+
+_COLUMN_KINDS = ["constant", "two values", "random", "skewed", "two column kinds", "columns"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(_COLUMN_KINDS), C=st.integers(8, 400), rows=st.integers(32, 160),
+       tail=st.integers(0, 399), seed=st.integers(0, 2**32 - 1))
+def test_the_compiled_column_class_search_chooses_what_the_numpy_reference_chooses(kind, C, rows, tail, seed):
+    a = _column_bytes(kind, rows, C, tail % C, seed)
+    _same_column_classes(*compiled_then_numpy(lambda: entropy._column_classes(a, C)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(C=st.integers(64, 800), rows=st.integers(300, 1400), tail=st.integers(0, 799), seed=st.integers(0, 2**32 - 1))
+def test_the_compiled_column_class_search_agrees_where_eight_or_sixteen_classes_pay(C, rows, tail, seed):
+    """Columns of widely spread scales over many rows, where the search chooses 8 or 16 classes."""
+    rng = np.random.default_rng(seed)
+    n = rows * C + tail % C
+    scale = np.exp(rng.uniform(np.log(0.3), np.log(80), C))[np.arange(n) % C]
+    a = np.clip(np.rint(rng.standard_t(5, n) * scale), -127, 127).astype(np.int8).view(np.uint8)
+    _same_column_classes(*compiled_then_numpy(lambda: entropy._column_classes(a, C)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(_COLUMN_KINDS), C=st.integers(8, 300), rows=st.integers(32, 200),
+       tail=st.integers(0, 299), seed=st.integers(0, 2**32 - 1))
+def test_entropy_payloads_with_column_classes_are_the_same_bytes_with_and_without_the_compiled_search(
+        kind, C, rows, tail, seed):
+    data = _column_bytes(kind, rows, C, tail % C, seed).tobytes()
+    hint = ChunkHint("I8", 1, shape=(-(-len(data) // C), C))
+    compiled, reference = compiled_then_numpy(lambda: encode_with("entropy", data, hint))
+    assert compiled == reference
+    _decodes_back_both_ways(compiled, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=st.floats(min_value=2.0**-40, max_value=1.0), bits=st.integers(0, 45))
+def test_the_fixed_point_logarithm_is_log2_rounded_to_within_one_unit(x, bits):
+    got = entropy._log2_fixed(np.array([x]), bits)[0]
+    assert got == np.rint(got) and abs(got - np.log2(x) * 2.0**bits) <= 1
+
+
+def test_the_column_class_search_refuses_rows_it_does_not_search():
+    cls = np.empty(8, dtype=np.int64)
+    with pytest.raises(ValueError, match="bad arguments"):
+        tans._loop.column_classes(np.zeros(8 * 31, dtype=np.uint8), 8 * 31, 8, 30, 30, entropy._LOG2_SERIES, 3, 300, cls)
+    with pytest.raises(ValueError, match="bad arguments"):
+        tans._loop.column_classes(np.zeros(7 * 40, dtype=np.uint8), 7 * 40, 7, 30, 30, entropy._LOG2_SERIES, 3, 300, cls)

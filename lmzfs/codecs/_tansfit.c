@@ -262,38 +262,6 @@ done:
     return result;
 }
 
-/* column_hist(a, n, C, hist): hist[(i % C) * 256 + a[i]] counted over the n bytes of a (hist
- * zeroed, C x 256 int64): the entropy codec's column histograms, numpy's bincount of
- * (arange(n) % C) * 256 + a without its int64 temporaries. */
-PyObject *tans_column_hist(PyObject *self, PyObject *args)
-{
-    Py_buffer ab = {0}, hb = {0};
-    Py_ssize_t n, C;
-    if (!PyArg_ParseTuple(args, "y*nnw*", &ab, &n, &C, &hb))
-        return NULL;
-    PyObject *result = NULL;
-    if (n < 0 || C < 1 || ab.len < n || hb.len < C * 256 * 8) {
-        PyErr_SetString(PyExc_ValueError, "column_hist: bad arguments");
-        goto done;
-    }
-    const uint8_t *restrict a = ab.buf;
-    int64_t *restrict h = hb.buf;
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t i = 0;
-    while (i < n) {
-        const Py_ssize_t end = i + C < n ? i + C : n;
-        int64_t *row = h;
-        for (; i < end; i++, row += 256)
-            row[a[i]]++;
-    }
-    Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&ab);
-    PyBuffer_Release(&hb);
-    return result;
-}
-
 /* row_classes(e, n, C, shift, means, edges, E, cls, hist): cls[r] = how many of the (sorted)
  * edges are <= means[r] (numpy's searchsorted, side "right"), and hist[cls[row of i] * E + e[i]]
  * counted over every element (hist zeroed, (len(edges) + 1) x E). */

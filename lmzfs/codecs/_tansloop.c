@@ -408,11 +408,11 @@ static PyMethodDef methods[] = {
     {"row_means", tans_row_means, METH_VARARGS, "floatsplit's row means; see _tansfit.c."},
     {"row_classes", tans_row_classes, METH_VARARGS, "floatsplit's row classes and their histogram; see _tansfit.c."},
     {"row_order_stats", tans_row_order_stats, METH_VARARGS, "floatsplit's row-mean order statistics; see _tansfit.c."},
-    {"column_hist", tans_column_hist, METH_VARARGS, "the entropy codec's column histograms; see _tansfit.c."},
     {"row_contexts", tans_row_contexts, METH_VARARGS, "floatsplit's row-class contexts; see _tansfit.c."},
     {"encode_rows", tans_encode_rows, METH_VARARGS, "tans.encode's table rows; see _tansfit.c."},
     {"section_counts", tans_section_counts, METH_VARARGS, "tANS sections' histograms; see _tanssection.c."},
     {"section_rows", tans_section_rows, METH_VARARGS, "tANS sections' table rows and bits back; see _tanssection.c."},
+    {"column_classes", tans_column_classes, METH_VARARGS, "the entropy codec's column-class search; see _tanscolumns.c."},
     {"copy_bytes", tans_copy_bytes, METH_O, "A buffer's bytes, copied without Python's lock; see _tanscopy.c."},
     {NULL, NULL, 0, NULL},
 };

@@ -2,7 +2,8 @@
  * which defines the module), the table helpers (_tanstables.c), floatsplit's helpers
  * (_tansfloat.c), ggufblocks' (_tansgguf.c), the symbol sections' tails (_tanstails.c) and
  * the copy of a decoded array into bytes (_tanscopy.c), the encoder's steps (_tansenc.c) and its passes over a chunk (_tansfit.c)
- * and over a symbol section (_tanssection.c). */
+ * and over a symbol section (_tanssection.c), and the entropy codec's column-class search
+ * (_tanscolumns.c). */
 #ifndef LMZFS_TANSLOOP_H
 #define LMZFS_TANSLOOP_H
 #define PY_SSIZE_T_CLEAN
@@ -93,12 +94,13 @@ PyObject *tans_float_planes(PyObject *self, PyObject *args);
 PyObject *tans_row_means(PyObject *self, PyObject *args);
 PyObject *tans_row_classes(PyObject *self, PyObject *args);
 PyObject *tans_row_order_stats(PyObject *self, PyObject *args);
-PyObject *tans_column_hist(PyObject *self, PyObject *args);
 PyObject *tans_row_contexts(PyObject *self, PyObject *args);
 PyObject *tans_encode_rows(PyObject *self, PyObject *args);
 /* the encoder's passes over a symbol section (_tanssection.c) */
 PyObject *tans_section_counts(PyObject *self, PyObject *args);
 PyObject *tans_section_rows(PyObject *self, PyObject *args);
+/* the entropy codec's column-class search (_tanscolumns.c) */
+PyObject *tans_column_classes(PyObject *self, PyObject *args);
 /* ulpdelta's element loops (_tansulp.c) */
 PyObject *tans_ulp_residuals(PyObject *self, PyObject *args);
 PyObject *tans_ulp_contexts(PyObject *self, PyObject *args);

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 import zlib
 
 import numpy as np
@@ -349,32 +350,67 @@ def decode_stream(buf, n: int, S: int = 256, ctx: np.ndarray | None = None, K: i
     return out
 
 
-def _h(counts: np.ndarray) -> float:
-    """Order-0 code length in bytes of each row of counts, summed."""
-    c = counts.astype(np.float64)
-    tot = c.sum(axis=1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(np.where(c > 0, -c * np.log2(c / np.maximum(tot, 1)), 0.0).sum()) / 8
+# log2(m) for m in [sqrt(1/2), sqrt(2)) as s * sum_k _LOG2_SERIES[k] * z**k, s = (m - 1) / (m + 1),
+# z = s * s: the series of 2 * atanh(s) / ln 2, to below a double's precision there
+_LOG2_SERIES = np.array([2 / ((2 * k + 1) * 0.6931471805599453) for k in range(11)])
+_SQRT_HALF = math.sqrt(0.5)
+# the estimated bytes of a table's header, and the refinement rounds per class count
+_TABLE_BYTES = 300
+_ROUNDS = 3
+
+
+def _log2_fixed(x: np.ndarray, bits: int) -> np.ndarray:
+    """rint(log2(x) * 2**bits) as float64, for x > 0. Not np.log2: this is a fixed sequence of IEEE
+    operations (frexp, then a series), which the compiled search (_tanscolumns.c) repeats one for
+    one, so that both round every logarithm to the same integer; log2 itself differs in the last
+    bit between libm and numpy's vector loops, and that can move a choice."""
+    m, e = np.frexp(x)
+    low = m < _SQRT_HALF
+    m = np.where(low, m * 2.0, m)
+    e = e - low
+    f = m - 1.0
+    s = f / (2.0 + f)
+    z = s * s
+    p = np.full_like(z, _LOG2_SERIES[-1])
+    for c in _LOG2_SERIES[-2::-1]:
+        p = p * z + c
+    return np.rint((e + s * p) * 2.0 ** bits)
+
+
+def _score_bits(n: int, rows: int) -> int:
+    """F: column scores are sums of a column's counts (at most rows + 1, the tail included) times
+    logarithms in units of 2**-F, each at most log2(2 * (n + 128)) bits: F keeps every such sum an
+    integer below 2**52, exact in float64 in any order (numpy's BLAS and the compiled loop agree)."""
+    return 52 - (rows + 1).bit_length() - (2 * n + 256).bit_length().bit_length()
+
+
+def _cost_bits(n: int) -> int:
+    """G: code lengths are sums of counts (n in all) times logarithms in units of 2**-G, each at most
+    log2(n) bits: G keeps them, with the tables' bytes added (_TABLE_BYTES, at most 4096, a class),
+    below 2**62 in int64."""
+    return min(40, 60 - n.bit_length() - n.bit_length().bit_length())
+
+
+def _code_length(counts: np.ndarray, G: int) -> int:
+    """Order-0 code length of each row of counts, summed, in units of 2**-G bits; exact integers, so
+    that the compiled search compares the same numbers."""
+    counts = np.asarray(counts, dtype=np.int64)
+    nz = counts > 0
+    c = counts[nz]
+    tot = np.broadcast_to(counts.sum(axis=1, keepdims=True), counts.shape)[nz]
+    return -int((c * _log2_fixed(c / tot, G).astype(np.int64)).sum())
 
 
 def _column_spreads(a: np.ndarray, C: int, mode: int) -> tuple[np.ndarray, np.ndarray]:
     """(mean distance of each column's bytes, as int8, from the mode over the whole rows;
-    C x 256 histogram of each column's bytes over all of a). Compiled: one histogram pass, the
-    spreads from the whole rows' histogram (their integer sums, so numpy's means exactly)."""
+    C x 256 histogram of each column's bytes over all of a). The numpy reference of what
+    _tanscolumns.c computes (each spread is an integer sum over the rows divided by rows)."""
     n = len(a)
     rows = n // C
-    if tans._loop is None:
-        v = a[: rows * C].reshape(rows, C).astype(np.int64)
-        spread = np.abs(((v - mode + 128) & 255) - 128).mean(axis=0)
-        col = np.arange(n) % C
-        return spread, np.bincount(col * 256 + a, minlength=C * 256).reshape(C, 256)
-    colhist = np.zeros((C, 256), dtype=np.int64)
-    tans._loop.column_hist(a, rows * C, C, colhist)
-    dist = np.abs(((np.arange(256) - mode + 128) & 255) - 128)
-    spread = (colhist @ dist).astype(np.float64) / rows
-    t = n - rows * C
-    colhist[np.arange(t), a[rows * C:]] += 1
-    return spread, colhist
+    v = a[: rows * C].reshape(rows, C).astype(np.int64)
+    spread = np.abs(((v - mode + 128) & 255) - 128).mean(axis=0)
+    col = np.arange(n) % C
+    return spread, np.bincount(col * 256 + a, minlength=C * 256).reshape(C, 256)
 
 
 def _class_counts(hist_f: np.ndarray, cls: np.ndarray, K: int) -> np.ndarray:
@@ -386,25 +422,36 @@ def _class_counts(hist_f: np.ndarray, cls: np.ndarray, K: int) -> np.ndarray:
 
 
 def _column_classes(a: np.ndarray, C: int) -> tuple[int, np.ndarray] | None:
-    """Split the columns (position mod C) into K classes by their spread, when that pays."""
+    """Split the columns (position mod C) into K classes by their spread, when that pays: (K, the
+    class of each column), or None. Compiled (_tanscolumns.c) where the extension is built; the
+    numpy lines below are its reference and make the same choices: the logarithms and sums that
+    decide are exact integers (see _log2_fixed, _score_bits, _cost_bits)."""
     n = len(a)
     rows = n // C
     if C < 8 or rows < 32:
         return None
+    F, G = _score_bits(n, rows), _cost_bits(n)
+    if tans._loop is not None:
+        cls = np.empty(C, dtype=np.int64)
+        K = tans._loop.column_classes(a, n, C, F, G, _LOG2_SERIES, _ROUNDS, _TABLE_BYTES, cls)
+        return (K, cls) if K else None
     mode = int(np.bincount(a).argmax())
     spread, colhist = _column_spreads(a, C, mode)
     hist_f = colhist.astype(np.float64)
-    base = _h(colhist.sum(axis=0)[None, :]) + 300
+    base = _code_length(colhist.sum(axis=0)[None, :], G) + (_TABLE_BYTES * 8 << G)
     best = None
     for K in (2, 4, 8, 16):
         edges = np.quantile(spread, np.linspace(0, 1, K + 1)[1:-1])
         cls = np.searchsorted(edges, spread, side="right")
-        for _ in range(3):    # refine: move each column to the class that codes it shortest
+        for _ in range(_ROUNDS):    # refine: move each column to the class that codes it shortest
             counts = _class_counts(hist_f, cls, K)
-            logp = np.log2((counts + 0.5) / (counts + 0.5).sum(axis=1, keepdims=True))
-            cls = np.argmax(hist_f @ np.ascontiguousarray(logp.T), axis=1)
-        counts = _class_counts(hist_f, cls, K).astype(np.int64)
-        cost = _h(counts) + 300 * K + C * np.log2(K) / 8
+            w = _log2_fixed((counts + 0.5) / (counts + 0.5).sum(axis=1, keepdims=True), F)
+            refined = np.argmax(hist_f @ np.ascontiguousarray(w.T), axis=1)
+            if np.array_equal(refined, cls):    # a fixed point: the rounds left change nothing
+                break
+            cls = refined
+        tables = (_TABLE_BYTES * 8 * K + C * (K.bit_length() - 1)) << G     # headers, and log2(K) bits a column
+        cost = _code_length(_class_counts(hist_f, cls, K), G) + tables
         if cost < base and (best is None or cost < best[0]):
             best = (cost, K, cls)
     return None if best is None else (best[1], best[2])
