@@ -151,3 +151,15 @@ def test_a_reference_whose_file_changed_since_it_was_read_gives_the_chunk_coded_
         os.close(fd)
     assert good.base == hashlib.sha256(data).digest()
     assert stale.base is None and stale.encoded == encode_chunk(data, hint)
+
+
+def test_a_directory_of_more_releases_than_kept_open_reads_back_and_leaves_no_descriptor_open(tmp_path):
+    from lmzfs.store.siblings import MAX_OPEN_FILES
+    src = releases(tmp_path / "src", MAX_OPEN_FILES + 3, size=4096)
+    store = StorePaths(tmp_path / "store")
+    before = len(list(Path("/proc/self/fd").iterdir()))
+    r = add_model(store, src, "m", chain_depth=15)
+    assert len(list(Path("/proc/self/fd").iterdir())) == before
+    assert r.siblings.chunks > 0
+    assert served_digests(store) == originals(src, "m")
+    assert max(chunk_depths(store, "m").values()) <= 15
