@@ -304,9 +304,14 @@ class Filesystem:
         self._maybe_drop(node)
 
     def _maybe_drop(self, node: Node) -> None:
-        if not node.linked and node.opens == 0 and node.lookups == 0 and node.inode != ROOT_INODE:
+        if node.linked or node.opens or node.inode == ROOT_INODE:
+            return
+        # No name and no open file reach its data any more (the kernel's remaining lookups hold
+        # only the inode number), so its spool's bytes go now: an unlink frees a full disk at
+        # once, not whenever the kernel forgets the inode.
+        self._close_later(node)
+        if node.lookups == 0:
             self._inodes.pop(node.inode, None)
-            self._close_later(node)
 
     def _close_later(self, node: Node) -> None:
         """Under the namespace lock: the node's data is to be closed, by _close_deferred. A file's
