@@ -304,11 +304,12 @@ def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, show
         cid = hashlib.sha256(data).digest()
         check = xxhash.xxh3_128_digest(data)
         plan.extents.append((cp.offset, cid))
-        paired = None
+        offered = False
         if chain is not None:
             chain.recoder.saw(cid)
             paired = pairs.get(cp.offset)
-            if paired is not None and paired.size == cp.length:
+            offered = paired is not None and paired.size == cp.length
+            if offered:
                 chain.recoder.offer(cid, data, cp.hint, paired)
                 chain.recoder.drain(limit)
         if cid in new or cid in pending:
@@ -320,8 +321,8 @@ def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, show
             pending.add(cid)
             result.new_chunks += 1
             options = dict(fast=fast or hostile, segments=segments, thorough=not hostile)
-            # a chunk the cross-model chain pairs stays coded alone (its recoder counts on it)
-            ref = earlier.get(cp.offset) if paired is None else None
+            # a chunk offered to the cross-model chain stays coded alone (its recoder counts on it)
+            ref = None if offered else earlier.get(cp.offset)
             if ref is not None and ref.length == cp.length:
                 job = pool.submit(encode_against, data, cp.hint, ref, **options)
             else:
@@ -332,8 +333,7 @@ def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, show
         progress(cp.offset + cp.length)
     drain(0)
     if siblings is not None and not hostile:
-        siblings.record(f.fileno(), plan.tensors, plan.extents, {c: new[c].size for c in stored_here},
-                        {c: new[c].base for c in stored_here})
+        siblings.record(f.fileno(), plan.tensors, plan.extents, [new[c] for c in stored_here])
     plan.sha256 = whole.hexdigest()
     result.files += 1
     result.logical_bytes += plan.size

@@ -51,13 +51,6 @@ class SiblingTotals:
     bytes_after: int = 0        # and as deltas
 
 
-@dataclass(frozen=True)
-class _TensorSpan:
-    key: TensorKey
-    offset: int                 # of its data in the file
-    size: int
-
-
 @dataclass
 class SiblingIndex:
     """The tensor chunks of the files this add has stored so far; used from the add's main thread."""
@@ -77,27 +70,28 @@ class SiblingIndex:
                     out[t.offset + at] = ref
         return out
 
-    def record(self, fd: int, tensors: list, extents: list[tuple[int, bytes]], sizes: dict[bytes, int],
-               bases: dict[bytes, bytes | None]) -> None:
+    def record(self, fd: int, tensors: list, extents: list[tuple[int, bytes]], stored: list) -> None:
         """A file this add has stored: its tensors' chunks among `extents` ((plain offset, chunk
-        id), in order) that the add stores anew (`sizes`, `bases`: their plain sizes and bases)."""
-        spans = [_TensorSpan((t.name, t.dtype, t.shape), t.offset, t.size) for t in tensors]
-        if not spans:
+        id), in order) that the add stores anew (`stored`: those chunks' records, with their
+        chunk_id, plain size and base)."""
+        if not tensors:
             return
-        for cid, base in bases.items():
-            self._depth.setdefault(cid, 0 if base is None else self._depth.get(base, 0) + 1)
+        sizes = {c.chunk_id: c.size for c in stored}
+        for c in stored:
+            self._depth.setdefault(c.chunk_id, 0 if c.base is None else self._depth.get(c.base, 0) + 1)
         keep = os.dup(fd)
-        self._files.append((keep, [s.key for s in spans]))
+        keys = [(t.name, t.dtype, t.shape) for t in tensors]
+        self._files.append((keep, keys))
         starts = {off: cid for off, cid in extents}
-        for s in spans:
+        for key, t in zip(keys, tensors):
             found = {}
-            pos = s.offset
-            while pos < s.offset + s.size and pos in starts and starts[pos] in sizes:
+            pos = t.offset
+            while pos < t.offset + t.size and pos in starts and starts[pos] in sizes:
                 cid = starts[pos]
-                found[pos - s.offset] = SiblingRef(cid, keep, pos, sizes[cid])
+                found[pos - t.offset] = SiblingRef(cid, keep, pos, sizes[cid])
                 pos += sizes[cid]
             if found:
-                self._chunks[s.key] = found
+                self._chunks[key] = found
         if len(self._files) > MAX_OPEN_FILES:
             old, keys = self._files.pop(0)
             for k in keys:
