@@ -88,3 +88,23 @@ def test_fast_codes_an_int8_tensor_at_the_default_zstd_level_and_a_header_at_the
     assert len(level19) < len(level3)
     assert got.payload.endswith(level19)
     assert decode_chunk(got.payload, len(header)) == header
+
+
+def test_the_slow_zstd_level_is_measured_on_a_slice_of_an_int8_chunk_the_entropy_coder_wins(monkeypatch):
+    import lmzfs.codecs as codecs
+    tensor = _int8_columns(1 << 14, 64, 11, zeros=0.75)     # 1 MiB that zstd halves
+    hint = ChunkHint("I8", 1, shape=(1 << 14, 64))
+    seen: list[int] = []
+    plain = zstd_codec.compress
+
+    def recording(data, level=zstd_codec.DEFAULT_LEVEL):
+        if level == codecs.TEXT_LEVEL:
+            seen.append(len(data))
+        return plain(data, level)
+
+    monkeypatch.setattr(zstd_codec, "compress", recording)
+    got = encode_chunk(tensor, hint)
+    assert got.codec == "entropy"
+    assert seen and max(seen) == codecs.TEXT_SAMPLE_BYTES < len(tensor)
+    assert len(plain(tensor, codecs.TEXT_LEVEL)) > len(got.payload)    # the whole-chunk trial would have lost
+    assert got.payload == encode_chunk(tensor, hint, exhaustive=True).payload
