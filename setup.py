@@ -14,6 +14,7 @@ setup(ext_modules=[Extension("lmzfs.codecs._tansloop",
                               "lmzfs/codecs/_tanstails.c", "lmzfs/codecs/_tansvec.c",
                               "lmzfs/codecs/_tanscopy.c", "lmzfs/codecs/_tansenc.c",
                               "lmzfs/codecs/_tansulp.c", "lmzfs/codecs/_tansfit.c",
-                              "lmzfs/codecs/_tanssection.c", "lmzfs/codecs/_tanscolumns.c"],
+                              "lmzfs/codecs/_tanssection.c", "lmzfs/codecs/_tanscolumns.c",
+                              "lmzfs/codecs/_tansparts.c"],
                              depends=["lmzfs/codecs/_tansloop.h"],
                              optional=True, extra_compile_args=["-O3", "-ffp-contract=off"])])

@@ -45,6 +45,16 @@ OR_PLANE(uint16_t)
 OR_PLANE(uint32_t)
 OR_PLANE(uint64_t)
 
+void tans_or_plane_into(void *u, Py_ssize_t isz, Py_ssize_t n, const uint8_t *p, int nib, unsigned shift,
+                        const uint8_t *mask)
+{
+    switch (isz) {
+    case 2: or_uint16_t(u, n, p, nib, shift, mask); break;
+    case 4: or_uint32_t(u, n, p, nib, shift, mask); break;
+    default: or_uint64_t(u, n, p, nib, shift, mask); break;
+    }
+}
+
 PyObject *tans_or_plane(PyObject *self, PyObject *args)
 {
     Py_buffer u = {0}, plane = {0}, mask = {0};
@@ -78,11 +88,7 @@ PyObject *tans_or_plane(PyObject *self, PyObject *args)
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-    switch (isz) {
-    case 2: or_uint16_t(u.buf, n, p, nib, (unsigned)shift, m); break;
-    case 4: or_uint32_t(u.buf, n, p, nib, (unsigned)shift, m); break;
-    default: or_uint64_t(u.buf, n, p, nib, (unsigned)shift, m); break;
-    }
+    tans_or_plane_into(u.buf, isz, n, p, nib, (unsigned)shift, m);
     Py_END_ALLOW_THREADS
     result = PyLong_FromLong(0);
 done:

@@ -282,6 +282,65 @@ static const char *prepare(struct job *jb, const int64_t *pk, const uint32_t *pk
     return NULL;
 }
 
+/* tans_decode_run (declared with struct decode_in in _tansloop.h): one decode, GIL-free. */
+const char *tans_decode_run(struct decode_in *d, int *nomem)
+{
+    const int64_t n = d->n, T = d->T, Wp = d->Wp, nsym = d->nsym;
+    const Py_ssize_t isz = d->isz;
+    const char *err = NULL;
+    uint32_t *tab = d->compact ? NULL : PyMem_RawMalloc(d->ntab * sizeof *tab);
+    uint32_t *st = PyMem_RawMalloc(Wp * sizeof *st);
+    const int64_t SW = d->interleaved ? Wp : Wp + ROW_PAD;
+    /* 16-bit values are stored by the loop itself and transposed without a tile; with interleaved
+     * lanes, step-major order is symbol order, so 8- and 16-bit values go straight into ``out`` */
+    const int mapped = isz == 2, direct = d->interleaved && (isz == 1 || isz == 2);
+    const int tiled = !mapped && !direct && T <= TILE_STEPS;
+    uint16_t *sym = direct ? NULL : PyMem_RawMalloc(T * SW * sizeof *sym);
+    void *tile = tiled ? PyMem_RawMalloc(TILE * T * 8) : NULL;
+    uint16_t *ident = mapped || direct ? NULL : PyMem_RawMalloc(nsym * sizeof *ident);
+    *nomem = 0;
+    if ((!d->compact && !tab) || !st || (!direct && !sym) || (tiled && !tile) || (!mapped && !direct && !ident)) {
+        *nomem = 1;
+        err = "out of memory";
+        goto done;
+    }
+    if (ident)
+        for (int64_t q = 0; q < nsym; q++)
+            ident[q] = (uint16_t)q;
+    struct job jb = {.tab = tab, .ntab = d->ntab, .nxo = d->nxo, .ctx = d->ctx, .ctx8 = d->ctx8,
+                     .s = d->stream, .slen = d->slen, .st = st, .SW = SW, .n = n, .T = T,
+                     .Wp = Wp, .L = d->L, .nsym = nsym, .interleaved = d->interleaved, .pos = d->pos,
+                     .sym = direct && isz == 2 ? (uint16_t *)d->out : sym,
+                     .sym8 = direct && isz == 1 ? (uint8_t *)d->out : NULL,
+                     .map = mapped ? (const uint16_t *)d->values : ident,
+                     .map8 = direct && isz == 1 ? (const uint8_t *)d->values : NULL};
+    err = prepare(&jb, d->compact ? NULL : d->packed, d->compact ? d->packed : NULL, nsym, d->states, d->checked);
+    if (!err)
+        err = tans_steps_vector(&jb);
+    if (!err && jb.t0 < T)
+        err = run_steps(&jb);
+    if (!err && !direct) {
+        switch (isz) {
+        case 1: scatter_uint8_t(&jb, sym, d->values, d->out, tile); break;
+        case 2: transpose16(&jb, sym, d->out); break;
+        case 4: scatter_uint32_t(&jb, sym, d->values, d->out, tile); break;
+        default: scatter_uint64_t(&jb, sym, d->values, d->out, tile); break;
+        }
+    }
+    if (!err) {
+        for (int64_t j = 0; j < Wp; j++)
+            d->states[j] = st[j];
+        d->pos = jb.pos;
+    }
+done:
+    PyMem_RawFree(tab);
+    PyMem_RawFree(st);
+    PyMem_RawFree(sym);
+    PyMem_RawFree(tile);
+    PyMem_RawFree(ident);
+    return err;
+}
+
 static PyObject *decode(PyObject *self, PyObject *args)
 {
     Py_buffer packed = {0}, stream = {0}, states = {0}, out = {0}, values = {0}, ctx = {0}, nxo = {0};
@@ -289,9 +348,6 @@ static PyObject *decode(PyObject *self, PyObject *args)
     int interleaved;
     Py_ssize_t n, T, Wp, L, pos0;
     PyObject *result = NULL;
-    uint32_t *tab = NULL, *st = NULL;
-    uint16_t *sym = NULL, *ident = NULL;
-    void *tile = NULL;
 
     int compact, checked;
     if (!PyArg_ParseTuple(args, "y*ppy*w*w*y*OOpnnnnn", &packed, &compact, &checked, &stream, &states, &out, &values,
@@ -313,63 +369,29 @@ static PyObject *decode(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "tans: bad decode arguments");
         goto done;
     }
-    tab = compact ? NULL : PyMem_RawMalloc(ntab * sizeof *tab);
-    st = PyMem_RawMalloc(Wp * sizeof *st);
-    const int64_t SW = interleaved ? Wp : Wp + ROW_PAD;
-    /* 16-bit values are stored by the loop itself and transposed without a tile; with interleaved
-     * lanes, step-major order is symbol order, so 8- and 16-bit values go straight into ``out`` */
-    const int mapped = isz == 2, direct = interleaved && (isz == 1 || isz == 2);
-    const int tiled = !mapped && !direct && T <= TILE_STEPS;
-    sym = direct ? NULL : PyMem_RawMalloc(T * SW * sizeof *sym);
-    tile = tiled ? PyMem_RawMalloc(TILE * T * 8) : NULL;
-    ident = mapped || direct ? NULL : PyMem_RawMalloc(nsym * sizeof *ident);
-    if ((!compact && !tab) || !st || (!direct && !sym) || (tiled && !tile) || (!mapped && !direct && !ident)) {
+    /* the context item size (1 or 8) follows from the buffer's length, as for ``out`` */
+    struct decode_in d = {.packed = packed.buf, .compact = compact, .checked = checked, .ntab = ntab,
+                          .stream = stream.buf, .slen = stream.len, .states = states.buf, .out = out.buf,
+                          .isz = isz, .values = values.buf, .nsym = nsym,
+                          .ctx = ctx.obj && ctx.len == 8 * n ? ctx.buf : NULL,
+                          .ctx8 = ctx.obj && ctx.len == n ? ctx.buf : NULL,
+                          .nxo = nxo.obj ? nxo.buf : NULL, .interleaved = interleaved, .n = n, .T = T,
+                          .Wp = Wp, .L = L, .pos = (uint64_t)pos0};
+    const char *err;
+    int nomem;
+    Py_BEGIN_ALLOW_THREADS      /* from here on only C buffers: other decodes run meanwhile */
+    err = tans_decode_run(&d, &nomem);
+    Py_END_ALLOW_THREADS
+    if (nomem) {
         PyErr_NoMemory();
         goto done;
     }
-    if (ident)
-        for (int64_t q = 0; q < nsym; q++)
-            ident[q] = (uint16_t)q;
-    /* the context item size (1 or 8) follows from the buffer's length, as for ``out`` */
-    struct job jb = {.tab = tab, .ntab = ntab, .nxo = nxo.obj ? nxo.buf : NULL,
-                     .ctx = ctx.obj && ctx.len == 8 * n ? ctx.buf : NULL,
-                     .ctx8 = ctx.obj && ctx.len == n ? ctx.buf : NULL,
-                     .s = stream.buf, .slen = stream.len, .st = st, .SW = SW, .n = n, .T = T,
-                     .Wp = Wp, .L = L, .nsym = nsym, .interleaved = interleaved, .pos = (uint64_t)pos0,
-                     .sym = direct && isz == 2 ? (uint16_t *)out.buf : sym,
-                     .sym8 = direct && isz == 1 ? (uint8_t *)out.buf : NULL,
-                     .map = mapped ? (const uint16_t *)values.buf : ident,
-                     .map8 = direct && isz == 1 ? (const uint8_t *)values.buf : NULL};
-    const char *err;
-    Py_BEGIN_ALLOW_THREADS      /* from here on only C buffers: other decodes run meanwhile */
-    err = prepare(&jb, compact ? NULL : packed.buf, compact ? packed.buf : NULL, nsym, states.buf, checked);
-    if (!err)
-        err = tans_steps_vector(&jb);
-    if (!err && jb.t0 < T)
-        err = run_steps(&jb);
-    if (!err && !direct) {
-        switch (isz) {
-        case 1: scatter_uint8_t(&jb, sym, values.buf, out.buf, tile); break;
-        case 2: transpose16(&jb, sym, out.buf); break;
-        case 4: scatter_uint32_t(&jb, sym, values.buf, out.buf, tile); break;
-        default: scatter_uint64_t(&jb, sym, values.buf, out.buf, tile); break;
-        }
-    }
-    Py_END_ALLOW_THREADS
     if (err) {
         PyErr_SetString(PyExc_ValueError, err);
         goto done;
     }
-    int64_t *st_out = states.buf;
-    for (int64_t j = 0; j < Wp; j++)
-        st_out[j] = st[j];
-    result = PyLong_FromUnsignedLongLong(jb.pos);
+    result = PyLong_FromUnsignedLongLong(d.pos);
 done:
-    PyMem_RawFree(tab);
-    PyMem_RawFree(st);
-    PyMem_RawFree(sym);
-    PyMem_RawFree(tile);
-    PyMem_RawFree(ident);
     PyBuffer_Release(&packed);
     PyBuffer_Release(&stream);
     PyBuffer_Release(&states);
@@ -413,6 +435,7 @@ static PyMethodDef methods[] = {
     {"section_counts", tans_section_counts, METH_VARARGS, "tANS sections' histograms; see _tanssection.c."},
     {"section_rows", tans_section_rows, METH_VARARGS, "tANS sections' table rows and bits back; see _tanssection.c."},
     {"column_classes", tans_column_classes, METH_VARARGS, "the entropy codec's column-class search; see _tanscolumns.c."},
+    {"decode_parts", tans_decode_parts, METH_VARARGS, "floatsplit's parts of a chunk in one call; see _tansparts.c."},
     {"copy_bytes", tans_copy_bytes, METH_O, "A buffer's bytes, copied without Python's lock; see _tanscopy.c."},
     {NULL, NULL, 0, NULL},
 };

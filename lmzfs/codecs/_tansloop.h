@@ -61,6 +61,41 @@ static inline int64_t tans_continuing_lanes(const struct job *jb, const int inte
 const char *tans_steps_vector(struct job *jb);
 PyObject *tans_vector_isa(PyObject *self, PyObject *args);
 
+/* One decode (_tansloop.c), every input checked by the caller (as decode() checks its
+ * arguments) but the tables, first states and contexts, which it checks itself. No Python
+ * objects: call it without the GIL. Returns an error or NULL, with *nomem set when an
+ * allocation failed; on success ``states`` holds each lane's last table index and ``pos`` the
+ * bit where the stream ended. */
+struct decode_in {
+    const void *packed;         /* int64 entries, or the loop's own uint32 ones with compact */
+    int compact, checked;
+    int64_t ntab;
+    const uint8_t *stream;
+    Py_ssize_t slen;
+    int64_t *states;            /* in: each lane's first table index */
+    void *out;                  /* n items of isz bytes: values[symbol] */
+    Py_ssize_t isz;
+    const void *values;
+    int64_t nsym;
+    const int64_t *ctx;         /* per symbol contexts (int64 or uint8), or NULL */
+    const uint8_t *ctx8;
+    const int64_t *nxo;         /* previous-symbol context offsets, or NULL */
+    int interleaved;
+    int64_t n, T, Wp, L;
+    uint64_t pos;               /* in: the first bit after the initial states */
+};
+const char *tans_decode_run(struct decode_in *d, int *nomem);
+/* u[i] |= plane value i << shift for n elements of isz bytes (2, 4, 8), or only those whose
+ * mask byte is set, the values in order; one byte each or two per byte (nib). GIL-free. */
+void tans_or_plane_into(void *u, Py_ssize_t isz, Py_ssize_t n, const uint8_t *p, int nib, unsigned shift,
+                        const uint8_t *mask);
+/* the R-bit fields of count values as one little-endian bit string: its first m bytes into o;
+ * returns nonzero when a bit at or past 8 * m is set. GIL-free. */
+int tans_pack_fields_into(const int64_t *v, Py_ssize_t count, Py_ssize_t R, uint8_t *o, Py_ssize_t m);
+/* out[i] = the R-bit little-endian field at bit i * R of b, for count fields. GIL-free. */
+void tans_unpack_fields_into(const uint8_t *b, Py_ssize_t R, int64_t *out, Py_ssize_t count);
+PyObject *tans_decode_parts(PyObject *self, PyObject *args);
+
 /* A buffer's bytes as a new bytes object, copied without the lock (_tanscopy.c). */
 PyObject *tans_copy_bytes(PyObject *self, PyObject *arg);
 

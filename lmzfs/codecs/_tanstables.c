@@ -296,25 +296,8 @@ PyObject *tans_varints(PyObject *self, PyObject *args)
 /* pack_fields(values, R, m) -> bytes or None: the int64 values as R-bit little-endian fields of
  * one bit string (value i at bit i * R); its first m bytes, or None when a bit at or past 8 * m
  * is set (floatsplit's lane end states that hold bits past the stored bytes). */
-PyObject *tans_pack_fields(PyObject *self, PyObject *args)
+int tans_pack_fields_into(const int64_t *v, Py_ssize_t count, Py_ssize_t R, uint8_t *o, Py_ssize_t m)
 {
-    Py_buffer vals = {0};
-    Py_ssize_t R, m;
-    if (!PyArg_ParseTuple(args, "y*nn", &vals, &R, &m))
-        return NULL;
-    const Py_ssize_t count = vals.len / 8;
-    if (R < 1 || R > 32 || m < 0 || m * 8 > count * R + 7) {
-        PyBuffer_Release(&vals);
-        PyErr_SetString(PyExc_ValueError, "pack_fields: bad arguments");
-        return NULL;
-    }
-    PyObject *res = PyBytes_FromStringAndSize(NULL, m);
-    if (!res) {
-        PyBuffer_Release(&vals);
-        return NULL;
-    }
-    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(res);
-    const int64_t *v = vals.buf;
     const uint64_t mask = ((uint64_t)1 << R) - 1;
     /* a 64-bit accumulator: bits enter at the top of what it holds, whole bytes leave at the
      * bottom (R <= 32, so at most 7 + 32 bits are held between flushes) */
@@ -322,7 +305,6 @@ PyObject *tans_pack_fields(PyObject *self, PyObject *args)
     unsigned held = 0;
     Py_ssize_t w = 0;
     int past = 0;
-    Py_BEGIN_ALLOW_THREADS      /* only the new bytes object is written, before anyone can see it */
     for (Py_ssize_t i = 0; i < count; i++) {     /* bits above R are not part of a field */
         acc |= ((uint64_t)v[i] & mask) << held;
         held += (unsigned)R;
@@ -346,6 +328,29 @@ PyObject *tans_pack_fields(PyObject *self, PyObject *args)
     }
     for (; w < m; w++)     /* m may ask for up to 7 bits past the last field */
         o[w] = 0;
+    return past;
+}
+
+PyObject *tans_pack_fields(PyObject *self, PyObject *args)
+{
+    Py_buffer vals = {0};
+    Py_ssize_t R, m;
+    if (!PyArg_ParseTuple(args, "y*nn", &vals, &R, &m))
+        return NULL;
+    const Py_ssize_t count = vals.len / 8;
+    if (R < 1 || R > 32 || m < 0 || m * 8 > count * R + 7) {
+        PyBuffer_Release(&vals);
+        PyErr_SetString(PyExc_ValueError, "pack_fields: bad arguments");
+        return NULL;
+    }
+    PyObject *res = PyBytes_FromStringAndSize(NULL, m);
+    if (!res) {
+        PyBuffer_Release(&vals);
+        return NULL;
+    }
+    int past;
+    Py_BEGIN_ALLOW_THREADS      /* only the new bytes object is written, before anyone can see it */
+    past = tans_pack_fields_into(vals.buf, count, R, (uint8_t *)PyBytes_AS_STRING(res), m);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&vals);
     if (past) {
@@ -358,17 +363,8 @@ PyObject *tans_pack_fields(PyObject *self, PyObject *args)
 
 /* unpack_fields(buf, R, out) -> None: out[i] = the R-bit little-endian field at bit i * R of buf
  * (pack_fields's inverse; tans.decode's first states). out: int64[count], count * R <= 8 * len. */
-PyObject *tans_unpack_fields(PyObject *self, PyObject *args)
+void tans_unpack_fields_into(const uint8_t *b, Py_ssize_t R, int64_t *o, Py_ssize_t count)
 {
-    Py_buffer buf = {0}, out = {0};
-    Py_ssize_t R;
-    if (!PyArg_ParseTuple(args, "y*nw*", &buf, &R, &out))
-        return NULL;
-    const Py_ssize_t count = out.len / 8;
-    if (R < 1 || R > 32 || out.len % 8 || count * R > buf.len * 8)
-        return refuse_arguments(&buf, &out, "unpack_fields: bad arguments");
-    const uint8_t *b = buf.buf;
-    int64_t *o = out.buf;
     const uint64_t mask = ((uint64_t)1 << R) - 1;
     uint64_t acc = 0;
     unsigned held = 0;
@@ -382,6 +378,18 @@ PyObject *tans_unpack_fields(PyObject *self, PyObject *args)
         acc >>= R;
         held -= (unsigned)R;
     }
+}
+
+PyObject *tans_unpack_fields(PyObject *self, PyObject *args)
+{
+    Py_buffer buf = {0}, out = {0};
+    Py_ssize_t R;
+    if (!PyArg_ParseTuple(args, "y*nw*", &buf, &R, &out))
+        return NULL;
+    const Py_ssize_t count = out.len / 8;
+    if (R < 1 || R > 32 || out.len % 8 || count * R > buf.len * 8)
+        return refuse_arguments(&buf, &out, "unpack_fields: bad arguments");
+    tans_unpack_fields_into(buf.buf, R, out.buf, count);
     PyBuffer_Release(&buf);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;

@@ -113,9 +113,13 @@ class FloatSegCodec(Codec):
         return Layout(model, seglog, n, t, segments)
 
     @staticmethod
-    def _decode_into(lay: Layout, piece: memoryview, s: Segment, u: np.ndarray) -> None:
-        """Segment s's elements into u (s.count of them) from its body bytes (s.length of them)."""
-        fs.decode_part(lay.model, piece, s.first, s.lanes, s.slen, fs.groups_of(s.groups, s.count, lay.model.fmt), u)
+    def _decode_into(lay: Layout, piece: memoryview, at: int, segs: list[Segment], u: np.ndarray) -> None:
+        """The elements of consecutive segments segs into u (from segs[0]'s first element on),
+        from piece: the body bytes [at, ...) that hold them."""
+        first = segs[0].first
+        fs.decode_parts(lay.model, piece, [fs.PartSpec(s.first, s.first - first, s.count, s.lanes, s.slen,
+                                                       fs.groups_of(s.groups, s.count, lay.model.fmt), s.body - at)
+                                           for s in segs], u)
 
     @staticmethod
     def _tail(lay: Layout, body: memoryview) -> bytes:
@@ -126,8 +130,7 @@ class FloatSegCodec(Codec):
         body = memoryview(body)
         lay = self.layout(params, len(body), size)
         u = np.empty(lay.n, dtype=lay.model.val.dtype)
-        for s in lay.segments:
-            self._decode_into(lay, body[s.body:s.body + s.length], s, u[s.first:s.first + s.count])
+        self._decode_into(lay, body, 0, lay.segments, u)
         out = u.tobytes() + self._tail(lay, body)
         if check:
             width = u.itemsize
@@ -165,11 +168,14 @@ class FloatSegCodec(Codec):
             raise CodecError("floatseg: the body span does not match its segments")
         width = lay.model.val.itemsize
         last = len(lay.segments) - 1
+        first = segs[0].first
+        u = np.empty(sum(s.count for s in segs), dtype=lay.model.val.dtype)
+        self._decode_into(lay, piece, at, segs, u)
         out = []
         for s in segs:
-            u = np.empty(s.count, dtype=lay.model.val.dtype)
-            self._decode_into(lay, piece[s.body - at:s.body - at + s.length], s, u)
-            data = u.tobytes() + self._tail(lay, piece) if s.index == last else u.tobytes()
+            data = u[s.first - first:s.first - first + s.count].tobytes()
+            if s.index == last:
+                data += self._tail(lay, piece)
             if zlib.crc32(data) != s.crc:
                 raise CodecError(f"floatseg: checksum mismatch in segment {s.index}")
             out.append((s.first * width, data))

@@ -118,7 +118,7 @@ class FloatSplitCodec(Codec):
             if part_length(model, n, lanes, slen, groups) + t != len(body):
                 raise CodecError("floatsplit: body length does not match params")
             u = np.empty(n, dtype=_UINT[FORMATS[fmt][1]])
-            decode_part(model, body[:len(body) - t], 0, lanes, slen, groups, u)
+            decode_parts(model, body[:len(body) - t], [PartSpec(0, 0, n, lanes, slen, groups, 0)], u)
             # the decoded array itself, as bytes; with trailing bytes (rare) a copy with them
             out = u.tobytes() + bytes(body[len(body) - t:]) if t else memoryview(u).cast("B")
         if check and zlib.crc32(out) != crc:
@@ -451,6 +451,75 @@ def decode_part(model: Model, body: memoryview, first: int, lanes: int, slen: in
         v = entropy.decode_stream(raw[off:off + ln], (c + 1) // 2 if nib else c)
         off += ln
         _or_plane(out, v, c, nib, 8 * j, mask)
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """One part of a chunk for decode_parts: its first element in the chunk, where its elements
+    go in the output, their count, its lanes and tANS stream length, its groups, and where its
+    bytes (part_length of them) start in the body given."""
+    first: int
+    out_at: int
+    count: int
+    lanes: int
+    slen: int
+    groups: Groups
+    at: int
+
+
+def decode_parts(model: Model, body: memoryview, parts: list[PartSpec], out: np.ndarray) -> None:
+    """decode_part for each of parts, into out (whose elements each part's out_at indexes). With
+    the compiled loop and the model's compact tables, every part's tANS stream, bits back and
+    stored groups are decoded in one call that lets go of Python's lock once for the chunk
+    (_tansparts.c); the groups it leaves (zstd or tANS coded) are decoded here afterwards. The
+    same elements as decode_part part by part, which is the reference (and the fallback)."""
+    tab = model.tab
+    isz = out.itemsize
+    if tans._loop is None or tab.packed32 is None or isz not in (2, 4, 8) or not parts:
+        for s in parts:
+            decode_part(model, body[s.at:], s.first, s.lanes, s.slen, s.groups, out[s.out_at:s.out_at + s.count])
+        return
+    vals = np.ascontiguousarray(model.val[:tab.S])
+    if len(vals) < tab.S:
+        raise CodecError("tans: bad symbol values")
+    recs = np.empty((len(parts), 9), dtype=np.int64)
+    groups: list[tuple[int, int, int]] = []
+    masks: list[np.ndarray] = []
+    raws: list[np.ndarray] = []
+    for i, s in enumerate(parts):
+        g0 = len(groups)
+        for (j, mask), ln in zip(s.groups.groups, s.groups.lens):
+            if mask is not None:
+                masks.append(mask.view(np.uint8))
+            groups.append((j, ln, -1 if mask is None else len(masks) - 1))
+        raw_len = sum(s.groups.lens)
+        raws.append(np.empty(raw_len, dtype=np.uint8))
+        recs[i] = (s.first, s.out_at, s.count, s.lanes, s.slen, s.at, raw_len, g0, len(groups) - g0)
+    if model.rows is None:
+        nxo, cls, C, shift = np.ascontiguousarray(model.cmap[:tab.S] * tab.L, dtype=np.int64), None, 1, 0
+    else:
+        C, shift, cls = model.rows
+        nxo, cls = None, np.ascontiguousarray(cls, dtype=np.uint8)
+    garr = np.array(groups, dtype=np.int64).reshape(-1, 3)
+    try:
+        tans._loop.decode_parts(tab.packed32, tab.checked_symbols == len(vals), vals, isz, nxo, cls, C, shift,
+                                model.c0, body, recs, garr, tuple(masks), tuple(raws), out, model.R, tab.L,
+                                _planes_of(model.fmt)[0] // 8)
+    except ValueError as exc:
+        raise CodecError(str(exc)) from None
+    tab.checked_symbols = len(vals)
+    raw_bits = _planes_of(model.fmt)[0]
+    for s, raw in zip(parts, raws):      # the groups the compiled call left: zstd or tANS coded
+        off = 0
+        for (j, mask), ln in zip(s.groups.groups, s.groups.lens):
+            if ln and raw[off] != entropy.RAW:
+                c = s.count if mask is None else int(mask.sum())
+                nib = j == raw_bits // 8
+                v = entropy.decode_stream(raw[off:off + ln], (c + 1) // 2 if nib else c)
+                _or_plane(out[s.out_at:s.out_at + s.count], v, c, nib, 8 * j, mask)
+            elif not ln:
+                entropy.decode_stream(raw[off:off], 0)      # raises: a group needs its mode byte
+            off += ln
 
 
 def _model_tables(vals: np.ndarray, nb: int, E: int, T2: int, R: int) -> tans.Tables:
