@@ -112,3 +112,42 @@ def test_real_q4_k_and_q6_k_chunks_round_trip_on_every_path(kquant_gguf):
             assert len(payload) < len(data)
             assert decode_chunk(payload, len(data)) == data
             assert _numpy_decode(payload, len(data)) == data
+
+
+def _q4_1_blocks(nblk: int, seed: int) -> bytes:
+    """Q4_1 blocks as a quantiser writes them: scale d, minimum m = -d * zero point, and quants
+    clustered around each block's zero point (coded under its context)."""
+    rng = np.random.default_rng(seed)
+    d = rng.uniform(0.001, 0.01, nblk).astype(np.float16)
+    zp = rng.integers(0, 16, nblk)
+    m = (-d.astype(np.float32) * zp).astype(np.float16)
+    q = np.clip(np.rint(zp[:, None] + rng.laplace(0, 1.5, (nblk, 32))), 0, 15).astype(np.uint8)
+    out = np.empty((nblk, 20), dtype=np.uint8)
+    out[:, 0:2] = d.view(np.uint8).reshape(nblk, 2)
+    out[:, 2:4] = m.view(np.uint8).reshape(nblk, 2)
+    out[:, 4:] = q[:, 0::2] | (q[:, 1::2] << 4)
+    return out.tobytes()
+
+
+def _outcome(payload: bytes, size: int, numpy: bool):
+    saved = tans._loop
+    try:
+        if numpy:
+            tans._loop = None
+        return decode_chunk(payload, size)
+    except CodecError as exc:
+        return f"CodecError: {exc}"
+    finally:
+        tans._loop = saved
+
+
+@pytest.mark.parametrize("dtype", ["Q4_1", "Q4_K", "Q6_K", "Q8_0"])
+def test_every_flipped_body_byte_gives_the_compiled_and_numpy_fields_the_same_outcome(dtype):
+    data = _q4_1_blocks(600, 3) if dtype == "Q4_1" else _blocks("skewed", dtype, 600 * 20 // BSIZE[dtype] + 1, 5, 4)
+    payload = encode_with("ggufblocks", data, ChunkHint(dtype, 0, BSIZE[dtype]))
+    assert _outcome(payload, len(data), False) == _outcome(payload, len(data), True) == data
+    body_at = len(payload) - len(parse_payload(payload).body)
+    for at in range(body_at, len(payload), max(1, (len(payload) - body_at) // 300)):
+        bad = bytearray(payload)
+        bad[at] ^= 0x41
+        assert _outcome(bytes(bad), len(data), False) == _outcome(bytes(bad), len(data), True), at

@@ -48,20 +48,8 @@ static float half_to_float(uint16_t h)
     return f;
 }
 
-PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args)
+void tans_q4_1_contexts_into(const uint8_t *restrict p, Py_ssize_t nblk, Py_ssize_t bsize, uint8_t *restrict o)
 {
-    Py_buffer blocks = {0}, out = {0};
-    Py_ssize_t nblk, bsize;
-    if (!PyArg_ParseTuple(args, "y*nnw*", &blocks, &nblk, &bsize, &out))
-        return NULL;
-    PyObject *result = NULL;
-    if (nblk < 0 || bsize < 4 || blocks.len < nblk * bsize || out.len != 32 * nblk) {
-        PyErr_SetString(PyExc_ValueError, "q4_1_contexts: bad arguments");
-        goto done;
-    }
-    const uint8_t *restrict p = blocks.buf;
-    uint8_t *restrict o = out.buf;
-    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t b = 0; b < nblk; b++) {
         const uint8_t *q = p + b * bsize;
         const float d = half_to_float((uint16_t)(q[0] | q[1] << 8)), m = half_to_float((uint16_t)(q[2] | q[3] << 8));
@@ -73,6 +61,21 @@ PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args)
         }
         memset(o + 32 * b, c, 32);
     }
+}
+
+PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args)
+{
+    Py_buffer blocks = {0}, out = {0};
+    Py_ssize_t nblk, bsize;
+    if (!PyArg_ParseTuple(args, "y*nnw*", &blocks, &nblk, &bsize, &out))
+        return NULL;
+    PyObject *result = NULL;
+    if (nblk < 0 || bsize < 4 || blocks.len < nblk * bsize || out.len != 32 * nblk) {
+        PyErr_SetString(PyExc_ValueError, "q4_1_contexts: bad arguments");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    tans_q4_1_contexts_into(blocks.buf, nblk, bsize, out.buf);
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
@@ -92,6 +95,17 @@ static inline __attribute__((always_inline)) void merge_pairs(uint8_t *restrict 
     }
 }
 
+void tans_merge_nibbles_into(const uint8_t *restrict p, uint8_t *restrict o, Py_ssize_t nblk, Py_ssize_t bsize,
+                             Py_ssize_t foff, Py_ssize_t fsize)
+{
+    if (fsize == 16)            /* Q4_0 and Q4_1: a constant width, so that the block vectorises */
+        for (Py_ssize_t b = 0; b < nblk; b++)
+            merge_pairs(o + bsize * b + foff, p + 32 * b, 16);
+    else
+        for (Py_ssize_t b = 0; b < nblk; b++)
+            merge_pairs(o + bsize * b + foff, p + 2 * fsize * b, fsize);
+}
+
 PyObject *tans_merge_nibbles(PyObject *self, PyObject *args)
 {
     Py_buffer nib = {0}, out = {0};
@@ -104,15 +118,8 @@ PyObject *tans_merge_nibbles(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "merge_nibbles: bad arguments");
         goto done;
     }
-    const uint8_t *restrict p = nib.buf;
-    uint8_t *restrict o = out.buf;
     Py_BEGIN_ALLOW_THREADS      /* only C buffers: other decodes run meanwhile */
-    if (fsize == 16)            /* Q4_0 and Q4_1: a constant width, so that the block vectorises */
-        for (Py_ssize_t b = 0; b < nblk; b++)
-            merge_pairs(o + bsize * b + foff, p + 32 * b, 16);
-    else
-        for (Py_ssize_t b = 0; b < nblk; b++)
-            merge_pairs(o + bsize * b + foff, p + 2 * fsize * b, fsize);
+    tans_merge_nibbles_into(nib.buf, out.buf, nblk, bsize, foff, fsize);
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
@@ -129,6 +136,22 @@ static inline __attribute__((always_inline)) void scatter_blocks(uint8_t *restri
         memcpy(o + b * bsize, p + b * w, (size_t)w);
 }
 
+void tans_scatter_field_into(const uint8_t *restrict p, uint8_t *restrict out, Py_ssize_t nblk, Py_ssize_t bsize,
+                             Py_ssize_t foff, Py_ssize_t fsize)
+{
+    uint8_t *restrict o = out + foff;
+    switch (fsize) {            /* the widths of ggml's block fields, each copy of a constant size */
+    case 1: scatter_blocks(o, p, nblk, bsize, 1); break;
+    case 4: scatter_blocks(o, p, nblk, bsize, 4); break;
+    case 12: scatter_blocks(o, p, nblk, bsize, 12); break;
+    case 16: scatter_blocks(o, p, nblk, bsize, 16); break;
+    case 32: scatter_blocks(o, p, nblk, bsize, 32); break;
+    case 64: scatter_blocks(o, p, nblk, bsize, 64); break;
+    case 128: scatter_blocks(o, p, nblk, bsize, 128); break;
+    default: scatter_blocks(o, p, nblk, bsize, fsize); break;
+    }
+}
+
 PyObject *tans_scatter_field(PyObject *self, PyObject *args)
 {
     Py_buffer src = {0}, out = {0};
@@ -141,19 +164,8 @@ PyObject *tans_scatter_field(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "scatter_field: bad arguments");
         goto done;
     }
-    const uint8_t *restrict p = src.buf;
-    uint8_t *restrict o = (uint8_t *)out.buf + foff;
     Py_BEGIN_ALLOW_THREADS
-    switch (fsize) {            /* the widths of ggml's block fields, each copy of a constant size */
-    case 1: scatter_blocks(o, p, nblk, bsize, 1); break;
-    case 4: scatter_blocks(o, p, nblk, bsize, 4); break;
-    case 12: scatter_blocks(o, p, nblk, bsize, 12); break;
-    case 16: scatter_blocks(o, p, nblk, bsize, 16); break;
-    case 32: scatter_blocks(o, p, nblk, bsize, 32); break;
-    case 64: scatter_blocks(o, p, nblk, bsize, 64); break;
-    case 128: scatter_blocks(o, p, nblk, bsize, 128); break;
-    default: scatter_blocks(o, p, nblk, bsize, fsize); break;
-    }
+    tans_scatter_field_into(src.buf, out.buf, nblk, bsize, foff, fsize);
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:

@@ -95,6 +95,22 @@ int tans_pack_fields_into(const int64_t *v, Py_ssize_t count, Py_ssize_t R, uint
 /* out[i] = the R-bit little-endian field at bit i * R of b, for count fields. GIL-free. */
 void tans_unpack_fields_into(const uint8_t *b, Py_ssize_t R, int64_t *out, Py_ssize_t count);
 PyObject *tans_decode_parts(PyObject *self, PyObject *args);
+/* the tails of a symbol section (_tanstails.c): contexts (uint8 when narrow, else int64) += K at
+ * every tail; the tails' symbols merged with their end-state bits (0 ok, 1 bits of no symbol, 2
+ * a symbol out of range). GIL-free. */
+void tans_tail_contexts_into(void *ctx, int narrow, Py_ssize_t n, Py_ssize_t T, Py_ssize_t Wp, Py_ssize_t k,
+                             Py_ssize_t K);
+long tans_tail_symbols_into(void *sym, int narrow, const int64_t *f, Py_ssize_t n, Py_ssize_t T, Py_ssize_t Wp,
+                            Py_ssize_t k, Py_ssize_t g, Py_ssize_t S);
+/* ggufblocks' helpers (_tansgguf.c), GIL-free: the Q4_1 zero points of nblk blocks (32 each), a
+ * nibble stream merged into a quant field, a byte stream copied into a field */
+void tans_q4_1_contexts_into(const uint8_t *restrict p, Py_ssize_t nblk, Py_ssize_t bsize, uint8_t *restrict o);
+void tans_merge_nibbles_into(const uint8_t *restrict p, uint8_t *restrict o, Py_ssize_t nblk, Py_ssize_t bsize,
+                             Py_ssize_t foff, Py_ssize_t fsize);
+void tans_scatter_field_into(const uint8_t *restrict p, uint8_t *restrict out, Py_ssize_t nblk, Py_ssize_t bsize,
+                             Py_ssize_t foff, Py_ssize_t fsize);
+/* ggufblocks' fields of a chunk in one call (_tansblocks.c) */
+PyObject *tans_decode_fields(PyObject *self, PyObject *args);
 
 /* A buffer's bytes as a new bytes object, copied without the lock (_tanscopy.c). */
 PyObject *tans_copy_bytes(PyObject *self, PyObject *arg);

@@ -26,6 +26,49 @@ static int layout_ok(Py_ssize_t n, Py_ssize_t T, Py_ssize_t Wp, Py_ssize_t k)
     return n >= 1 && T >= 1 && Wp >= 1 && k >= 1 && k <= T && (T - 1) * Wp < n && T * Wp >= n;
 }
 
+void tans_tail_contexts_into(void *ctx, int narrow, Py_ssize_t n, Py_ssize_t T, Py_ssize_t Wp, Py_ssize_t k,
+                             Py_ssize_t K)
+{
+    const Py_ssize_t last = n - (T - 1) * Wp;   /* lanes with T symbols */
+    for (Py_ssize_t j = 0; j < Wp; j++) {
+        const Py_ssize_t len = j < last ? T : T - 1;
+        for (Py_ssize_t t = len - k < 0 ? 0 : len - k; t < len; t++) {
+            if (narrow)
+                ((uint8_t *)ctx)[t * Wp + j] += (uint8_t)K;
+            else
+                ((int64_t *)ctx)[t * Wp + j] += K;
+        }
+    }
+}
+
+long tans_tail_symbols_into(void *sym, int narrow, const int64_t *f, Py_ssize_t n, Py_ssize_t T, Py_ssize_t Wp,
+                            Py_ssize_t k, Py_ssize_t g, Py_ssize_t S)
+{
+    const Py_ssize_t last = n - (T - 1) * Wp;
+    const int64_t top = (S + ((int64_t)1 << g) - 1) >> g, mask = ((int64_t)1 << g) - 1;
+    long code = 0;
+    for (Py_ssize_t j = 0; j < Wp && !code; j++) {     /* first every end state, as numpy does */
+        const Py_ssize_t len = j < last ? T : T - 1, missing = len < k ? k - len : 0;
+        code = f[j] < 0 || f[j] >> (k * g) || (f[j] & ((((int64_t)1 << (missing * g)) - 1))) ? 1 : 0;
+    }
+    for (Py_ssize_t j = 0; j < Wp && !code; j++) {
+        const Py_ssize_t len = j < last ? T : T - 1;
+        for (Py_ssize_t q = len < k ? k - len : 0; q < k && !code; q++) {
+            const Py_ssize_t i = (len - k + q) * Wp + j;
+            const int64_t s = narrow ? ((uint8_t *)sym)[i] : ((int64_t *)sym)[i];
+            const int64_t v = s << g | ((f[j] >> (q * g)) & mask);
+            if (s < 0 || s >= top || v >= S) {
+                code = 2;
+            } else if (narrow) {
+                ((uint8_t *)sym)[i] = (uint8_t)v;
+            } else {
+                ((int64_t *)sym)[i] = v;
+            }
+        }
+    }
+    return code;
+}
+
 PyObject *tans_tail_contexts(PyObject *self, PyObject *args)
 {
     Py_buffer ctx = {0};
@@ -37,16 +80,7 @@ PyObject *tans_tail_contexts(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "tail_contexts: bad arguments");
         goto done;
     }
-    const Py_ssize_t last = n - (T - 1) * Wp;   /* lanes with T symbols */
-    for (Py_ssize_t j = 0; j < Wp; j++) {
-        const Py_ssize_t len = j < last ? T : T - 1;
-        for (Py_ssize_t t = len - k < 0 ? 0 : len - k; t < len; t++) {
-            if (ctx.len == n)
-                ((uint8_t *)ctx.buf)[t * Wp + j] += (uint8_t)K;
-            else
-                ((int64_t *)ctx.buf)[t * Wp + j] += K;
-        }
-    }
+    tans_tail_contexts_into(ctx.buf, ctx.len == n, n, T, Wp, k, K);
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&ctx);
@@ -65,29 +99,7 @@ PyObject *tans_tail_symbols(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "tail_symbols: bad arguments");
         goto done;
     }
-    const int64_t *f = fin.buf;
-    const Py_ssize_t last = n - (T - 1) * Wp;
-    const int64_t top = (S + ((int64_t)1 << g) - 1) >> g, mask = ((int64_t)1 << g) - 1;
-    long code = 0;
-    for (Py_ssize_t j = 0; j < Wp && !code; j++) {     /* first every end state, as numpy does */
-        const Py_ssize_t len = j < last ? T : T - 1, missing = len < k ? k - len : 0;
-        code = f[j] < 0 || f[j] >> (k * g) || (f[j] & ((((int64_t)1 << (missing * g)) - 1))) ? 1 : 0;
-    }
-    for (Py_ssize_t j = 0; j < Wp && !code; j++) {
-        const Py_ssize_t len = j < last ? T : T - 1;
-        for (Py_ssize_t q = len < k ? k - len : 0; q < k && !code; q++) {
-            const Py_ssize_t i = (len - k + q) * Wp + j;
-            const int64_t s = sym.len == n ? ((uint8_t *)sym.buf)[i] : ((int64_t *)sym.buf)[i];
-            const int64_t v = s << g | ((f[j] >> (q * g)) & mask);
-            if (s < 0 || s >= top || v >= S) {
-                code = 2;
-            } else if (sym.len == n) {
-                ((uint8_t *)sym.buf)[i] = (uint8_t)v;
-            } else {
-                ((int64_t *)sym.buf)[i] = v;
-            }
-        }
-    }
+    const long code = tans_tail_symbols_into(sym.buf, sym.len == n, fin.buf, n, T, Wp, k, g, S);
     result = PyLong_FromLong(code);
 done:
     PyBuffer_Release(&sym);

@@ -16,6 +16,7 @@ import contextvars
 import functools
 import math
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -181,13 +182,27 @@ def _symbol_values(S: int) -> np.ndarray | None:
     return np.arange(S, dtype=np.uint8) if S <= 256 else None
 
 
-def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: int = 1,
-                        values: np.ndarray | None = None) -> np.ndarray:
+@dataclass(frozen=True)
+class TansSection:
+    """A tANS symbol section's header, checked: table log R, tail width g (bits each lane's
+    last R // g symbols lend to its end state; 0: none), lanes, the K x S frequency rows, and
+    the tANS stream that follows them."""
+    R: int
+    g: int
+    lanes: int
+    freqs: np.ndarray
+    stream: memoryview
+
+    def tables(self, S: int) -> "tans.Tables":
+        """The decoder's tables: the rows, then (with tails) their marginals over 2**g symbols."""
+        if self.g:
+            return tans.Tables(np.concatenate([self.freqs, _marginal(self.freqs, self.g)]), self.R)
+        return tans.Tables(self.freqs, self.R)
+
+
+def parse_tans_section(sec, n: int, S: int, K: int = 1) -> TansSection:
+    """The header of a section of n > 0 symbols (< S) under K contexts; CodecError if malformed."""
     mv = memoryview(sec)
-    if n == 0:
-        if bytes(mv) != EMPTY_SECTION:
-            raise CodecError("tans section: malformed empty section")
-        return np.zeros(0, dtype=np.int64)
     if len(mv) < 2 or n > tans.MAX_N:
         raise CodecError("tans section: truncated, or too many symbols")
     R, g = mv[0], mv[1]
@@ -200,11 +215,18 @@ def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: i
     if K * ((1 << R) + S) > max(1 << 16, 8 * n) * 2:
         raise CodecError("tans section: tables too large for the data")
     freqs = uintlist.unpack_uints(mv[pos:pos + blen], K * S, "tans section").reshape(K, S)
-    stream = mv[pos + blen:]
+    return TansSection(R, g, lanes, freqs, mv[pos + blen:])
+
+
+def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: int = 1,
+                        values: np.ndarray | None = None) -> np.ndarray:
+    mv = memoryview(sec)
     if n == 0:
-        if len(stream):
-            raise CodecError("tans section: data for zero symbols")
+        if bytes(mv) != EMPTY_SECTION:
+            raise CodecError("tans section: malformed empty section")
         return np.zeros(0, dtype=np.int64)
+    head = parse_tans_section(mv, n, S, K)
+    R, g, lanes, freqs, stream = head.R, head.g, head.lanes, head.freqs, head.stream
     # contexts as uint8 when they fit (K <= 127, tails included): the compiled loop reads 1 byte each
     cdt = np.uint8 if 2 * K <= 255 else np.int64
     if ctx is not None and np.asarray(ctx).dtype != cdt:
@@ -225,7 +247,7 @@ def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: i
         else:
             idx, ok, ti = _tail_positions(n, lanes, k)
             c[ti] += cdt(K)
-        tab = tans.Tables(np.concatenate([freqs, _marginal(freqs, g)]), R)
+        tab = head.tables(S)
         sym, fin = tans.decode(stream, n, tab, lanes, ctx=c, interleaved=True, values=_symbol_values(S))
         if loop is not None:
             code = loop.tail_symbols(sym, np.ascontiguousarray(fin, dtype=np.int64), n, T, Wp, k, g, S)
@@ -246,7 +268,7 @@ def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: i
         if S & (S - 1) and (sym >= S).any():
             raise CodecError("tans section: symbol out of range")
     else:
-        tab = tans.Tables(freqs, R)
+        tab = head.tables(S)
         sym, fin = tans.decode(stream, n, tab, lanes, ctx=c if K > 1 else None, interleaved=True,
                                values=_symbol_values(S))
         if fin.any():

@@ -16,6 +16,7 @@ import zlib
 import numpy as np
 
 from . import entropy, tans
+from . import zstd as _zstd
 from .plainbytes import to_bytes
 from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
 
@@ -129,28 +130,74 @@ class GgufBlocksCodec(Codec):
             raise CodecError("ggufblocks: stream lengths do not add up")
         body = memoryview(body)
         out = np.empty(size, dtype=np.uint8)
-        blocks = out[: nblk * bsize].reshape(nblk, bsize)
         off = 0
         streams = []
         for n in lens:
             streams.append(body[off:off + n])
             off += n
-        si = 0
-        for foff, fsize, kind in fields:
-            if kind == "f16":
-                for j in range(2):
-                    _scatter_field(out, entropy.decode_stream(streams[si], nblk), nblk, bsize, foff + j, 1)
-                    si += 1
-                continue
-            if t == Q4_1 and kind == "q":
-                ctx = _q4_1_contexts(blocks) if nblk else None
-                nib = entropy.decode_stream(streams[si], nblk * 32, 16, ctx, 16)
-                _merge_nibbles(out, nib, nblk, bsize, foff, fsize)
-            else:
-                _scatter_field(out, entropy.decode_stream(streams[si], nblk * fsize), nblk, bsize, foff, fsize)
-            si += 1
+        if tans._loop is not None and nblk:
+            _decode_fields(out, nblk, bsize, t, fields, streams)
+        else:
+            _decode_fields_numpy(out, nblk, bsize, t, fields, streams)
         if tail:
             out[nblk * bsize:] = np.frombuffer(body, dtype=np.uint8, count=tail, offset=off)
         if check and zlib.crc32(out) != crc:
             raise CodecError("ggufblocks: checksum mismatch")
         return memoryview(out).cast("B")
+
+
+def _field_streams(fields, nblk: int):
+    """(field offset, width, nibbles, symbols, alphabet, contexts) of each stream in order: an
+    fp16 field is two one-byte streams; Q4_1's quants are 4-bit symbols under 16 contexts."""
+    for foff, fsize, kind in fields:
+        if kind == "f16":
+            yield foff, 1, False, nblk, 256, 1
+            yield foff + 1, 1, False, nblk, 256, 1
+        else:
+            yield (foff, fsize, True, 32 * nblk, 16, 16) if kind == "q4_1" else (foff, fsize, False, nblk * fsize, 256, 1)
+
+
+def _decode_fields(out: np.ndarray, nblk: int, bsize: int, t: int, fields, streams) -> None:
+    """Every stream's header checked and its tables built here, then all of them decoded into
+    their fields by one compiled call that lets go of Python's lock once (_tansblocks.c)."""
+    items = []
+    kinds = [(foff, fsize, "q4_1" if t == Q4_1 and kind == "q" else kind) for foff, fsize, kind in fields]
+    for (foff, fsize, nib, n, S, K), mv in zip(_field_streams(kinds, nblk), streams):
+        if len(mv) < 1:
+            raise CodecError("stream: missing mode byte")
+        mode = mv[0]
+        if mode == entropy.RAW:
+            if len(mv) - 1 != n:
+                raise CodecError("stream: stored length mismatch")
+            items.append((foff, fsize, nib, mv[1:]))
+        elif mode == entropy.ZSTD:
+            items.append((foff, fsize, nib, _zstd.decompress(mv[1:], n, "stream")))
+        elif mode == entropy.TANS:
+            head = entropy.parse_tans_section(mv[1:], n, S, K)
+            tab = head.tables(S)
+            items.append((foff, fsize, nib, head.stream, tab.packed, head.R, head.g, head.lanes, K, S))
+        else:
+            raise CodecError(f"stream: unknown mode {mode}")
+    try:
+        tans._loop.decode_fields(out, nblk, bsize, tuple(items))
+    except ValueError as exc:
+        raise CodecError(str(exc)) from None
+
+
+def _decode_fields_numpy(out: np.ndarray, nblk: int, bsize: int, t: int, fields, streams) -> None:
+    """The reference: each stream decoded by entropy.decode_stream, then put in its field."""
+    blocks = out[: nblk * bsize].reshape(nblk, bsize)
+    si = 0
+    for foff, fsize, kind in fields:
+        if kind == "f16":
+            for j in range(2):
+                _scatter_field(out, entropy.decode_stream(streams[si], nblk), nblk, bsize, foff + j, 1)
+                si += 1
+            continue
+        if t == Q4_1 and kind == "q":
+            ctx = _q4_1_contexts(blocks) if nblk else None
+            nib = entropy.decode_stream(streams[si], nblk * 32, 16, ctx, 16)
+            _merge_nibbles(out, nib, nblk, bsize, foff, fsize)
+        else:
+            _scatter_field(out, entropy.decode_stream(streams[si], nblk * fsize), nblk, bsize, foff, fsize)
+        si += 1

@@ -1,0 +1,213 @@
+/* ggufblocks' field streams decoded in one call: ggufblocks' compiled decode path.
+ *
+ * Why C: a GGUF block chunk is four to eight field streams, and each tANS-coded one took a
+ * dozen calls from Python (first states, the loop, its tails, the scatter into the blocks),
+ * each letting go of Python's lock and taking it back; in a mount, where the decode threads
+ * share the lock with the FUSE loop and each other, the taking-back is where they waited. Here
+ * Python checks every stream's header and builds its tables, and the streams are then decoded
+ * and put in place with the lock let go once. Entropy.decode_tans_section and ggufblocks'
+ * numpy path stay the reference; the tests compare them on every flipped byte.
+ *
+ * decode_fields(out, nblk, bsize, items) -> None
+ *   out:   writable, at least nblk * bsize bytes: the blocks
+ *   items: a tuple, one per stream in the order of the fields, each
+ *          (foff, fsize, nib, symbols) for a stream stored or zstd-coded (its n symbols), or
+ *          (foff, fsize, nib, stream, packed, R, g, lanes, K, S) for a tANS section: its stream
+ *          after the header, its decoder entries (int64, the rows then, with g, their
+ *          marginals), table log, tail width, lanes, contexts and alphabet (S <= 256)
+ *          nib 0: n = nblk * fsize byte symbols, copied into bytes foff.. of each block;
+ *          nib 1: n = 2 * nblk * fsize 4-bit symbols (Q4_1 quants), merged in pairs into the
+ *          field, coded (tANS) under the K = 16 contexts of each block's zero point, read from
+ *          the blocks' fp16 d and m (fields earlier in the items)
+ * Raises ValueError with the message the Python path gives for the same damage.
+ */
+#include "_tansloop.h"
+#include <stdint.h>
+#include <string.h>
+
+struct field {
+    Py_ssize_t foff, fsize;
+    int nib, tans;
+    Py_buffer src;              /* the symbols, or the tANS stream */
+    Py_buffer packed;
+    Py_ssize_t R, g, lanes, K, S;
+};
+
+static const char *symbols_of(struct field *f, uint8_t *out, Py_ssize_t nblk, Py_ssize_t bsize, uint8_t *sym,
+                              Py_ssize_t n, int *nomem)
+{
+    const Py_ssize_t R = f->R, L = (Py_ssize_t)1 << R, g = f->g, K = f->K, S = f->S;
+    const Py_ssize_t Wp = f->lanes < n ? f->lanes : n, T = (n + Wp - 1) / Wp;
+    const int64_t ntab = f->packed.len / 8;
+    const int ctxs = f->nib || g || K > 1;
+    const char *err = NULL;
+    uint8_t *ctx = ctxs ? PyMem_RawCalloc(n, 1) : NULL;
+    int64_t *states = PyMem_RawMalloc(Wp * sizeof *states);
+    uint8_t *ident = PyMem_RawMalloc(S);
+    if ((ctxs && !ctx) || !states || !ident) {
+        *nomem = 1;
+        err = "out of memory";
+        goto done;
+    }
+    for (Py_ssize_t q = 0; q < S; q++)
+        ident[q] = (uint8_t)q;
+    if (f->nib)
+        tans_q4_1_contexts_into(out, nblk, bsize, ctx);     /* n == 32 * nblk */
+    Py_ssize_t k = 0;
+    if (g) {
+        k = R / g;
+        if (k > T) {
+            err = "tans section: lanes too short for their tails";
+            goto done;
+        }
+        tans_tail_contexts_into(ctx, 1, n, T, Wp, k, K);
+    }
+    const uint8_t *stream = f->src.buf;
+    const Py_ssize_t slen = f->src.len;
+    if (slen * 8 < Wp * R) {
+        err = "tans: stream shorter than its initial states";
+        goto done;
+    }
+    tans_unpack_fields_into(stream, R, states, Wp);
+    if (ctxs) {
+        for (Py_ssize_t j = 0; j < Wp; j++) {
+            if ((int64_t)ctx[j] * L >= ntab) {
+                err = "tans: context out of range";
+                goto done;
+            }
+            states[j] += (int64_t)ctx[j] * L;
+        }
+    }
+    struct decode_in d = {.packed = f->packed.buf, .compact = 0, .checked = 0, .ntab = ntab, .stream = stream,
+                          .slen = slen, .states = states, .out = sym, .isz = 1, .values = ident, .nsym = S,
+                          .ctx = NULL, .ctx8 = ctxs ? ctx : NULL, .nxo = NULL, .interleaved = 1, .n = n,
+                          .T = T, .Wp = Wp, .L = L, .pos = (uint64_t)(Wp * R)};
+    err = tans_decode_run(&d, nomem);
+    if (err)
+        goto done;
+    if ((Py_ssize_t)((d.pos + 7) >> 3) != slen || ((d.pos & 7) && stream[slen - 1] >> (d.pos & 7))) {
+        err = "tans: stream length does not match the symbols decoded";
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < Wp; j++)
+        states[j] &= L - 1;
+    if (g) {
+        const long code = tans_tail_symbols_into(sym, 1, states, n, T, Wp, k, g, S);
+        if (code == 1)
+            err = "tans section: end state holds bits of no symbol";
+        else if (code)
+            err = "tans section: symbol out of range";
+    } else {
+        for (Py_ssize_t j = 0; j < Wp && !err; j++)
+            if (states[j])
+                err = "tans section: lanes end in the wrong state";
+    }
+done:
+    PyMem_RawFree(ctx);
+    PyMem_RawFree(states);
+    PyMem_RawFree(ident);
+    return err;
+}
+
+static const char *one_field(struct field *f, uint8_t *out, Py_ssize_t nblk, Py_ssize_t bsize, int *nomem)
+{
+    const Py_ssize_t n = (f->nib ? 2 : 1) * nblk * f->fsize;
+    if (!n)
+        return NULL;
+    const char *err = NULL;
+    uint8_t *sym = NULL;
+    const uint8_t *src = f->src.buf;
+    if (f->tans) {
+        sym = PyMem_RawMalloc(n);
+        if (!sym) {
+            *nomem = 1;
+            return "out of memory";
+        }
+        err = symbols_of(f, out, nblk, bsize, sym, n, nomem);
+        src = sym;
+    } else if (f->nib) {
+        uint8_t top = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            top |= src[i];
+        if (top >= 16)
+            err = "stream: symbol out of range";
+    }
+    if (!err) {
+        if (f->nib)
+            tans_merge_nibbles_into(src, out, nblk, bsize, f->foff, f->fsize);
+        else
+            tans_scatter_field_into(src, out, nblk, bsize, f->foff, f->fsize);
+    }
+    PyMem_RawFree(sym);
+    return err;
+}
+
+PyObject *tans_decode_fields(PyObject *self, PyObject *args)
+{
+    Py_buffer out = {0};
+    Py_ssize_t nblk, bsize, count = 0, got = 0;
+    PyObject *items, *result = NULL;
+    struct field *fields = NULL;
+    if (!PyArg_ParseTuple(args, "w*nnO!", &out, &nblk, &bsize, &PyTuple_Type, &items))
+        return NULL;
+    count = PyTuple_GET_SIZE(items);
+    fields = PyMem_Calloc(count + 1, sizeof *fields);
+    if (!fields) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (nblk < 0 || bsize < 1 || out.len < nblk * bsize)
+        goto bad;
+    for (; got < count; got++) {
+        PyObject *it = PyTuple_GET_ITEM(items, got);
+        struct field *f = &fields[got];
+        if (!PyTuple_Check(it))
+            goto bad;
+        f->tans = PyTuple_GET_SIZE(it) == 10;
+        PyObject *src;
+        int ok = f->tans ? PyArg_ParseTuple(it, "nnpOy*nnnnn", &f->foff, &f->fsize, &f->nib, &src, &f->packed, &f->R,
+                                            &f->g, &f->lanes, &f->K, &f->S)
+                         : PyArg_ParseTuple(it, "nnpO", &f->foff, &f->fsize, &f->nib, &src);
+        if (!ok)
+            goto done;
+        if (PyObject_GetBuffer(src, &f->src, PyBUF_SIMPLE) < 0) {
+            if (f->tans)
+                PyBuffer_Release(&f->packed);
+            goto done;
+        }
+        const Py_ssize_t n = (f->nib ? 2 : 1) * nblk * f->fsize;
+        const Py_ssize_t L = (Py_ssize_t)1 << (f->R > 0 && f->R <= 15 ? f->R : 1);
+        if (f->foff < 0 || f->fsize < 1 || f->foff + f->fsize > bsize || (f->nib && (bsize < 4 || f->fsize != 16)) ||
+            (!f->tans && f->src.len != n) ||
+            (f->tans && (f->R < 1 || f->R > 15 || f->g < 0 || f->g > 8 || f->lanes < 1 || f->K < 1 ||
+                         2 * f->K > 255 || f->S < 1 || f->S > 256 || (f->nib && f->K != 16) ||
+                         f->packed.len % 8 || f->packed.len / 8 != (f->g ? 2 : 1) * f->K * L))) {
+            got++;
+            goto bad;
+        }
+    }
+    const char *err = NULL;
+    int nomem = 0;
+    Py_BEGIN_ALLOW_THREADS      /* only C buffers from here on: the chunk's fields, the lock let go once */
+    for (Py_ssize_t q = 0; q < count && !err; q++)
+        err = one_field(&fields[q], out.buf, nblk, bsize, &nomem);
+    Py_END_ALLOW_THREADS
+    if (nomem)
+        PyErr_NoMemory();
+    else if (err)
+        PyErr_SetString(PyExc_ValueError, err);
+    else
+        result = Py_NewRef(Py_None);
+    goto done;
+bad:
+    PyErr_SetString(PyExc_ValueError, "ggufblocks: bad field arguments");
+done:
+    for (Py_ssize_t q = 0; q < got; q++) {
+        PyBuffer_Release(&fields[q].src);
+        if (fields[q].tans)
+            PyBuffer_Release(&fields[q].packed);
+    }
+    PyMem_Free(fields);
+    PyBuffer_Release(&out);
+    return result;
+}
