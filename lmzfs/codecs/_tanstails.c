@@ -26,17 +26,35 @@ static int layout_ok(Py_ssize_t n, Py_ssize_t T, Py_ssize_t Wp, Py_ssize_t k)
     return n >= 1 && T >= 1 && Wp >= 1 && k >= 1 && k <= T && (T - 1) * Wp < n && T * Wp >= n;
 }
 
+/* The tails at step t are those of a range of lanes: lanes below ``last`` hold T symbols and
+ * the others T - 1, so step t holds a tail of lane j when len(j) - k <= t < len(j). Walking
+ * the steps and, in each, a run of adjacent lanes touches memory in order; lane by lane it
+ * jumps Wp symbols at every tail, which cost as much as the decode itself on wide sections. */
+static inline void tail_lanes(Py_ssize_t t, Py_ssize_t T, Py_ssize_t Wp, Py_ssize_t k, Py_ssize_t last,
+                              Py_ssize_t *lo, Py_ssize_t *hi)
+{
+    const int full = T - k <= t && t < T, part = T - 1 - k <= t && t < T - 1;    /* lanes of T, of T - 1 */
+    *lo = full ? 0 : last;
+    *hi = part ? Wp : last;
+    if (!full && !part)
+        *lo = *hi = 0;
+}
+
 void tans_tail_contexts_into(void *ctx, int narrow, Py_ssize_t n, Py_ssize_t T, Py_ssize_t Wp, Py_ssize_t k,
                              Py_ssize_t K)
 {
     const Py_ssize_t last = n - (T - 1) * Wp;   /* lanes with T symbols */
-    for (Py_ssize_t j = 0; j < Wp; j++) {
-        const Py_ssize_t len = j < last ? T : T - 1;
-        for (Py_ssize_t t = len - k < 0 ? 0 : len - k; t < len; t++) {
-            if (narrow)
-                ((uint8_t *)ctx)[t * Wp + j] += (uint8_t)K;
-            else
-                ((int64_t *)ctx)[t * Wp + j] += K;
+    for (Py_ssize_t t = T - 1 - k < 0 ? 0 : T - 1 - k; t < T; t++) {
+        Py_ssize_t lo, hi;
+        tail_lanes(t, T, Wp, k, last, &lo, &hi);
+        if (narrow) {
+            uint8_t *c = (uint8_t *)ctx + t * Wp;
+            for (Py_ssize_t j = lo; j < hi; j++)
+                c[j] += (uint8_t)K;
+        } else {
+            int64_t *c = (int64_t *)ctx + t * Wp;
+            for (Py_ssize_t j = lo; j < hi; j++)
+                c[j] += K;
         }
     }
 }
@@ -46,27 +64,28 @@ long tans_tail_symbols_into(void *sym, int narrow, const int64_t *f, Py_ssize_t 
 {
     const Py_ssize_t last = n - (T - 1) * Wp;
     const int64_t top = (S + ((int64_t)1 << g) - 1) >> g, mask = ((int64_t)1 << g) - 1;
-    long code = 0;
-    for (Py_ssize_t j = 0; j < Wp && !code; j++) {     /* first every end state, as numpy does */
+    for (Py_ssize_t j = 0; j < Wp; j++) {     /* first every end state, as numpy does */
         const Py_ssize_t len = j < last ? T : T - 1, missing = len < k ? k - len : 0;
-        code = f[j] < 0 || f[j] >> (k * g) || (f[j] & ((((int64_t)1 << (missing * g)) - 1))) ? 1 : 0;
+        if (f[j] < 0 || f[j] >> (k * g) || (f[j] & ((((int64_t)1 << (missing * g)) - 1))))
+            return 1;
     }
-    for (Py_ssize_t j = 0; j < Wp && !code; j++) {
-        const Py_ssize_t len = j < last ? T : T - 1;
-        for (Py_ssize_t q = len < k ? k - len : 0; q < k && !code; q++) {
-            const Py_ssize_t i = (len - k + q) * Wp + j;
+    int bad = 0;
+    for (Py_ssize_t t = T - 1 - k < 0 ? 0 : T - 1 - k; t < T; t++) {
+        Py_ssize_t lo, hi;
+        tail_lanes(t, T, Wp, k, last, &lo, &hi);
+        for (Py_ssize_t j = lo; j < hi; j++) {
+            const Py_ssize_t q = t - ((j < last ? T : T - 1) - k);      /* this tail's place in its lane */
+            const Py_ssize_t i = t * Wp + j;
             const int64_t s = narrow ? ((uint8_t *)sym)[i] : ((int64_t *)sym)[i];
             const int64_t v = s << g | ((f[j] >> (q * g)) & mask);
-            if (s < 0 || s >= top || v >= S) {
-                code = 2;
-            } else if (narrow) {
+            bad |= s < 0 || s >= top || v >= S;
+            if (narrow)
                 ((uint8_t *)sym)[i] = (uint8_t)v;
-            } else {
+            else
                 ((int64_t *)sym)[i] = v;
-            }
         }
     }
-    return code;
+    return bad ? 2 : 0;
 }
 
 PyObject *tans_tail_contexts(PyObject *self, PyObject *args)
@@ -80,7 +99,9 @@ PyObject *tans_tail_contexts(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "tail_contexts: bad arguments");
         goto done;
     }
+    Py_BEGIN_ALLOW_THREADS
     tans_tail_contexts_into(ctx.buf, ctx.len == n, n, T, Wp, k, K);
+    Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&ctx);
@@ -99,7 +120,10 @@ PyObject *tans_tail_symbols(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "tail_symbols: bad arguments");
         goto done;
     }
-    const long code = tans_tail_symbols_into(sym.buf, sym.len == n, fin.buf, n, T, Wp, k, g, S);
+    long code;
+    Py_BEGIN_ALLOW_THREADS
+    code = tans_tail_symbols_into(sym.buf, sym.len == n, fin.buf, n, T, Wp, k, g, S);
+    Py_END_ALLOW_THREADS
     result = PyLong_FromLong(code);
 done:
     PyBuffer_Release(&sym);
