@@ -43,13 +43,12 @@ ROW_CLASS_MIN = 8
 
 
 def _row_scale(counts: np.ndarray, log: int) -> np.ndarray:
-    """Rows scaled to sum <= 2**log, keeping every nonzero entry nonzero."""
-    out = np.zeros_like(counts)
-    for i, row in enumerate(counts):
-        s = int(row.sum())
-        if s == 0:
-            continue
-        out[i] = row if s <= 1 << log else tans.quantize(row, log)
+    """Rows scaled to sum <= 2**log, keeping every nonzero entry nonzero: the rows over it are
+    quantised (tans.quantize, all of them in one quantize_rows), the others kept."""
+    out = np.array(counts, dtype=np.int64)
+    over = out.sum(axis=1) > 1 << log
+    if over.any():
+        out[over] = tans.quantize_rows(out[over], log)
     return out
 
 
