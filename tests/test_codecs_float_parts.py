@@ -1,4 +1,4 @@
-"""floatsplit.decode_parts: every part of a float chunk decoded in one compiled call
+"""floatsplit.decode_parts_together: every part of a float chunk decoded in one compiled call
 (lmzfs/codecs/_tansparts.c) against the numpy reference, part by part: the same elements from
 the same payloads, and the same error, message for message, from the same damage."""
 from __future__ import annotations

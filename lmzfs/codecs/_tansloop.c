@@ -435,7 +435,7 @@ static PyMethodDef methods[] = {
     {"section_counts", tans_section_counts, METH_VARARGS, "tANS sections' histograms; see _tanssection.c."},
     {"section_rows", tans_section_rows, METH_VARARGS, "tANS sections' table rows and bits back; see _tanssection.c."},
     {"column_classes", tans_column_classes, METH_VARARGS, "the entropy codec's column-class search; see _tanscolumns.c."},
-    {"decode_parts", tans_decode_parts, METH_VARARGS, "floatsplit's parts of a chunk in one call; see _tansparts.c."},
+    {"float_parts", tans_float_parts, METH_VARARGS, "floatsplit's parts of a chunk in one call; see _tansparts.c."},
     {"decode_fields", tans_decode_fields, METH_VARARGS, "ggufblocks' field streams of a chunk in one call; see _tansblocks.c."},
     {"copy_bytes", tans_copy_bytes, METH_O, "A buffer's bytes, copied without Python's lock; see _tanscopy.c."},
     {NULL, NULL, 0, NULL},

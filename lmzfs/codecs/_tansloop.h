@@ -94,7 +94,7 @@ void tans_or_plane_into(void *u, Py_ssize_t isz, Py_ssize_t n, const uint8_t *p,
 int tans_pack_fields_into(const int64_t *v, Py_ssize_t count, Py_ssize_t R, uint8_t *o, Py_ssize_t m);
 /* out[i] = the R-bit little-endian field at bit i * R of b, for count fields. GIL-free. */
 void tans_unpack_fields_into(const uint8_t *b, Py_ssize_t R, int64_t *out, Py_ssize_t count);
-PyObject *tans_decode_parts(PyObject *self, PyObject *args);
+PyObject *tans_float_parts(PyObject *self, PyObject *args);
 /* the tails of a symbol section (_tanstails.c): contexts (uint8 when narrow, else int64) += K at
  * every tail; the tails' symbols merged with their end-state bits (0 ok, 1 bits of no symbol, 2
  * a symbol out of range). GIL-free. */

@@ -1,4 +1,4 @@
-/* floatsplit's parts decoded in one call: floatsplit.decode_parts, compiled.
+/* floatsplit's parts decoded in one call: floatsplit.decode_parts_together, compiled.
  *
  * Why C: a part (a floatseg segment, or a whole floatsplit chunk) took a dozen calls from
  * Python: the first states, the tANS loop, the bits back, the stored planes merged one group at
@@ -10,7 +10,7 @@
  * every fixture and on adversarial chunks); groups coded as zstd or tANS streams are left to
  * Python, which decodes them afterwards (stored groups, the common case, are merged here).
  *
- * decode_parts(packed32, checked, values, isz, nxo, cls, C, shift, c0, body, recs, groups,
+ * float_parts(packed32, checked, values, isz, nxo, cls, C, shift, c0, body, recs, groups,
  *              masks, raws, out, R, L, nib_plane) -> None
  *   packed32: the model's tables in the loop's compact form (uint32[K * L]); checked: an earlier
  *             decode checked them against this many values
@@ -162,7 +162,7 @@ done:
     return err;
 }
 
-PyObject *tans_decode_parts(PyObject *self, PyObject *args)
+PyObject *tans_float_parts(PyObject *self, PyObject *args)
 {
     Py_buffer packed = {0}, values = {0}, nxo = {0}, cls = {0}, body = {0}, recs = {0}, groups = {0}, out = {0};
     PyObject *nxo_obj, *cls_obj, *masks_obj, *raws_obj, *result = NULL;

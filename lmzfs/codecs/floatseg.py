@@ -117,7 +117,7 @@ class FloatSegCodec(Codec):
         """The elements of consecutive segments segs into u (from segs[0]'s first element on),
         from piece: the body bytes [at, ...) that hold them."""
         first = segs[0].first
-        fs.decode_parts(lay.model, piece, [fs.PartSpec(s.first, s.first - first, s.count, s.lanes, s.slen,
+        fs.decode_parts_together(lay.model, piece, [fs.PartSpec(s.first, s.first - first, s.count, s.lanes, s.slen,
                                                        fs.groups_of(s.groups, s.count, lay.model.fmt), s.body - at)
                                            for s in segs], u)
 

@@ -117,7 +117,7 @@ class FloatSplitCodec(Codec):
             if part_length(model, n, lanes, slen, groups) + t != len(body):
                 raise CodecError("floatsplit: body length does not match params")
             u = np.empty(n, dtype=_UINT[FORMATS[fmt][1]])
-            decode_parts(model, body[:len(body) - t], [PartSpec(0, 0, n, lanes, slen, groups, 0)], u)
+            decode_parts_together(model, body[:len(body) - t], [PartSpec(0, 0, n, lanes, slen, groups, 0)], u)
             # the decoded array itself, as bytes; with trailing bytes (rare) a copy with them
             out = u.tobytes() + bytes(body[len(body) - t:]) if t else memoryview(u).cast("B")
         if check and zlib.crc32(out) != crc:
@@ -454,7 +454,7 @@ def decode_part(model: Model, body: memoryview, first: int, lanes: int, slen: in
 
 @dataclass(frozen=True)
 class PartSpec:
-    """One part of a chunk for decode_parts: its first element in the chunk, where its elements
+    """One part of a chunk for decode_parts_together: its first element in the chunk, where its elements
     go in the output, their count, its lanes and tANS stream length, its groups, and where its
     bytes (part_length of them) start in the body given."""
     first: int
@@ -466,7 +466,7 @@ class PartSpec:
     at: int
 
 
-def decode_parts(model: Model, body: memoryview, parts: list[PartSpec], out: np.ndarray) -> None:
+def decode_parts_together(model: Model, body: memoryview, parts: list[PartSpec], out: np.ndarray) -> None:
     """decode_part for each of parts, into out (whose elements each part's out_at indexes). With
     the compiled loop and the model's compact tables, every part's tANS stream, bits back and
     stored groups are decoded in one call that lets go of Python's lock once for the chunk
@@ -501,7 +501,7 @@ def decode_parts(model: Model, body: memoryview, parts: list[PartSpec], out: np.
         nxo, cls = None, np.ascontiguousarray(cls, dtype=np.uint8)
     garr = np.array(groups, dtype=np.int64).reshape(-1, 3)
     try:
-        tans._loop.decode_parts(tab.packed32, tab.checked_symbols == len(vals), vals, isz, nxo, cls, C, shift,
+        tans._loop.float_parts(tab.packed32, tab.checked_symbols == len(vals), vals, isz, nxo, cls, C, shift,
                                 model.c0, body, recs, garr, tuple(masks), tuple(raws), out, model.R, tab.L,
                                 _planes_of(model.fmt)[0] // 8)
     except ValueError as exc:
