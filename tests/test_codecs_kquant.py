@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from lmzfs.chunker import plan_chunks
 from lmzfs.codecs import ChunkHint, CodecError, decode_chunk, encode_with, parse_payload, tans
+from lmzfs.codecs.base import get_varint
 from lmzfs.codecs.ggufblocks import LAYOUTS, GgufBlocksCodec
 from lmzfs.formats import parse_file
 from lmzfs.testing.corpus import CorpusUnavailable, fetch
@@ -146,8 +147,65 @@ def test_every_flipped_body_byte_gives_the_compiled_and_numpy_fields_the_same_ou
     data = _q4_1_blocks(600, 3) if dtype == "Q4_1" else _blocks("skewed", dtype, 600 * 20 // BSIZE[dtype] + 1, 5, 4)
     payload = encode_with("ggufblocks", data, ChunkHint(dtype, 0, BSIZE[dtype]))
     assert _outcome(payload, len(data), False) == _outcome(payload, len(data), True) == data
-    body_at = len(payload) - len(parse_payload(payload).body)
-    for at in range(body_at, len(payload), max(1, (len(payload) - body_at) // 300)):
+    h = parse_payload(payload)
+    body_at = len(payload) - len(h.body)
+    starts, pos = [0], 5            # every stream's first bytes (mode and section header), then a sample
+    while pos < len(h.params):
+        n, pos = get_varint(h.params, pos, "stream length")
+        starts.append(starts[-1] + n)
+    heads = {body_at + s + i for s in starts[:-1] for i in range(24)}
+    for at in sorted(heads | set(range(body_at, len(payload), max(1, (len(payload) - body_at) // 300)))):
+        if at >= len(payload):
+            continue
         bad = bytearray(payload)
         bad[at] ^= 0x41
         assert _outcome(bytes(bad), len(data), False) == _outcome(bytes(bad), len(data), True), at
+
+
+def _with_stream(payload: bytes, index: int, stream: bytes) -> bytes:
+    """A ggufblocks payload with stream `index` replaced (its length in the params follows)."""
+    from lmzfs.codecs.base import put_varint
+    h = parse_payload(payload)
+    p, pos, lens = bytes(h.params), 5, []
+    while pos < len(p):
+        n, pos = get_varint(p, pos, "stream length")
+        lens.append(n)
+    at = sum(lens[:index])
+    body = bytes(h.body)
+    body = body[:at] + stream + body[at + lens[index]:]
+    lens[index] = len(stream)
+    params = p[:5] + b"".join(put_varint(n) for n in lens)
+    return b"LC\x01\x05" + put_varint(h.size) + put_varint(len(params)) + params + body
+
+
+@pytest.mark.parametrize("change", ["a row over its sum", "a row under its sum", "a table log too small"])
+def test_a_section_whose_tables_are_wrong_gives_both_paths_the_same_error(change):
+    from lmzfs.codecs import entropy, uintlist
+    from lmzfs.codecs.base import put_varint
+    data = _blocks("skewed", "Q8_0", 700, 0, 6)
+    payload = encode_with("ggufblocks", data, ChunkHint("Q8_0", 0, BSIZE["Q8_0"]))
+    h = parse_payload(payload)
+    counts = []         # symbols per stream: an fp16 field is two streams of a byte per block
+    for _, fsize, kind in LAYOUTS[8][2]:
+        counts += [700, 700] if kind == "f16" else [700 * fsize]
+    pos, at, found = 5, 0, None
+    for i, n in enumerate(counts):
+        length, pos = get_varint(h.params, pos, "stream length")
+        if found is None and h.body[at] == entropy.TANS:
+            found = (i, n, bytes(h.body[at + 1:at + length]))
+        at += length
+    assert found is not None
+    index, n, sec = found
+    head = entropy.parse_tans_section(sec, n, 256)
+    freqs, R = head.freqs.copy(), head.R
+    if change == "a row over its sum":
+        freqs[0, int(freqs[0].argmax())] += 1
+    elif change == "a row under its sum":
+        freqs[0, int(freqs[0].argmax())] -= 1
+    else:
+        R = 3
+    blob = uintlist.pack_uints(freqs.ravel())
+    section = bytes((R, head.g)) + put_varint(head.lanes) + put_varint(len(blob)) + blob + bytes(head.stream)
+    bad = _with_stream(payload, index, bytes((entropy.TANS,)) + section)
+    compiled, reference = _outcome(bad, len(data), False), _outcome(bad, len(data), True)
+    assert compiled == reference and compiled.startswith("CodecError: tans")

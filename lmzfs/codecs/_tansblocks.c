@@ -12,9 +12,10 @@
  *   out:   writable, at least nblk * bsize bytes: the blocks
  *   items: a tuple, one per stream in the order of the fields, each
  *          (foff, fsize, nib, symbols) for a stream stored or zstd-coded (its n symbols), or
- *          (foff, fsize, nib, stream, packed, R, g, lanes, K, S) for a tANS section: its stream
- *          after the header, its decoder entries (int64, the rows then, with g, their
- *          marginals), table log, tail width, lanes, contexts and alphabet (S <= 256)
+ *          (foff, fsize, nib, stream, freqs, R, g, lanes, K, S) for a tANS section: its stream
+ *          after the header, its K x S frequency rows (int64), table log, tail width, lanes,
+ *          contexts and alphabet (S <= 256); the decoder tables (the rows, then with g their
+ *          marginals over 2**g symbols) are built here, as tans.Tables builds them
  *          nib 0: n = nblk * fsize byte symbols, copied into bytes foff.. of each block;
  *          nib 1: n = 2 * nblk * fsize 4-bit symbols (Q4_1 quants), merged in pairs into the
  *          field, coded (tANS) under the K = 16 contexts of each block's zero point, read from
@@ -23,24 +24,77 @@
  */
 #include "_tansloop.h"
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 struct field {
     Py_ssize_t foff, fsize;
     int nib, tans;
     Py_buffer src;              /* the symbols, or the tANS stream */
-    Py_buffer packed;
+    Py_buffer freqs;
     Py_ssize_t R, g, lanes, K, S;
+    char message[80];           /* an error that names a number */
 };
+
+/* tans.Tables(rows, R) of a section (entropy.TansSection.tables): the K rows, then with g their
+ * marginals (row k's frequencies summed over each 2**g symbols, zero past S / 2**g), checked to
+ * sum to 2**R, built into int64 decoder entries. */
+static const char *section_tables(struct field *f, int64_t **packed, int64_t *ntab, int *nomem)
+{
+    const int64_t K = f->K, S = f->S, R = f->R, L = (int64_t)1 << R, Kt = f->g ? 2 * K : K;
+    const int64_t *fr = f->freqs.buf;
+    if (R < 4 || R > 15)
+        return "tans: bad table shape or table log";
+    for (int64_t k = 0; k < K; k++) {
+        int64_t sum = 0;
+        for (int64_t s = 0; s < S; s++)
+            sum += fr[k * S + s];
+        if (sum != L) {
+            snprintf(f->message, sizeof f->message, "tans: a frequency table does not sum to %lld", (long long)L);
+            return f->message;
+        }
+    }
+    int64_t *rows = PyMem_RawCalloc(Kt * S, sizeof *rows);
+    int64_t *pk = PyMem_RawMalloc(Kt * L * sizeof *pk);
+    int16_t *spread = PyMem_RawMalloc(L * sizeof *spread);
+    int64_t *next = PyMem_RawMalloc(S * sizeof *next);
+    const char *err = NULL;
+    if (!rows || !pk || !spread || !next) {
+        *nomem = 1;
+        err = "out of memory";
+        goto done;
+    }
+    memcpy(rows, fr, (size_t)(K * S) * sizeof *rows);
+    for (int64_t k = 0; f->g && k < K; k++)
+        for (int64_t s = 0; s < S; s++)
+            rows[(K + k) * S + (s >> f->g)] += fr[k * S + s];
+    err = tans_build_rows(rows, Kt, S, R, L, spread, next, pk, NULL);
+done:
+    PyMem_RawFree(rows);
+    PyMem_RawFree(spread);
+    PyMem_RawFree(next);
+    if (err) {
+        PyMem_RawFree(pk);
+        pk = NULL;
+    }
+    *packed = pk;
+    *ntab = Kt * L;
+    return err;
+}
 
 static const char *symbols_of(struct field *f, uint8_t *out, Py_ssize_t nblk, Py_ssize_t bsize, uint8_t *sym,
                               Py_ssize_t n, int *nomem)
 {
     const Py_ssize_t R = f->R, L = (Py_ssize_t)1 << R, g = f->g, K = f->K, S = f->S;
     const Py_ssize_t Wp = f->lanes < n ? f->lanes : n, T = (n + Wp - 1) / Wp;
-    const int64_t ntab = f->packed.len / 8;
     const int ctxs = f->nib || g || K > 1;
+    int64_t *packed = NULL, ntab = 0;
     const char *err = NULL;
+    if (g && R / g > T)         /* checked before the tables, as decode_tans_section does */
+        return "tans section: lanes too short for their tails";
+    err = section_tables(f, &packed, &ntab, nomem);
+    if (err)
+        return err;
     uint8_t *ctx = ctxs ? PyMem_RawCalloc(n, 1) : NULL;
     int64_t *states = PyMem_RawMalloc(Wp * sizeof *states);
     uint8_t *ident = PyMem_RawMalloc(S);
@@ -56,10 +110,6 @@ static const char *symbols_of(struct field *f, uint8_t *out, Py_ssize_t nblk, Py
     Py_ssize_t k = 0;
     if (g) {
         k = R / g;
-        if (k > T) {
-            err = "tans section: lanes too short for their tails";
-            goto done;
-        }
         tans_tail_contexts_into(ctx, 1, n, T, Wp, k, K);
     }
     const uint8_t *stream = f->src.buf;
@@ -78,7 +128,7 @@ static const char *symbols_of(struct field *f, uint8_t *out, Py_ssize_t nblk, Py
             states[j] += (int64_t)ctx[j] * L;
         }
     }
-    struct decode_in d = {.packed = f->packed.buf, .compact = 0, .checked = 0, .ntab = ntab, .stream = stream,
+    struct decode_in d = {.packed = packed, .compact = 0, .checked = 0, .ntab = ntab, .stream = stream,
                           .slen = slen, .states = states, .out = sym, .isz = 1, .values = ident, .nsym = S,
                           .ctx = NULL, .ctx8 = ctxs ? ctx : NULL, .nxo = NULL, .interleaved = 1, .n = n,
                           .T = T, .Wp = Wp, .L = L, .pos = (uint64_t)(Wp * R)};
@@ -103,6 +153,7 @@ static const char *symbols_of(struct field *f, uint8_t *out, Py_ssize_t nblk, Py
                 err = "tans section: lanes end in the wrong state";
     }
 done:
+    PyMem_RawFree(packed);
     PyMem_RawFree(ctx);
     PyMem_RawFree(states);
     PyMem_RawFree(ident);
@@ -165,23 +216,22 @@ PyObject *tans_decode_fields(PyObject *self, PyObject *args)
             goto bad;
         f->tans = PyTuple_GET_SIZE(it) == 10;
         PyObject *src;
-        int ok = f->tans ? PyArg_ParseTuple(it, "nnpOy*nnnnn", &f->foff, &f->fsize, &f->nib, &src, &f->packed, &f->R,
+        int ok = f->tans ? PyArg_ParseTuple(it, "nnpOy*nnnnn", &f->foff, &f->fsize, &f->nib, &src, &f->freqs, &f->R,
                                             &f->g, &f->lanes, &f->K, &f->S)
                          : PyArg_ParseTuple(it, "nnpO", &f->foff, &f->fsize, &f->nib, &src);
         if (!ok)
             goto done;
         if (PyObject_GetBuffer(src, &f->src, PyBUF_SIMPLE) < 0) {
             if (f->tans)
-                PyBuffer_Release(&f->packed);
+                PyBuffer_Release(&f->freqs);
             goto done;
         }
         const Py_ssize_t n = (f->nib ? 2 : 1) * nblk * f->fsize;
-        const Py_ssize_t L = (Py_ssize_t)1 << (f->R > 0 && f->R <= 15 ? f->R : 1);
         if (f->foff < 0 || f->fsize < 1 || f->foff + f->fsize > bsize || (f->nib && (bsize < 4 || f->fsize != 16)) ||
             (!f->tans && f->src.len != n) ||
-            (f->tans && (f->R < 1 || f->R > 15 || f->g < 0 || f->g > 8 || f->lanes < 1 || f->K < 1 ||
-                         2 * f->K > 255 || f->S < 1 || f->S > 256 || (f->nib && f->K != 16) ||
-                         f->packed.len % 8 || f->packed.len / 8 != (f->g ? 2 : 1) * f->K * L))) {
+            (f->tans && (f->R < 1 || f->R > 15 || f->g < 0 || f->g > 8 || (f->g && (1 << f->g) > f->S) ||
+                         f->lanes < 1 || f->K < 1 || 2 * f->K > 255 || f->S < 1 || f->S > 256 ||
+                         (f->nib && f->K != 16) || f->freqs.len != 8 * f->K * f->S))) {
             got++;
             goto bad;
         }
@@ -205,7 +255,7 @@ done:
     for (Py_ssize_t q = 0; q < got; q++) {
         PyBuffer_Release(&fields[q].src);
         if (fields[q].tans)
-            PyBuffer_Release(&fields[q].packed);
+            PyBuffer_Release(&fields[q].freqs);
     }
     PyMem_Free(fields);
     PyBuffer_Release(&out);

@@ -158,8 +158,8 @@ def _field_streams(fields, nblk: int):
 
 
 def _decode_fields(out: np.ndarray, nblk: int, bsize: int, t: int, fields, streams) -> None:
-    """Every stream's header checked and its tables built here, then all of them decoded into
-    their fields by one compiled call that lets go of Python's lock once (_tansblocks.c)."""
+    """Every stream's header checked here, then all of them decoded into their fields, their
+    tables built, by one compiled call that lets go of Python's lock once (_tansblocks.c)."""
     items = []
     kinds = [(foff, fsize, "q4_1" if t == Q4_1 and kind == "q" else kind) for foff, fsize, kind in fields]
     for (foff, fsize, nib, n, S, K), mv in zip(_field_streams(kinds, nblk), streams):
@@ -173,9 +173,9 @@ def _decode_fields(out: np.ndarray, nblk: int, bsize: int, t: int, fields, strea
         elif mode == entropy.ZSTD:
             items.append((foff, fsize, nib, _zstd.decompress(mv[1:], n, "stream")))
         elif mode == entropy.TANS:
-            head = entropy.parse_tans_section(mv[1:], n, S, K)
-            tab = head.tables(S)
-            items.append((foff, fsize, nib, head.stream, tab.packed, head.R, head.g, head.lanes, K, S))
+            head = entropy.parse_tans_section(mv[1:], n, S, K)     # tables built in the call
+            items.append((foff, fsize, nib, head.stream, np.ascontiguousarray(head.freqs, dtype=np.int64),
+                          head.R, head.g, head.lanes, K, S))
         else:
             raise CodecError(f"stream: unknown mode {mode}")
     try:
