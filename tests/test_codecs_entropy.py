@@ -324,3 +324,37 @@ def test_committed_fixtures_of_the_tans_codecs_decode(codec):
         plain = (FIXTURES / f"{name}.plain").read_bytes()
         assert codec_of(path.read_bytes()) == codec
         assert decode_chunk(path.read_bytes(), len(plain)) == plain, path.name
+
+
+def _int8_with_columns(rows: int, cols: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    spread = rng.uniform(0.3, 12, cols)
+    v = np.rint(rng.normal(0, 1, (rows, cols)) * spread).clip(-127, 127).astype(np.int8)
+    v[rng.random((rows, cols)) < 0.4] = 0
+    return v.tobytes()
+
+
+def _entropy_outcome(payload: bytes, size: int, numpy: bool):
+    saved = tans._loop
+    try:
+        if numpy:
+            tans._loop = None
+        return decode_chunk(payload, size)
+    except CodecError as exc:
+        return f"CodecError: {exc}"
+    finally:
+        tans._loop = saved
+
+
+@pytest.mark.parametrize("shape", [(4000, 1), (1500, 48), (700, 96)])
+def test_every_flipped_byte_of_an_entropy_payload_gives_the_compiled_and_numpy_paths_the_same_outcome(shape):
+    if tans._loop is None:
+        pytest.skip("compares the compiled path with the numpy one")
+    data = _int8_with_columns(*shape, seed=shape[1])
+    payload = encode_with("entropy", data, ChunkHint("I8", 1, shape=shape))
+    assert _entropy_outcome(payload, len(data), False) == _entropy_outcome(payload, len(data), True) == data
+    step = max(1, len(payload) // 400)
+    for at in sorted(set(range(0, min(len(payload), 160))) | set(range(0, len(payload), step))):
+        bad = bytearray(payload)
+        bad[at] ^= 0x11
+        assert _entropy_outcome(bytes(bad), len(data), False) == _entropy_outcome(bytes(bad), len(data), True), at

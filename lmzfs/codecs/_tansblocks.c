@@ -1,4 +1,5 @@
-/* ggufblocks' field streams decoded in one call: ggufblocks' compiled decode path.
+/* ggufblocks' field streams decoded in one call: ggufblocks' compiled decode path (and the
+ * entropy codec's one section, as a field of one-byte blocks).
  *
  * Why C: a GGUF block chunk is four to eight field streams, and each tANS-coded one took a
  * dozen calls from Python (first states, the loop, its tails, the scatter into the blocks),
@@ -16,6 +17,8 @@
  *          after the header, its K x S frequency rows (int64), table log, tail width, lanes,
  *          contexts and alphabet (S <= 256); the decoder tables (the rows, then with g their
  *          marginals over 2**g symbols) are built here, as tans.Tables builds them
+ *          and, optionally, an 11th element: column classes (uint8, each < K), symbol i's
+ *          context being classes[i % len] (the entropy codec's, with blocks of one byte)
  *          nib 0: n = nblk * fsize byte symbols, copied into bytes foff.. of each block;
  *          nib 1: n = 2 * nblk * fsize 4-bit symbols (Q4_1 quants), merged in pairs into the
  *          field, coded (tANS) under the K = 16 contexts of each block's zero point, read from
@@ -32,6 +35,7 @@ struct field {
     int nib, tans;
     Py_buffer src;              /* the symbols, or the tANS stream */
     Py_buffer freqs;
+    Py_buffer cls;              /* column classes: symbol i's context is cls[i % len], or none */
     Py_ssize_t R, g, lanes, K, S;
     char message[80];           /* an error that names a number */
 };
@@ -87,7 +91,7 @@ static const char *symbols_of(struct field *f, uint8_t *out, Py_ssize_t nblk, Py
 {
     const Py_ssize_t R = f->R, L = (Py_ssize_t)1 << R, g = f->g, K = f->K, S = f->S;
     const Py_ssize_t Wp = f->lanes < n ? f->lanes : n, T = (n + Wp - 1) / Wp;
-    const int ctxs = f->nib || g || K > 1;
+    const int ctxs = f->nib || g || K > 1 || f->cls.obj;
     int64_t *packed = NULL, ntab = 0;
     const char *err = NULL;
     if (g && R / g > T)         /* checked before the tables, as decode_tans_section does */
@@ -107,6 +111,16 @@ static const char *symbols_of(struct field *f, uint8_t *out, Py_ssize_t nblk, Py
         ident[q] = (uint8_t)q;
     if (f->nib)
         tans_q4_1_contexts_into(out, nblk, bsize, ctx);     /* n == 32 * nblk */
+    if (f->cls.obj) {           /* the classes repeated: one copy, then copies of what is written */
+        const Py_ssize_t period = f->cls.len;
+        Py_ssize_t have = period < n ? period : n;
+        memcpy(ctx, f->cls.buf, (size_t)have);
+        while (have < n) {      /* have is a whole number of periods until the last copy */
+            const Py_ssize_t run = have < n - have ? have : n - have;
+            memcpy(ctx + have, ctx, (size_t)run);
+            have += run;
+        }
+    }
     Py_ssize_t k = 0;
     if (g) {
         k = R / g;
@@ -214,16 +228,18 @@ PyObject *tans_decode_fields(PyObject *self, PyObject *args)
         struct field *f = &fields[got];
         if (!PyTuple_Check(it))
             goto bad;
-        f->tans = PyTuple_GET_SIZE(it) == 10;
+        f->tans = PyTuple_GET_SIZE(it) >= 10;
         PyObject *src;
-        int ok = f->tans ? PyArg_ParseTuple(it, "nnpOy*nnnnn", &f->foff, &f->fsize, &f->nib, &src, &f->freqs, &f->R,
-                                            &f->g, &f->lanes, &f->K, &f->S)
+        int ok = f->tans ? PyArg_ParseTuple(it, "nnpOy*nnnnn|y*", &f->foff, &f->fsize, &f->nib, &src, &f->freqs, &f->R,
+                                            &f->g, &f->lanes, &f->K, &f->S, &f->cls)
                          : PyArg_ParseTuple(it, "nnpO", &f->foff, &f->fsize, &f->nib, &src);
         if (!ok)
             goto done;
         if (PyObject_GetBuffer(src, &f->src, PyBUF_SIMPLE) < 0) {
             if (f->tans)
                 PyBuffer_Release(&f->freqs);
+            if (f->cls.obj)
+                PyBuffer_Release(&f->cls);
             goto done;
         }
         const Py_ssize_t n = (f->nib ? 2 : 1) * nblk * f->fsize;
@@ -231,7 +247,8 @@ PyObject *tans_decode_fields(PyObject *self, PyObject *args)
             (!f->tans && f->src.len != n) ||
             (f->tans && (f->R < 1 || f->R > 15 || f->g < 0 || f->g > 8 || (f->g && (1 << f->g) > f->S) ||
                          f->lanes < 1 || f->K < 1 || 2 * f->K > 255 || f->S < 1 || f->S > 256 ||
-                         (f->nib && f->K != 16) || f->freqs.len != 8 * f->K * f->S))) {
+                         (f->nib && f->K != 16) || f->freqs.len != 8 * f->K * f->S ||
+                         (f->cls.obj && (f->nib || f->cls.len < 1))))) {
             got++;
             goto bad;
         }
@@ -256,6 +273,8 @@ done:
         PyBuffer_Release(&fields[q].src);
         if (fields[q].tans)
             PyBuffer_Release(&fields[q].freqs);
+        if (fields[q].cls.obj)
+            PyBuffer_Release(&fields[q].cls);
     }
     PyMem_Free(fields);
     PyBuffer_Release(&out);

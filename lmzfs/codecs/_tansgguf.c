@@ -140,6 +140,10 @@ void tans_scatter_field_into(const uint8_t *restrict p, uint8_t *restrict out, P
                              Py_ssize_t foff, Py_ssize_t fsize)
 {
     uint8_t *restrict o = out + foff;
+    if (fsize == bsize) {       /* the field is the whole block: one copy */
+        memcpy(o, p, (size_t)(nblk * bsize));
+        return;
+    }
     switch (fsize) {            /* the widths of ggml's block fields, each copy of a constant size */
     case 1: scatter_blocks(o, p, nblk, bsize, 1); break;
     case 4: scatter_blocks(o, p, nblk, bsize, 4); break;

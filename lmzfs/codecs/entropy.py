@@ -503,10 +503,10 @@ class EntropyCodec(Codec):
         p = memoryview(params)
         if len(p) < 5 or p[4] > 1:
             raise CodecError("entropy: bad params")
+        cls, K = None, 1
         if p[4] == 0:
             if len(p) != 5:
                 raise CodecError("entropy: trailing params")
-            out = decode_tans_section(body, size, 256)
         else:
             C, q = get_varint(p, 5, "entropy row length")
             if q + 1 > len(p) or not 1 <= C <= max(size, 1) or p[q] not in (2, 4, 8, 16):
@@ -516,7 +516,20 @@ class EntropyCodec(Codec):
             if q + ln != len(p):
                 raise CodecError("entropy: class map length does not match params")
             cls = decode_stream(p[q:], C, K).astype(np.uint8)
-            out = decode_tans_section(body, size, 256, np.tile(cls, -(-size // C))[:size], K)
+        if tans._loop is not None and size:
+            # one compiled call, its tables built and the classes tiled in it (_tansblocks.c)
+            head = parse_tans_section(body, size, 256, K)
+            out = np.empty(size, dtype=np.uint8)
+            item = (0, 1, False, head.stream, np.ascontiguousarray(head.freqs, dtype=np.int64), head.R, head.g,
+                    head.lanes, K, 256) + (() if cls is None else (np.ascontiguousarray(cls),))
+            try:
+                tans._loop.decode_fields(out, size, 1, (item,))
+            except ValueError as exc:
+                raise CodecError(str(exc)) from None
+        elif cls is None:
+            out = decode_tans_section(body, size, 256)
+        else:
+            out = decode_tans_section(body, size, 256, np.tile(cls, -(-size // len(cls)))[:size], K)
         res = out.astype(np.uint8, copy=False).tobytes()
         if check and zlib.crc32(res) != int.from_bytes(p[:4], "little"):
             raise CodecError("entropy: checksum mismatch")
