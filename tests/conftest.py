@@ -57,6 +57,14 @@ def store_dir(tmp_path) -> Path:
     return tmp_path / "store"
 
 
+@pytest.fixture
+def small_segments(monkeypatch) -> int:
+    """floatseg encodes with 4 KiB segments, so that small inputs have several; their size."""
+    from lmzfs.codecs import floatseg
+    monkeypatch.setattr(floatseg, "SEGMENT_LOG", 12)
+    return 1 << 12
+
+
 class _WarningCatcher(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)

@@ -18,6 +18,8 @@ from lmzfs.codecs.base import put_varint
 from lmzfs.codecs.floatsplit import FORMATS
 from lmzfs.codecs.ggufblocks import LAYOUTS
 from lmzfs.testing import hostile
+from lmzfs.testing.synthetic import int8_columns
+from lmzfs.testing.tanspaths import compiled_then_numpy, value_or_error
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -326,35 +328,16 @@ def test_committed_fixtures_of_the_tans_codecs_decode(codec):
         assert decode_chunk(path.read_bytes(), len(plain)) == plain, path.name
 
 
-def _int8_with_columns(rows: int, cols: int, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    spread = rng.uniform(0.3, 12, cols)
-    v = np.rint(rng.normal(0, 1, (rows, cols)) * spread).clip(-127, 127).astype(np.int8)
-    v[rng.random((rows, cols)) < 0.4] = 0
-    return v.tobytes()
-
-
-def _entropy_outcome(payload: bytes, size: int, numpy: bool):
-    saved = tans._loop
-    try:
-        if numpy:
-            tans._loop = None
-        return decode_chunk(payload, size)
-    except CodecError as exc:
-        return f"CodecError: {exc}"
-    finally:
-        tans._loop = saved
-
-
 @pytest.mark.parametrize("shape", [(4000, 1), (1500, 48), (700, 96)])
 def test_every_flipped_byte_of_an_entropy_payload_gives_the_compiled_and_numpy_paths_the_same_outcome(shape):
     if tans._loop is None:
         pytest.skip("compares the compiled path with the numpy one")
-    data = _int8_with_columns(*shape, seed=shape[1])
+    data = int8_columns(*shape, seed=shape[1])
     payload = encode_with("entropy", data, ChunkHint("I8", 1, shape=shape))
-    assert _entropy_outcome(payload, len(data), False) == _entropy_outcome(payload, len(data), True) == data
+    assert compiled_then_numpy(lambda: decode_chunk(payload, len(data))) == (data, data)
     step = max(1, len(payload) // 400)
     for at in sorted(set(range(0, min(len(payload), 160))) | set(range(0, len(payload), step))):
         bad = bytearray(payload)
         bad[at] ^= 0x11
-        assert _entropy_outcome(bytes(bad), len(data), False) == _entropy_outcome(bytes(bad), len(data), True), at
+        compiled, reference = compiled_then_numpy(lambda: value_or_error(lambda: decode_chunk(bytes(bad), len(data))))
+        assert compiled == reference, at

@@ -8,27 +8,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmzfs.codecs import ChunkHint, CodecError, decode_chunk, decode_chunk_segments, encode_with, entropy, floatseg
+from lmzfs.codecs import ChunkHint, decode_chunk, decode_chunk_segments, encode_with, entropy
 from lmzfs.codecs import parse_payload, tans
-from lmzfs.testing.tanspaths import compiled_then_numpy
+from lmzfs.testing.tanspaths import compiled_then_numpy, value_or_error
 
 
 @pytest.fixture(autouse=True)
 def _compiled_loop_built():
     if tans._loop is None:
         pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; `pip install -e .` builds it")
-
-
-@pytest.fixture
-def small_segments(monkeypatch):
-    monkeypatch.setattr(floatseg, "SEGMENT_LOG", 12)
-
-
-def _outcome(compute):
-    try:
-        return compute()
-    except CodecError as exc:
-        return f"CodecError: {exc}"
 
 
 def _weights(n: int, seed: int, dtype: str) -> bytes:
@@ -94,8 +82,8 @@ def test_every_flipped_body_byte_gives_both_paths_the_same_bytes_or_the_same_err
     for at in range(body_at, len(payload), step):
         bad = bytearray(payload)
         bad[at] ^= 0x24
-        whole = compiled_then_numpy(lambda: _outcome(lambda: decode_chunk(bytes(bad), len(plain))))
+        whole = compiled_then_numpy(lambda: value_or_error(lambda: decode_chunk(bytes(bad), len(plain))))
         assert whole[0] == whole[1], at
         if codec == "floatseg":
-            part = compiled_then_numpy(lambda: _outcome(lambda: decode_chunk_segments(bytes(bad), len(plain), 0, len(plain))))
+            part = compiled_then_numpy(lambda: value_or_error(lambda: decode_chunk_segments(bytes(bad), len(plain), 0, len(plain))))
             assert part[0] == part[1], at

@@ -23,13 +23,6 @@ def _both_tans_paths(tans_loop):
     return tans_loop
 
 
-@pytest.fixture
-def small_segments(monkeypatch):
-    """Encode with 4 KiB segments, so that small inputs have several."""
-    monkeypatch.setattr(floatseg, "SEGMENT_LOG", 12)
-    return 1 << 12
-
-
 def weights(n: int, seed: int = 0, dtype: str = "BF16") -> bytes:
     w = np.random.default_rng(seed).normal(0.0, 0.02, n).astype(np.float32)
     w[::37] *= 20

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from lmzfs.codecs import ChunkHint, decode_chunk, encode_chunk, encode_with, entropy, tans
 from lmzfs.codecs import zstd as zstd_codec
+from lmzfs.testing.synthetic import int8_columns
 from lmzfs.testing.tanspaths import compiled_then_numpy
 
 
@@ -58,17 +59,9 @@ def test_a_symbol_out_of_its_alphabet_is_refused_on_both_paths():
             tans._loop = saved
 
 
-def _int8_columns(rows: int, C: int, seed: int, zeros: float = 0.4) -> bytes:
-    rng = np.random.default_rng(seed)
-    spread = rng.uniform(0.3, 12, C)
-    v = np.rint(rng.normal(0, 1, (rows, C)) * spread).clip(-127, 127).astype(np.int8)
-    v[rng.random((rows, C)) < zeros] = 0
-    return v.tobytes()
-
-
 @pytest.mark.parametrize("rows, C", [(257, 64), (64, 96), (1000, 33)])
 def test_the_entropy_codec_writes_the_same_payload_on_both_paths_and_it_decodes(rows, C):
-    data = _int8_columns(rows, C, rows + C)
+    data = int8_columns(rows, C, rows + C)
     hint = ChunkHint("I8", 1, shape=(rows, C))
     compiled, reference = compiled_then_numpy(lambda: encode_with("entropy", data, hint))
     assert compiled == reference
@@ -76,7 +69,7 @@ def test_the_entropy_codec_writes_the_same_payload_on_both_paths_and_it_decodes(
 
 
 def test_fast_codes_an_int8_tensor_at_the_default_zstd_level_and_a_header_at_the_text_level():
-    tensor = _int8_columns(2048, 64, 7, zeros=0.75)   # zstd halves it: the slow level would be tried
+    tensor = int8_columns(2048, 64, 7, zeros=0.75)   # zstd halves it: the slow level would be tried
     got = encode_chunk(tensor, ChunkHint("I8", 1, shape=(2048, 64)), fast=True)
     assert got.codec == "zstd"
     assert len(zstd_codec.compress(tensor, 19)) < len(zstd_codec.compress(tensor, zstd_codec.DEFAULT_LEVEL)) * 2 <= len(tensor)
@@ -92,7 +85,7 @@ def test_fast_codes_an_int8_tensor_at_the_default_zstd_level_and_a_header_at_the
 
 def test_the_slow_zstd_level_is_measured_on_a_slice_of_an_int8_chunk_the_entropy_coder_wins(monkeypatch):
     import lmzfs.codecs as codecs
-    tensor = _int8_columns(1 << 14, 64, 11, zeros=0.75)     # 1 MiB that zstd halves
+    tensor = int8_columns(1 << 14, 64, 11, zeros=0.75)     # 1 MiB that zstd halves
     hint = ChunkHint("I8", 1, shape=(1 << 14, 64))
     seen: list[int] = []
     plain = zstd_codec.compress

@@ -126,13 +126,9 @@ static const char *symbols_of(struct field *f, uint8_t *out, Py_ssize_t nblk, Py
         k = R / g;
         tans_tail_contexts_into(ctx, 1, n, T, Wp, k, K);
     }
-    const uint8_t *stream = f->src.buf;
-    const Py_ssize_t slen = f->src.len;
-    if (slen * 8 < Wp * R) {
-        err = "tans: stream shorter than its initial states";
+    err = tans_first_states(f->src.buf, f->src.len, R, Wp, states);
+    if (err)
         goto done;
-    }
-    tans_unpack_fields_into(stream, R, states, Wp);
     if (ctxs) {
         for (Py_ssize_t j = 0; j < Wp; j++) {
             if ((int64_t)ctx[j] * L >= ntab) {
@@ -142,19 +138,13 @@ static const char *symbols_of(struct field *f, uint8_t *out, Py_ssize_t nblk, Py
             states[j] += (int64_t)ctx[j] * L;
         }
     }
-    struct decode_in d = {.packed = packed, .compact = 0, .checked = 0, .ntab = ntab, .stream = stream,
-                          .slen = slen, .states = states, .out = sym, .isz = 1, .values = ident, .nsym = S,
+    struct decode_in d = {.packed = packed, .compact = 0, .checked = 0, .ntab = ntab, .stream = f->src.buf,
+                          .slen = f->src.len, .states = states, .out = sym, .isz = 1, .values = ident, .nsym = S,
                           .ctx = NULL, .ctx8 = ctxs ? ctx : NULL, .nxo = NULL, .interleaved = 1, .n = n,
                           .T = T, .Wp = Wp, .L = L, .pos = (uint64_t)(Wp * R)};
-    err = tans_decode_run(&d, nomem);
+    err = tans_decode_section(&d, nomem);
     if (err)
         goto done;
-    if ((Py_ssize_t)((d.pos + 7) >> 3) != slen || ((d.pos & 7) && stream[slen - 1] >> (d.pos & 7))) {
-        err = "tans: stream length does not match the symbols decoded";
-        goto done;
-    }
-    for (Py_ssize_t j = 0; j < Wp; j++)
-        states[j] &= L - 1;
     if (g) {
         const long code = tans_tail_symbols_into(sym, 1, states, n, T, Wp, k, g, S);
         if (code == 1)

@@ -341,6 +341,27 @@ done:
     return err;
 }
 
+/* tans_decode_section (declared in _tansloop.h): first states read, decode, end checked. */
+const char *tans_first_states(const uint8_t *stream, Py_ssize_t slen, int64_t R, int64_t Wp, int64_t *states)
+{
+    if (slen * 8 < Wp * R)
+        return "tans: stream shorter than its initial states";
+    tans_unpack_fields_into(stream, R, states, Wp);
+    return NULL;
+}
+
+const char *tans_decode_section(struct decode_in *d, int *nomem)
+{
+    const char *err = tans_decode_run(d, nomem);
+    if (err)
+        return err;
+    if ((Py_ssize_t)((d->pos + 7) >> 3) != d->slen || ((d->pos & 7) && d->stream[d->slen - 1] >> (d->pos & 7)))
+        return "tans: stream length does not match the symbols decoded";
+    for (int64_t j = 0; j < d->Wp; j++)
+        d->states[j] &= d->L - 1;
+    return NULL;
+}
+
 static PyObject *decode(PyObject *self, PyObject *args)
 {
     Py_buffer packed = {0}, stream = {0}, states = {0}, out = {0}, values = {0}, ctx = {0}, nxo = {0};

@@ -85,6 +85,13 @@ struct decode_in {
     uint64_t pos;               /* in: the first bit after the initial states */
 };
 const char *tans_decode_run(struct decode_in *d, int *nomem);
+/* A whole stream's decode for the batched decoders: tans_first_states reads the lanes' first
+ * states (the stream's first Wp R-bit fields; an error if it is shorter), before the caller adds
+ * their contexts; tans_decode_section runs tans_decode_run from bit Wp * R, checks that the stream
+ * ends at the last symbol's bits (zero padding after), and leaves each lane's end state in
+ * [0, L). GIL-free. */
+const char *tans_first_states(const uint8_t *stream, Py_ssize_t slen, int64_t R, int64_t Wp, int64_t *states);
+const char *tans_decode_section(struct decode_in *d, int *nomem);
 /* u[i] |= plane value i << shift for n elements of isz bytes (2, 4, 8), or only those whose
  * mask byte is set, the values in order; one byte each or two per byte (nib). GIL-free. */
 void tans_or_plane_into(void *u, Py_ssize_t isz, Py_ssize_t n, const uint8_t *p, int nib, unsigned shift,

@@ -73,8 +73,6 @@ static const char *one_part(const struct parts_in *p, int64_t q, int *nomem)
         Wp = (n + T - 1) / T;
     }
     const uint8_t *stream = p->body + boff;
-    if (slen * 8 < Wp * R)
-        return "tans: stream shorter than its initial states";
     const char *err = NULL;
     int64_t *states = PyMem_RawMalloc(Wp * sizeof *states);
     uint8_t *ctx8 = interleaved ? PyMem_RawMalloc(n) : NULL;
@@ -83,7 +81,9 @@ static const char *one_part(const struct parts_in *p, int64_t q, int *nomem)
         err = "out of memory";
         goto done;
     }
-    tans_unpack_fields_into(stream, R, states, Wp);
+    err = tans_first_states(stream, slen, R, Wp, states);
+    if (err)
+        goto done;
     if (interleaved) {
         const int64_t K = p->ntab / L;
         for (int64_t i = 0; i < n; i++)
@@ -104,15 +104,9 @@ static const char *one_part(const struct parts_in *p, int64_t q, int *nomem)
                           .isz = p->isz, .values = p->values, .nsym = p->nsym, .ctx = NULL, .ctx8 = ctx8,
                           .nxo = interleaved ? NULL : p->nxo, .interleaved = interleaved, .n = n, .T = T,
                           .Wp = Wp, .L = L, .pos = (uint64_t)(Wp * R)};
-    err = tans_decode_run(&d, nomem);
+    err = tans_decode_section(&d, nomem);
     if (err)
         goto done;
-    if ((int64_t)((d.pos + 7) >> 3) != slen || ((d.pos & 7) && stream[slen - 1] >> (d.pos & 7))) {
-        err = "tans: stream length does not match the symbols decoded";
-        goto done;
-    }
-    for (int64_t j = 0; j < Wp; j++)
-        states[j] &= L - 1;
     /* the stored bytes: the lanes' end states (bits back), then the rest from the body */
     const int64_t back = Wp * R / 8, m = raw_len < back ? raw_len : back;
     uint8_t *raw = p->raws[q].buf;

@@ -193,6 +193,13 @@ class TansSection:
     freqs: np.ndarray
     stream: memoryview
 
+    def field(self, foff: int, fsize: int, nib: bool, K: int, S: int, classes: np.ndarray | None = None) -> tuple:
+        """This section as an item of the compiled decode_fields (_tansblocks.c), which builds
+        its tables and decodes it into field foff.. (fsize bytes) of every block."""
+        item = (foff, fsize, nib, self.stream, np.ascontiguousarray(self.freqs, dtype=np.int64), self.R, self.g,
+                self.lanes, K, S)
+        return item if classes is None else item + (np.ascontiguousarray(classes, dtype=np.uint8),)
+
     def tables(self, S: int) -> "tans.Tables":
         """The decoder's tables: the rows, then (with tails) their marginals over 2**g symbols."""
         if self.g:
@@ -518,18 +525,15 @@ class EntropyCodec(Codec):
             cls = decode_stream(p[q:], C, K).astype(np.uint8)
         if tans._loop is not None and size:
             # one compiled call, its tables built and the classes tiled in it (_tansblocks.c)
-            head = parse_tans_section(body, size, 256, K)
+            field = parse_tans_section(body, size, 256, K).field(0, 1, False, K, 256, cls)
             out = np.empty(size, dtype=np.uint8)
-            item = (0, 1, False, head.stream, np.ascontiguousarray(head.freqs, dtype=np.int64), head.R, head.g,
-                    head.lanes, K, 256) + (() if cls is None else (np.ascontiguousarray(cls),))
             try:
-                tans._loop.decode_fields(out, size, 1, (item,))
+                tans._loop.decode_fields(out, size, 1, (field,))
             except ValueError as exc:
                 raise CodecError(str(exc)) from None
-        elif cls is None:
-            out = decode_tans_section(body, size, 256)
         else:
-            out = decode_tans_section(body, size, 256, np.tile(cls, -(-size // len(cls)))[:size], K)
+            ctx = None if cls is None else np.tile(cls, -(-size // len(cls)))[:size]
+            out = decode_tans_section(body, size, 256, ctx, K)
         res = out.astype(np.uint8, copy=False).tobytes()
         if check and zlib.crc32(res) != int.from_bytes(p[:4], "little"):
             raise CodecError("entropy: checksum mismatch")

@@ -146,23 +146,24 @@ class GgufBlocksCodec(Codec):
         return memoryview(out).cast("B")
 
 
-def _field_streams(fields, nblk: int):
+def _field_streams(fields, nblk: int, t: int):
     """(field offset, width, nibbles, symbols, alphabet, contexts) of each stream in order: an
     fp16 field is two one-byte streams; Q4_1's quants are 4-bit symbols under 16 contexts."""
     for foff, fsize, kind in fields:
         if kind == "f16":
             yield foff, 1, False, nblk, 256, 1
             yield foff + 1, 1, False, nblk, 256, 1
+        elif t == Q4_1 and kind == "q":
+            yield foff, fsize, True, 32 * nblk, 16, 16
         else:
-            yield (foff, fsize, True, 32 * nblk, 16, 16) if kind == "q4_1" else (foff, fsize, False, nblk * fsize, 256, 1)
+            yield foff, fsize, False, nblk * fsize, 256, 1
 
 
 def _decode_fields(out: np.ndarray, nblk: int, bsize: int, t: int, fields, streams) -> None:
     """Every stream's header checked here, then all of them decoded into their fields, their
     tables built, by one compiled call that lets go of Python's lock once (_tansblocks.c)."""
     items = []
-    kinds = [(foff, fsize, "q4_1" if t == Q4_1 and kind == "q" else kind) for foff, fsize, kind in fields]
-    for (foff, fsize, nib, n, S, K), mv in zip(_field_streams(kinds, nblk), streams):
+    for (foff, fsize, nib, n, S, K), mv in zip(_field_streams(fields, nblk, t), streams):
         if len(mv) < 1:
             raise CodecError("stream: missing mode byte")
         mode = mv[0]
@@ -173,9 +174,7 @@ def _decode_fields(out: np.ndarray, nblk: int, bsize: int, t: int, fields, strea
         elif mode == entropy.ZSTD:
             items.append((foff, fsize, nib, _zstd.decompress(mv[1:], n, "stream")))
         elif mode == entropy.TANS:
-            head = entropy.parse_tans_section(mv[1:], n, S, K)     # tables built in the call
-            items.append((foff, fsize, nib, head.stream, np.ascontiguousarray(head.freqs, dtype=np.int64),
-                          head.R, head.g, head.lanes, K, S))
+            items.append(entropy.parse_tans_section(mv[1:], n, S, K).field(foff, fsize, nib, K, S))
         else:
             raise CodecError(f"stream: unknown mode {mode}")
     try:

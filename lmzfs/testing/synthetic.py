@@ -14,6 +14,16 @@ from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StorePaths
 
 
+def int8_columns(rows: int, cols: int, seed: int, zeros: float = 0.4) -> bytes:
+    """An int8 matrix whose columns have their own spread, with a share of zeros: what the
+    entropy codec's column classes are for."""
+    rng = np.random.default_rng(seed)
+    spread = rng.uniform(0.3, 12, cols)
+    v = np.rint(rng.normal(0, 1, (rows, cols)) * spread).clip(-127, 127).astype(np.int8)
+    v[rng.random((rows, cols)) < zeros] = 0
+    return v.tobytes()
+
+
 def small_model(d: Path, seed: int = 0, mib: int = 3) -> Path:
     """A synthetic safetensors model (weights are random normal FP32) plus a config file."""
     from safetensors.numpy import save_file

@@ -1,10 +1,10 @@
 """Run a computation through the compiled tANS loops and then through the numpy reference path,
-for tests that the two give the same bytes."""
+for tests that the two give the same bytes (or the same error)."""
 from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from lmzfs.codecs import tans
+from lmzfs.codecs import CodecError, tans
 
 T = TypeVar("T")
 
@@ -21,3 +21,13 @@ def compiled_then_numpy(compute: Callable[[], T]) -> tuple[T, T]:
         return compiled, compute()
     finally:
         tans._loop = saved
+
+
+
+def value_or_error(compute: Callable[[], T]) -> T | str:
+    """compute()'s result, or the message of the CodecError it raised: what damaged input gives,
+    as a value by which the two paths' outcomes compare."""
+    try:
+        return compute()
+    except CodecError as exc:
+        return f"CodecError: {exc}"
