@@ -383,3 +383,45 @@ def test_the_compiled_encoder_writes_exactly_the_numpy_encoders_stream(n, S, K, 
     assert type(compiled) is bytes and compiled == reference
     out, _ = tans.decode(compiled, n, tab, lanes, ctx=ctx, dyn=dyn, interleaved=interleaved)
     assert np.array_equal(out, sym)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 5000), S=st.integers(2, 300), K=st.integers(1, 6), R=st.integers(9, 15),
+       lanes=st.integers(1, 300), seed=st.integers(0, 2**32 - 1))
+def test_the_encoder_writes_the_same_stream_from_16_and_64_bit_table_rows(n, S, K, R, lanes, seed):
+    rng = np.random.default_rng(seed)
+    sym = np.minimum(rng.geometric(rng.uniform(0.05, 0.9), size=n) - 1, S - 1)
+    ctx = rng.integers(0, K, size=n)
+    tab = tans.Tables(tans.quantize_rows(np.ones((K, S), dtype=np.int64) + np.bincount(sym, minlength=S), R), R)
+    rows = ctx * S + sym
+    wide = tans.encode_table_rows(rows.astype(np.int64), tab, lanes, interleaved=True)
+    assert tans.encode_table_rows(rows.astype(np.uint16), tab, lanes, interleaved=True) == wide
+    assert wide == tans.encode(sym, tab, lanes, ctx=ctx, interleaved=True)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint16])
+def test_the_encoder_refuses_a_row_of_zero_frequency_or_past_the_tables(dtype):
+    freqs = np.array([[512, 512, 0]], dtype=np.int64)
+    tab = tans.Tables(freqs, 10)
+    assert tans.encode_table_rows(np.array([0, 1, 1, 0], dtype=dtype), tab, 2)    # rows 0 and 1 code
+    with pytest.raises(ValueError, match="zero frequency"):
+        tans.encode_table_rows(np.array([0, 2, 1, 0], dtype=dtype), tab, 2)
+    with pytest.raises(ValueError, match="row index is out of range"):
+        tans.encode_table_rows(np.array([0, 3, 1, 0], dtype=dtype), tab, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**35 - 1) | st.sampled_from([0, 127, 128, 16383, 16384, 2**35 - 1]), max_size=60))
+def test_the_compiled_varint_writer_writes_the_reference_bytes_and_reads_back(values):
+    v = np.array(values, dtype=np.int64)
+    assert tans._loop.to_varints(v) == uintlist._varints(v)
+    blob = uintlist.pack_uints(v)
+    assert uintlist.unpack_uints(blob, len(values), "t").tolist() == values
+
+
+@pytest.mark.parametrize("bad", [-1, 2**35])
+def test_table_values_outside_35_bits_are_refused_on_both_paths(bad):
+    v = np.array([5, bad], dtype=np.int64)
+    assert tans._loop.to_varints(v) is None
+    with pytest.raises(ValueError, match="not an unsigned integer under 2\\*\\*35"):
+        uintlist.pack_uints(v)

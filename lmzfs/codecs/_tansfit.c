@@ -343,7 +343,8 @@ done:
 /* encode_rows(sym, n, ctx, cmap, c0, T, S, fr, out) -> bool: tans.encode's row of each symbol,
  * out[i] = context * S + sym[i], where the context is ctx[i] (ctx given), cmap[sym[i - 1]] with
  * c0 at every lane start i % T == 0 (cmap given: contiguous lanes of T steps), or 0; False when
- * a row is out of range or has frequency 0 in fr (the caller raises). */
+ * a row is out of range or has frequency 0 in fr (the caller raises). out is int64[n], or
+ * uint16[n] where fr has at most 65536 rows. */
 PyObject *tans_encode_rows(PyObject *self, PyObject *args)
 {
     Py_buffer sb = {0}, cb = {0}, mb = {0}, fb = {0}, ob = {0};
@@ -356,12 +357,14 @@ PyObject *tans_encode_rows(PyObject *self, PyObject *args)
         (cmapo != Py_None && PyObject_GetBuffer(cmapo, &mb, PyBUF_SIMPLE) < 0))
         goto done;
     const Py_ssize_t nrows = fb.len / 8, ncmap = mb.len / 8;
-    if (n < 1 || T < 1 || S < 1 || sb.len < n * 8 || ob.len < n * 8 || (cb.buf && cb.len < n * 8)) {
+    if (n < 1 || T < 1 || S < 1 || sb.len < n * 8 || (ob.len != n * 8 && !(ob.len == n * 2 && nrows <= 65536)) ||
+        (cb.buf && cb.len < n * 8)) {
         PyErr_SetString(PyExc_ValueError, "encode_rows: bad arguments");
         goto done;
     }
     const int64_t *restrict sym = sb.buf, *restrict ctx = cb.buf, *restrict cmap = mb.buf, *restrict fr = fb.buf;
-    int64_t *restrict out = ob.buf;
+    int64_t *restrict out = ob.len == n * 8 ? ob.buf : NULL;
+    uint16_t *restrict out16 = out ? NULL : ob.buf;    /* 16-bit rows: see _tansenc.c */
     int ok = 1;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -386,7 +389,10 @@ PyObject *tans_encode_rows(PyObject *self, PyObject *args)
             ok = 0;
             break;
         }
-        out[i] = r;
+        if (out)
+            out[i] = r;
+        else
+            out16[i] = (uint16_t)r;
     }
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(ok);

@@ -441,6 +441,7 @@ static PyMethodDef methods[] = {
     {"tail_contexts", tans_tail_contexts, METH_VARARGS, "symbol sections' tail contexts; see _tanstails.c."},
     {"tail_symbols", tans_tail_symbols, METH_VARARGS, "symbol sections' tail symbols; see _tanstails.c."},
     {"vector_isa", tans_vector_isa, METH_VARARGS, "vector_isa([name]) -> the vector loop in use; see _tansvec.c."},
+    {"to_varints", tans_to_varints, METH_O, "uintlist.pack_uints's varints; see _tanstables.c."},
     {"varints", tans_varints, METH_VARARGS, "uintlist.unpack_uints's varint decoding; see the comment above it."},
     {"ulp_residuals", tans_ulp_residuals, METH_VARARGS, "ulpdelta's residuals of a chunk; see _tansulp.c."},
     {"ulp_contexts", tans_ulp_contexts, METH_VARARGS, "ulpdelta's reference contexts; see _tansulp.c."},

@@ -134,6 +134,7 @@ int tans_quantize_counts(const int64_t *counts, int64_t *freqs, int64_t K, int64
 PyObject *tans_build(PyObject *self, PyObject *args);
 PyObject *tans_quantize_rows(PyObject *self, PyObject *args);
 PyObject *tans_varints(PyObject *self, PyObject *args);
+PyObject *tans_to_varints(PyObject *self, PyObject *arg);
 PyObject *tans_pack_fields(PyObject *self, PyObject *args);
 PyObject *tans_unpack_fields(PyObject *self, PyObject *args);
 PyObject *tans_or_plane(PyObject *self, PyObject *args);

@@ -17,7 +17,7 @@
  *   (zeroed) or None: depth[d * K * S + c * S + s] over the symbols at depth d < D. False (and
  *   the counts half made) if a symbol is >= S or a context >= K.
  * section_rows(sym, ctx, n, S, K, T, Wp, k, g, fr, rows, bb) -> bool
- *   rows int64[n]: each symbol's table row, c * S + s, or for the last k symbols of every lane
+ *   rows int64[n] or uint16[n] (told apart by length): each symbol's table row, c * S + s, or for the last k symbols of every lane
  *   (g > 0) the marginal's row (c + K) * S + (s >> g); bb int64[Wp] (zeroed): the low g bits of
  *   lane j's q-th tail (its symbol at step len - k + q, where that is >= 0) at bits q * g of
  *   bb[j]. False if a row's frequency fr[row] is 0 or a symbol or context is out of range.
@@ -151,23 +151,43 @@ PyObject *tans_section_rows(PyObject *self, PyObject *args)
         goto done;
     const Py_ssize_t nrows = fb.len / 8;
     if (n < 1 || S < 1 || K < 1 || g < 0 || g > 8 || (g && (k < 1 || k > T || k * g > 62)) ||
-        !layout_ok(n, T, Wp) || !symbols_of(&sb, &cb, n, &v) || rb.len < n * 8 || bbb.len < Wp * 8 ||
-        nrows < (g ? 2 : 1) * K * S) {
+        !layout_ok(n, T, Wp) || !symbols_of(&sb, &cb, n, &v) || (rb.len != n * 8 && rb.len != n * 2) ||
+        bbb.len < Wp * 8 || nrows < (g ? 2 : 1) * K * S || (rb.len == n * 2 && nrows > 65536)) {
         PyErr_SetString(PyExc_ValueError, "section_rows: bad arguments");
         goto done;
     }
     const int64_t *restrict fr = fb.buf;
-    int64_t *restrict rows = rb.buf, *restrict bb = bbb.buf;
+    int64_t *restrict rows = rb.len == n * 8 ? rb.buf : NULL, *restrict bb = bbb.buf;
+    uint16_t *restrict rows16 = rows ? NULL : rb.buf;
     int ok = 1;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const int64_t s = sym_at(&v, i), c = ctx_at(&v, i);
-        if (s < 0 || s >= S || c < 0 || c >= K) {
-            ok = 0;
-            break;
+    if (rows16 && v.s8 && !v.c64) {
+        /* the common case, bytes in and 16-bit rows out, as one loop the compiler widens */
+        const uint8_t *restrict s8 = v.s8, *restrict c8 = v.c8;
+        uint8_t over = 0;
+        if (c8)
+            for (Py_ssize_t i = 0; i < n; i++) {
+                over |= (s8[i] >= S) | (c8[i] >= K);
+                rows16[i] = (uint16_t)(c8[i] * S + s8[i]);
+            }
+        else
+            for (Py_ssize_t i = 0; i < n; i++) {
+                over |= s8[i] >= S;
+                rows16[i] = s8[i];
+            }
+        ok = !over;
+    } else
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const int64_t s = sym_at(&v, i), c = ctx_at(&v, i);
+            if (s < 0 || s >= S || c < 0 || c >= K) {
+                ok = 0;
+                break;
+            }
+            if (rows)
+                rows[i] = c * S + s;
+            else
+                rows16[i] = (uint16_t)(c * S + s);
         }
-        rows[i] = c * S + s;
-    }
     if (ok && g) {
         const Py_ssize_t last = n - (T - 1) * Wp;
         const int64_t mask = (INT64_C(1) << g) - 1;
@@ -181,13 +201,17 @@ PyObject *tans_section_rows(PyObject *self, PyObject *args)
                 const Py_ssize_t i = t * Wp + j;
                 const int64_t s = sym_at(&v, i);
                 bits |= (s & mask) << (g * q);
-                rows[i] = (ctx_at(&v, i) + K) * S + (s >> g);
+                const int64_t r = (ctx_at(&v, i) + K) * S + (s >> g);
+                if (rows)
+                    rows[i] = r;
+                else
+                    rows16[i] = (uint16_t)r;
             }
             bb[j] = bits;
         }
     }
     for (Py_ssize_t i = 0; ok && i < n; i++)
-        if (fr[rows[i]] == 0)
+        if (fr[rows ? rows[i] : rows16[i]] == 0)
             ok = 0;
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(ok);

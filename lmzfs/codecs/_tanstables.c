@@ -293,6 +293,44 @@ PyObject *tans_varints(PyObject *self, PyObject *args)
     return PyLong_FromLong(code);
 }
 
+/* to_varints(values) -> bytes: the int64 values (each 0 <= v < 2**35) as LEB128 varints, the
+ * inverse of varints; None if a value is out of that range (pack_uints then raises). */
+PyObject *tans_to_varints(PyObject *self, PyObject *arg)
+{
+    Py_buffer vb = {0};
+    if (PyObject_GetBuffer(arg, &vb, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t count = vb.len / 8;
+    uint8_t *out = vb.len % 8 ? NULL : malloc(5 * (size_t)count + 1);
+    if (!out) {
+        if (vb.len % 8)
+            PyErr_SetString(PyExc_ValueError, "to_varints: bad arguments");
+        else
+            PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *v = vb.buf;
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t x = (uint64_t)v[i];
+        if (v[i] < 0 || x >> 35) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        while (x >= 0x80) {
+            out[pos++] = (uint8_t)((x & 0x7F) | 0x80);
+            x >>= 7;
+        }
+        out[pos++] = (uint8_t)x;
+    }
+    result = PyBytes_FromStringAndSize((const char *)out, pos);
+done:
+    free(out);
+    PyBuffer_Release(&vb);
+    return result;
+}
+
 /* pack_fields(values, R, m) -> bytes or None: the int64 values as R-bit little-endian fields of
  * one bit string (value i at bit i * R); its first m bytes, or None when a bit at or past 8 * m
  * is set (floatsplit's lane end states that hold bits past the stored bytes). */

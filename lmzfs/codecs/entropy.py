@@ -78,6 +78,14 @@ def _table_log(counts: np.ndarray, n: int, S: int, K: int) -> int:
     return max(lo, hi)
 
 
+@functools.lru_cache(maxsize=64)
+def _groups(S: int, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each symbol s < S, the first symbol of its group of 2**g and the end of that group
+    (at most S): the group the marginal tables of tans_section merge it into."""
+    lo = (np.arange(S) >> g) << g
+    return lo, np.minimum(lo + (1 << g), S)
+
+
 def _compiled_symbols(a: np.ndarray | None) -> np.ndarray | None:
     """a as the compiled section passes read it: uint8 or int64, contiguous."""
     if a is None:
@@ -119,7 +127,8 @@ def _section_stream(sym, S: int, ctx, K: int, freqs: np.ndarray, R: int, g: int,
     tab_f = np.concatenate([freqs, _marginal(freqs, g)]) if g else freqs
     k = R // g if g else 0
     if tans._loop is not None:      # the same rows and end states as the numpy lines below
-        rows = np.empty(n, dtype=np.int64)
+        # 16-bit rows where they fit: the encoder's steps read a quarter of the bytes
+        rows = np.empty(n, dtype=np.uint16 if tab_f.size <= 1 << 16 else np.int64)
         bb = np.zeros(wp, dtype=np.int64)
         if not tans._loop.section_rows(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, k, g,
                                        np.ascontiguousarray(tab_f.ravel()), rows, bb):
@@ -160,6 +169,8 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
     # so it is a sum over the (context, symbol) counts of the tails, exact for the tables used
     logp = np.log2(np.where(freqs > 0, freqs, 1) / (1 << R))
     tails = np.cumsum(depth, axis=0)        # tails[k - 1]: the counts of the last k of every lane
+    upto = np.zeros((K, S + 1), dtype=np.int64)     # upto[:, s]: the frequencies of the symbols below s
+    np.cumsum(freqs, axis=1, out=upto[:, 1:])
     best_g, best_extra = 0, float(R) * wp
     for g in (1, 2, 3, 4, 5, 8):
         if (1 << g) > S:
@@ -167,8 +178,9 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
         k = R // g
         if k == 0 or k > T:
             continue
-        m = _marginal(freqs, g)
-        logpm = np.log2(np.where(m > 0, m, 1) / (1 << R))[:, np.arange(S) >> g]
+        lo, hi = _groups(S, g)
+        m = upto[:, hi] - upto[:, lo]       # each symbol's marginal, _marginal(freqs, g)[:, s >> g]
+        logpm = np.log2(np.where(m > 0, m, 1) / (1 << R))
         extra = float((tails[k - 1] * (logp - logpm + g)).sum()) + (R - k * g) * wp
         if extra < best_extra:
             best_g, best_extra = g, extra

@@ -239,7 +239,7 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     ks, thr, start, fr, enc = tab._encode_tables()
     sym = np.asarray(sym, dtype=np.int64)
     if _loop is not None:
-        si_all = np.empty(n, dtype=np.int64)
+        si_all = np.empty(n, dtype=np.uint16 if fr.size <= 1 << 16 else np.int64)    # see encode_table_rows
         if not _loop.encode_rows(np.ascontiguousarray(sym), n,
                                  None if ctx is None else np.ascontiguousarray(ctx, dtype=np.int64),
                                  None if dyn is None else np.ascontiguousarray(dyn[0], dtype=np.int64),
@@ -288,8 +288,8 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
 
 def encode_table_rows(rows: np.ndarray, tab: Tables, lanes: int, bits_back: np.ndarray | None = None,
                       interleaved: bool = False) -> bytes:
-    """``encode``'s stream for symbols given as their table rows (context * S + symbol, int64,
-    each of frequency > 0: the caller has checked), through the compiled loop only: for callers
+    """``encode``'s stream for symbols given as their table rows (context * S + symbol, int64
+    or uint16, each of frequency > 0: the caller has checked), through the compiled loop only: for callers
     that computed the rows in a compiled pass of their own (entropy.tans_section)."""
     n = len(rows)
     if n == 0:
@@ -301,7 +301,9 @@ def encode_table_rows(rows: np.ndarray, tab: Tables, lanes: int, bits_back: np.n
     x = np.full(Wp, tab.L, dtype=np.int64)
     if bits_back is not None:
         x += bits_back
-    return _loop.encode(np.ascontiguousarray(rows, dtype=np.int64), n, T, Wp, interleaved, ks, thr,
+    if rows.dtype != np.uint16:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+    return _loop.encode(np.ascontiguousarray(rows), n, T, Wp, interleaved, ks, thr,
                         np.ascontiguousarray(start - fr), enc, x, tab.R)
 
 

@@ -9,20 +9,33 @@ from . import zstd as _zstd
 from .base import CodecError, get_varint, put_varint
 
 
+# The zstd level of a table's varints.
+TABLE_LEVEL = 19
+
+
 def pack_uints(values: np.ndarray) -> bytes:
     """``values`` (ints < 2**35) as a blob: 0x00 + varints, or 0x01 + a zstd frame of those varints."""
-    v = np.asarray(values, dtype=np.int64).ravel()
+    v = np.ascontiguousarray(np.asarray(values, dtype=np.int64).ravel())
+    plain = tans._loop.to_varints(v) if tans._loop is not None else None
+    if plain is None:       # no compiled module, or a value it refuses (raised below)
+        plain = _varints(v)
+    z = _zstd.compress(plain, TABLE_LEVEL) if len(plain) > 64 else b""
+    if z and len(z) < len(plain):
+        return b"\x01" + put_varint(len(plain)) + z
+    return b"\x00" + plain
+
+
+def _varints(v: np.ndarray) -> bytes:
+    """The reference: each value as a LEB128 varint (low 7 bits first, high bit: more follow)."""
     out = bytearray()
     for x in v.tolist():
+        if not 0 <= x < 1 << 35:
+            raise ValueError(f"pack_uints: {x} is not an unsigned integer under 2**35")
         while x >= 0x80:
             out.append((x & 0x7F) | 0x80)
             x >>= 7
         out.append(x)
-    plain = bytes(out)
-    z = _zstd.compress(plain, 19) if len(plain) > 64 else b""
-    if z and len(z) < len(plain):
-        return b"\x01" + put_varint(len(plain)) + z
-    return b"\x00" + plain
+    return bytes(out)
 
 
 def unpack_uints(blob, count: int, what: str) -> np.ndarray:
