@@ -425,3 +425,41 @@ def test_table_values_outside_35_bits_are_refused_on_both_paths(bad):
     assert tans._loop.to_varints(v) is None
     with pytest.raises(ValueError, match="not an unsigned integer under 2\\*\\*35"):
         uintlist.pack_uints(v)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 6000), S=st.sampled_from([2, 3, 16, 17, 256, 300]), K=st.integers(1, 5),
+       lanes=st.integers(1, 400), skew=st.floats(0.02, 0.95), seed=st.integers(0, 2**32 - 1),
+       byte_symbols=st.booleans())
+def test_the_compiled_section_model_chooses_exactly_the_reference_tables_and_tail_width(n, S, K, lanes, skew, seed,
+                                                                                       byte_symbols):
+    from lmzfs.codecs import entropy
+    rng = np.random.default_rng(seed)
+    sym = np.minimum(rng.geometric(skew, size=n) - 1, S - 1)
+    ctx = rng.integers(0, K, size=n) if K > 1 else None
+    if byte_symbols and S <= 256:
+        sym = sym.astype(np.uint8)
+        ctx = None if ctx is None else ctx.astype(np.uint8)
+    lanes = min(lanes, n)
+    T, wp, _ = tans.layout(n, lanes, True)
+    D = min(tans.MAX_R, T)
+    freqs = np.empty((K, S), dtype=np.int64)
+    R, g = tans._loop.section_model(entropy._compiled_symbols(sym), entropy._compiled_symbols(ctx), n, S, K, T, wp,
+                                    D, freqs)
+    saved = tans._loop
+    try:
+        tans._loop = None
+        R_ref, g_ref, freqs_ref = entropy._section_model_reference(sym, S, ctx, K, lanes, T, wp, D)
+    finally:
+        tans._loop = saved
+    assert (R, g) == (R_ref, g_ref)
+    assert freqs.tolist() == freqs_ref.tolist()
+    payload = entropy.tans_section(sym, S, ctx, K, lanes)
+    assert entropy.decode_tans_section(payload, n, S, ctx, K).tolist() == sym.tolist()
+
+
+def test_the_section_model_refuses_a_symbol_past_the_alphabet_on_both_paths():
+    from lmzfs.codecs import entropy
+    sym = np.array([0, 1, 5, 1], dtype=np.uint8)
+    results = _through_both_loops(lambda: entropy.tans_section(sym, 4), errors=(ValueError,))
+    assert results == ["tans section: a symbol or context out of range"] * 2

@@ -455,6 +455,7 @@ static PyMethodDef methods[] = {
     {"row_contexts", tans_row_contexts, METH_VARARGS, "floatsplit's row-class contexts; see _tansfit.c."},
     {"encode_rows", tans_encode_rows, METH_VARARGS, "tans.encode's table rows; see _tansfit.c."},
     {"section_counts", tans_section_counts, METH_VARARGS, "tANS sections' histograms; see _tanssection.c."},
+    {"section_model", tans_section_model, METH_VARARGS, "tANS sections' table log, frequencies and tail width; see _tanssection.c."},
     {"section_rows", tans_section_rows, METH_VARARGS, "tANS sections' table rows and bits back; see _tanssection.c."},
     {"column_classes", tans_column_classes, METH_VARARGS, "the entropy codec's column-class search; see _tanscolumns.c."},
     {"float_parts", tans_float_parts, METH_VARARGS, "floatsplit's parts of a chunk in one call; see _tansparts.c."},

@@ -135,6 +135,7 @@ PyObject *tans_build(PyObject *self, PyObject *args);
 PyObject *tans_quantize_rows(PyObject *self, PyObject *args);
 PyObject *tans_varints(PyObject *self, PyObject *args);
 PyObject *tans_to_varints(PyObject *self, PyObject *arg);
+PyObject *tans_section_model(PyObject *self, PyObject *args);
 PyObject *tans_pack_fields(PyObject *self, PyObject *args);
 PyObject *tans_unpack_fields(PyObject *self, PyObject *args);
 PyObject *tans_or_plane(PyObject *self, PyObject *args);

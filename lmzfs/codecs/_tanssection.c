@@ -23,6 +23,8 @@
  *   bb[j]. False if a row's frequency fr[row] is 0 or a symbol or context is out of range.
  */
 #include "_tansloop.h"
+#include <math.h>
+#include <stdlib.h>
 
 struct symbols {
     const uint8_t *s8, *c8;
@@ -71,26 +73,14 @@ static int get_optional(PyObject *o, Py_buffer *b, int writable)
     return PyObject_GetBuffer(o, b, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE);
 }
 
-PyObject *tans_section_counts(PyObject *self, PyObject *args)
+/* The counts of section_counts into h (K * S, zeroed) and, with dh, the depth counts (D * K * S,
+ * zeroed; layout checked by the caller); 0 if a symbol or context is out of range. */
+static int count_section(const struct symbols *vp, Py_ssize_t n, Py_ssize_t S, Py_ssize_t K, Py_ssize_t T,
+                         Py_ssize_t Wp, Py_ssize_t D, int64_t *restrict h, int64_t *restrict dh)
 {
-    Py_buffer sb = {0}, cb = {0}, hb = {0}, db = {0};
-    PyObject *ctxo, *deptho;
-    Py_ssize_t n, S, K, T, Wp, D;
-    if (!PyArg_ParseTuple(args, "y*Onnnnnnw*O", &sb, &ctxo, &n, &S, &K, &T, &Wp, &D, &hb, &deptho))
-        return NULL;
-    PyObject *result = NULL;
-    struct symbols v;
-    if (get_optional(ctxo, &cb, 0) < 0 || get_optional(deptho, &db, 1) < 0)
-        goto done;
+    const struct symbols v = *vp;
     const Py_ssize_t KS = K * S;
-    if (n < 1 || S < 1 || K < 1 || KS > (Py_ssize_t)1 << 24 || !symbols_of(&sb, &cb, n, &v) ||
-        hb.len < KS * 8 || (db.buf && (D < 1 || !layout_ok(n, T, Wp) || db.len < D * KS * 8))) {
-        PyErr_SetString(PyExc_ValueError, "section_counts: bad arguments");
-        goto done;
-    }
-    int64_t *restrict h = hb.buf, *restrict dh = db.buf;
     int ok = 1;
-    Py_BEGIN_ALLOW_THREADS
     if (v.s8 && !v.c8 && !v.c64 && S >= 256) {
         /* order-0 bytes: four histograms side by side, so that runs of one byte value do not
          * wait on the same counter */
@@ -126,6 +116,30 @@ PyObject *tans_section_counts(PyObject *self, PyObject *args)
             }
         }
     }
+    return ok;
+}
+
+PyObject *tans_section_counts(PyObject *self, PyObject *args)
+{
+    Py_buffer sb = {0}, cb = {0}, hb = {0}, db = {0};
+    PyObject *ctxo, *deptho;
+    Py_ssize_t n, S, K, T, Wp, D;
+    if (!PyArg_ParseTuple(args, "y*Onnnnnnw*O", &sb, &ctxo, &n, &S, &K, &T, &Wp, &D, &hb, &deptho))
+        return NULL;
+    PyObject *result = NULL;
+    struct symbols v;
+    if (get_optional(ctxo, &cb, 0) < 0 || get_optional(deptho, &db, 1) < 0)
+        goto done;
+    const Py_ssize_t KS = K * S;
+    if (n < 1 || S < 1 || K < 1 || KS > (Py_ssize_t)1 << 24 || !symbols_of(&sb, &cb, n, &v) ||
+        hb.len < KS * 8 || (db.buf && (D < 1 || !layout_ok(n, T, Wp) || db.len < D * KS * 8))) {
+        PyErr_SetString(PyExc_ValueError, "section_counts: bad arguments");
+        goto done;
+    }
+    int64_t *restrict h = hb.buf, *restrict dh = db.buf;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = count_section(&v, n, S, K, T, Wp, D, h, dh);
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(ok);
 done:
@@ -220,6 +234,180 @@ done:
     PyBuffer_Release(&fb);
     PyBuffer_Release(&rb);
     PyBuffer_Release(&bbb);
+    if (cb.buf)
+        PyBuffer_Release(&cb);
+    return result;
+}
+
+/* entropy._table_log on the counts (K x S): the smallest table log, from the smallest that holds
+ * every row's symbols up to 14 (less where the tables would outgrow the section), whose rounding
+ * costs at most 0.05% of the entropy plus 8 bits. Sums run in row-major order, one term after
+ * the other, and logs are libm's log2: _table_log_reference computes the same doubles. f is
+ * K * S scratch; 0 when a row cannot be quantised (a bug: the caller raises). */
+static int64_t table_log(const int64_t *counts, int64_t n, int64_t S, int64_t K, int64_t *f,
+                         unsigned char *small, struct remainder *big)
+{
+    int64_t used = 0;
+    for (int64_t k = 0; k < K; k++) {
+        int64_t nnz = 0;
+        for (int64_t s = 0; s < S; s++)
+            nnz += counts[k * S + s] > 0;
+        used = nnz > used ? nnz : used;
+    }
+    int64_t lo = 1;
+    while (((int64_t)1 << (lo - 1)) <= used - 1)   /* bit length of used - 1, plus one */
+        lo++;
+    lo = lo > 6 ? lo : 6;
+    int64_t hi = 14;
+    const int64_t room = 8 * n > (1 << 16) ? 8 * n : (1 << 16);
+    while (hi > lo && 2 * K * (((int64_t)1 << hi) + S) > room)
+        hi--;
+    double H = 0.0;
+    for (int64_t k = 0; k < K; k++) {
+        int64_t tot = 0;
+        for (int64_t s = 0; s < S; s++)
+            tot += counts[k * S + s];
+        for (int64_t s = 0; s < S && tot; s++) {
+            const int64_t c = counts[k * S + s];
+            if (c > 0)
+                H += (double)c * log2((double)c / (double)tot);
+        }
+    }
+    H = -H;
+    for (int64_t R = lo; R <= hi; R++) {
+        const int64_t L = (int64_t)1 << R;
+        double Hq = 0.0;
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t *c = counts + k * S;
+            int64_t any = 0;
+            for (int64_t s = 0; s < S; s++)
+                any |= c[s];
+            if (!any)
+                continue;
+            if (!tans_quantize_counts(c, f, 1, S, L, small, big))
+                return 0;
+            for (int64_t s = 0; s < S; s++)
+                if (c[s] > 0)
+                    Hq += (double)c[s] * log2((double)f[s] / (double)L);
+        }
+        Hq = -Hq;
+        if (Hq - H <= 0.0005 * H + 8)
+            return R;
+    }
+    return lo > hi ? lo : hi;
+}
+
+/* section_model(sym, ctx, n, S, K, T, Wp, D, freqs) -> (R, g): tans_section's model in one call:
+ * the counts, the table log R, the frequencies (freqs, int64 K * S: every used row quantised to
+ * 2**R, an unused row all on symbol 0) and the tail width g whose estimated cost of the lanes'
+ * last R // g symbols is lowest (0: no tails), as entropy._section_model_reference computes them,
+ * double for double. D = min(15, T) depths of tails are counted. */
+PyObject *tans_section_model(PyObject *self, PyObject *args)
+{
+    Py_buffer sb = {0}, cb = {0}, fb = {0};
+    PyObject *ctxo;
+    Py_ssize_t n, S, K, T, Wp, D;
+    if (!PyArg_ParseTuple(args, "y*Onnnnnnw*", &sb, &ctxo, &n, &S, &K, &T, &Wp, &D, &fb))
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *counts = NULL, *depth = NULL, *scratch = NULL, *upto = NULL;
+    double *logp = NULL;
+    unsigned char *small = NULL;
+    struct remainder *big = NULL;
+    struct symbols v;
+    if (get_optional(ctxo, &cb, 0) < 0)
+        goto done;
+    const Py_ssize_t KS = K * S;
+    if (n < 1 || S < 1 || K < 1 || KS > (Py_ssize_t)1 << 24 || !symbols_of(&sb, &cb, n, &v) || D < 1 || D > 15 ||
+        !layout_ok(n, T, Wp) || fb.len != KS * 8) {
+        PyErr_SetString(PyExc_ValueError, "section_model: bad arguments");
+        goto done;
+    }
+    counts = calloc((size_t)KS, 8);
+    depth = calloc((size_t)(D * KS), 8);
+    scratch = malloc((size_t)S * 8);
+    upto = malloc((size_t)(K * (S + 1)) * 8);
+    logp = malloc((size_t)KS * sizeof *logp);
+    small = malloc((size_t)S);
+    big = malloc((size_t)S * sizeof *big);
+    if (!counts || !depth || !scratch || !upto || !logp || !small || !big) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *restrict f = fb.buf;
+    const char *err = NULL;
+    int64_t R = 0, best_g = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (!count_section(&v, n, S, K, T, Wp, D, counts, depth))
+        err = "tans section: a symbol or context out of range";
+    else if (!(R = table_log(counts, n, S, K, scratch, small, big)))
+        err = "section_model: a row cannot be quantised";
+    const int64_t L = (int64_t)1 << R;
+    for (int64_t k = 0; k < K && !err; k++) {
+        int64_t any = 0;
+        for (int64_t s = 0; s < S; s++)
+            any |= counts[k * S + s];
+        if (any) {
+            if (!tans_quantize_counts(counts + k * S, f + k * S, 1, S, L, small, big))
+                err = "section_model: a row cannot be quantised";
+        } else {
+            for (int64_t s = 0; s < S; s++)
+                f[k * S + s] = s ? 0 : L;
+        }
+    }
+    if (!err) {
+        /* the tails: tails[k - 1] counts the last k symbols of every lane, the running sum of
+         * depth over d (kept in depth itself) */
+        for (int64_t d = 1; d < D; d++)
+            for (int64_t i = 0; i < KS; i++)
+                depth[d * KS + i] += depth[(d - 1) * KS + i];
+        for (int64_t i = 0; i < KS; i++)
+            logp[i] = log2((double)(f[i] > 0 ? f[i] : 1) / (double)L);
+        for (int64_t k = 0; k < K; k++) {
+            upto[k * (S + 1)] = 0;
+            for (int64_t s = 0; s < S; s++)
+                upto[k * (S + 1) + s + 1] = upto[k * (S + 1) + s] + f[k * S + s];
+        }
+        double best_extra = (double)R * (double)Wp;
+        static const int64_t widths[] = {1, 2, 3, 4, 5, 8};
+        for (int wi = 0; wi < 6; wi++) {
+            const int64_t g = widths[wi];
+            if (((int64_t)1 << g) > S)
+                break;
+            const int64_t kk = R / g;
+            if (kk == 0 || kk > T)
+                continue;
+            const int64_t *tails = depth + (kk - 1 < D ? kk - 1 : D - 1) * KS;
+            double extra = 0.0;
+            for (int64_t c = 0; c < K; c++)
+                for (int64_t s = 0; s < S; s++) {
+                    const int64_t lo = (s >> g) << g, hi = lo + ((int64_t)1 << g) < S ? lo + ((int64_t)1 << g) : S;
+                    const int64_t m = upto[c * (S + 1) + hi] - upto[c * (S + 1) + lo];
+                    const double lpm = log2((double)(m > 0 ? m : 1) / (double)L);
+                    extra += (double)tails[c * S + s] * ((logp[c * S + s] - lpm) + (double)g);
+                }
+            extra += (double)((R - kk * g) * Wp);
+            if (extra < best_extra) {
+                best_g = g;
+                best_extra = extra;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err)
+        PyErr_SetString(PyExc_ValueError, err);
+    else
+        result = Py_BuildValue("(LL)", (long long)R, (long long)best_g);
+done:
+    free(counts);
+    free(depth);
+    free(scratch);
+    free(upto);
+    free(logp);
+    free(small);
+    free(big);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&fb);
     if (cb.buf)
         PyBuffer_Release(&cb);
     return result;

@@ -59,7 +59,8 @@ def _tails(n: int, lanes: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _table_log(counts: np.ndarray, n: int, S: int, K: int) -> int:
-    """Smallest table log whose rounding costs under 0.05% of the entropy (within memory bounds)."""
+    """Smallest table log whose rounding costs under 0.05% of the entropy (within memory bounds),
+    in the doubles of the compiled model (libm's log2, terms added in order)."""
     used = int((counts > 0).sum(axis=1).max())
     lo = max(6, int(used - 1).bit_length() + 1)
     hi = 14
@@ -69,10 +70,10 @@ def _table_log(counts: np.ndarray, n: int, S: int, K: int) -> int:
     c = rows.ravel().astype(np.float64)
     tot = np.repeat(rows.sum(axis=1), rows.shape[1]).astype(np.float64)
     nzm = c > 0
-    H = float(-(c[nzm] * np.log2(c[nzm] / tot[nzm])).sum())
+    H = -_sum_in_order(c[nzm] * _log2(c[nzm] / tot[nzm]))
     for R in range(lo, hi + 1):
         f = tans.quantize_rows(rows, R).ravel().astype(np.float64)
-        Hq = float(-(c[nzm] * np.log2(f[nzm] / (1 << R))).sum())
+        Hq = -_sum_in_order(c[nzm] * _log2(f[nzm] / (1 << R)))
         if Hq - H <= 0.0005 * H + 8:
             return R
     return max(lo, hi)
@@ -157,9 +158,42 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
         return EMPTY_SECTION
     lanes = lanes or tans.lanes_for(n, 128)
     T, wp, _ = tans.layout(n, lanes, True)
-    # tails are at most R // 1 symbols deep, and no deeper than a lane
-    counts, depth = _section_histograms(sym, S, ctx, K, lanes, min(tans.MAX_R, T))
-    R = _table_log(counts, n, S, K)
+    D = min(tans.MAX_R, T)      # tails are at most R // 1 symbols deep, and no deeper than a lane
+    if tans._loop is not None:  # the same integers and doubles as the reference; see _tanssection.c
+        freqs = np.empty((K, S), dtype=np.int64)
+        try:
+            R, best_g = tans._loop.section_model(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, D,
+                                                 freqs)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+    else:
+        R, best_g, freqs = _section_model_reference(sym, S, ctx, K, lanes, T, wp, D)
+    stream = _section_stream(sym, S, ctx, K, freqs, R, best_g, lanes)
+    blob = uintlist.pack_uints(freqs.ravel())
+    return bytes((R, best_g)) + put_varint(lanes) + put_varint(len(blob)) + blob + stream
+
+
+def _log2(x: np.ndarray) -> np.ndarray:
+    """log2 of each element as libm computes it (math.log2), which the compiled model calls:
+    numpy's own log2 may differ in the last bit, and the model's choices compare sums of them."""
+    return np.array([math.log2(v) for v in np.asarray(x, dtype=np.float64).ravel().tolist()]).reshape(np.shape(x))
+
+
+def _sum_in_order(x: np.ndarray) -> float:
+    """The elements added one after the other in row-major order, as the compiled model adds them
+    (numpy's sum pairs them, which rounds differently)."""
+    total = 0.0
+    for v in np.asarray(x, dtype=np.float64).ravel().tolist():
+        total += v
+    return total
+
+
+def _section_model_reference(sym, S: int, ctx, K: int, lanes: int, T: int, wp: int,
+                             D: int) -> tuple[int, int, np.ndarray]:
+    """tans_section's model, the reference section_model (_tanssection.c) is tested against:
+    (table log R, tail width g, K x S frequencies)."""
+    counts, depth = _section_histograms(sym, S, ctx, K, lanes, D)
+    R = _table_log(counts, len(sym), S, K)
     freqs = np.zeros((K, S), dtype=np.int64)
     used = counts.any(axis=1)
     freqs[used] = tans.quantize_rows(counts[used], R)
@@ -167,7 +201,7 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
     # choose g (bits lent per tail symbol) by the estimated cost of coding the tails on the
     # marginal: only the tails' own costs differ (every other symbol costs the same either way),
     # so it is a sum over the (context, symbol) counts of the tails, exact for the tables used
-    logp = np.log2(np.where(freqs > 0, freqs, 1) / (1 << R))
+    logp = _log2(np.where(freqs > 0, freqs, 1) / (1 << R))
     tails = np.cumsum(depth, axis=0)        # tails[k - 1]: the counts of the last k of every lane
     upto = np.zeros((K, S + 1), dtype=np.int64)     # upto[:, s]: the frequencies of the symbols below s
     np.cumsum(freqs, axis=1, out=upto[:, 1:])
@@ -180,13 +214,11 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
             continue
         lo, hi = _groups(S, g)
         m = upto[:, hi] - upto[:, lo]       # each symbol's marginal, _marginal(freqs, g)[:, s >> g]
-        logpm = np.log2(np.where(m > 0, m, 1) / (1 << R))
-        extra = float((tails[k - 1] * (logp - logpm + g)).sum()) + (R - k * g) * wp
+        logpm = _log2(np.where(m > 0, m, 1) / (1 << R))
+        extra = _sum_in_order(tails[k - 1] * (logp - logpm + g)) + (R - k * g) * wp
         if extra < best_extra:
             best_g, best_extra = g, extra
-    stream = _section_stream(sym, S, ctx, K, freqs, R, best_g, lanes)
-    blob = uintlist.pack_uints(freqs.ravel())
-    return bytes((R, best_g)) + put_varint(lanes) + put_varint(len(blob)) + blob + stream
+    return R, best_g, freqs
 
 
 def _symbol_values(S: int) -> np.ndarray | None:
