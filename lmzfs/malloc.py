@@ -10,7 +10,6 @@ budget bounds. No effect (and no error) on other C libraries, or when the user s
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 M_TRIM_THRESHOLD = -1
@@ -24,8 +23,9 @@ def tune_malloc() -> bool:
     if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # the symbols the process already has (the C library among them): no library search,
+        # which (ctypes.util) cost every command a few hundredths of a second to start
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
