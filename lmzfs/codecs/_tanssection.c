@@ -16,11 +16,14 @@
  *   counts int64[K * S] (zeroed): counts[c * S + s] over every symbol; depth int64[D * K * S]
  *   (zeroed) or None: depth[d * K * S + c * S + s] over the symbols at depth d < D. False (and
  *   the counts half made) if a symbol is >= S or a context >= K.
+ * section_model(sym, ctx, n, S, K, T, Wp, D, freqs) -> (R, g)
+ *   the counts above, then the section's table log, frequencies and tail width (see below).
  * section_rows(sym, ctx, n, S, K, T, Wp, k, g, fr, rows, bb) -> bool
- *   rows int64[n] or uint16[n] (told apart by length): each symbol's table row, c * S + s, or for the last k symbols of every lane
- *   (g > 0) the marginal's row (c + K) * S + (s >> g); bb int64[Wp] (zeroed): the low g bits of
- *   lane j's q-th tail (its symbol at step len - k + q, where that is >= 0) at bits q * g of
- *   bb[j]. False if a row's frequency fr[row] is 0 or a symbol or context is out of range.
+ *   rows int64[n] or uint16[n] (told apart by length): each symbol's table row, c * S + s, or
+ *   for the last k symbols of every lane (g > 0) the marginal's row (c + K) * S + (s >> g); bb
+ *   int64[Wp] (zeroed): the low g bits of lane j's q-th tail (its symbol at step len - k + q,
+ *   where that is >= 0) at bits q * g of bb[j]. False if a row's frequency fr[row] is 0 or a
+ *   symbol or context is out of range.
  */
 #include "_tansloop.h"
 #include <math.h>
