@@ -294,7 +294,7 @@ def test_compiled_and_numpy_nibble_merges_agree_and_touch_only_the_field(layout,
 
     def merge():
         out = before.copy()
-        ggufblocks._merge_nibbles(out, nib, nblk, bsize, foff, fsize)
+        ggufblocks.merge_nibbles(out, nib, nblk, bsize, foff, fsize)
         return out.tobytes()
     results = _through_both_loops(merge)
     assert results[0] == results[1]

@@ -16,9 +16,8 @@ import zlib
 
 import numpy as np
 
-from . import tans
 from .base import Buffer, ChunkHint, CodecError, DeltaCodec, get_varint, put_varint
-from .ggufblocks import LAYOUTS, TYPE_OF
+from .ggufblocks import LAYOUTS, TYPE_OF, merge_nibbles
 from .ulpdelta import UlpDeltaCodec
 
 Q8_0 = 8
@@ -51,11 +50,7 @@ def _put_field(blocks: np.ndarray, off: int, size: int, how: str, plain: bytes) 
     if how == "U4":
         if v.size and int(v.max()) > 15:
             raise CodecError("blockdelta: a 4-bit quant stream holds a value above 15")
-        if tans._loop is not None:
-            tans._loop.merge_nibbles(v, blocks.reshape(-1), len(blocks), blocks.shape[1], off, size)
-            return
-        v = v.reshape(len(blocks), size, 2)
-        blocks[:, off:off + size] = v[:, :, 0] | (v[:, :, 1] << 4)
+        merge_nibbles(blocks.reshape(-1), v, len(blocks), blocks.shape[1], off, size)
     else:
         blocks[:, off:off + size] = v.reshape(len(blocks), size)
 

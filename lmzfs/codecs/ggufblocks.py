@@ -58,8 +58,9 @@ def _q4_1_contexts(blocks: np.ndarray) -> np.ndarray:
     return np.repeat(np.clip(np.rint(z), 0, 15).astype(np.uint8), 32)
 
 
-def _merge_nibbles(out: np.ndarray, nib: np.ndarray, nblk: int, bsize: int, foff: int, fsize: int) -> None:
-    """Byte i of each block's quant field = nibble 2i | nibble 2i+1 << 4 of that block's symbols."""
+def merge_nibbles(out: np.ndarray, nib: np.ndarray, nblk: int, bsize: int, foff: int, fsize: int) -> None:
+    """Byte i of each block's quant field = nibble 2i | nibble 2i+1 << 4 of that block's symbols
+    (the numpy reference decode here, and blockdelta's 4-bit quant fields)."""
     nib = np.ascontiguousarray(nib, dtype=np.uint8)
     if tans._loop is not None:
         tans._loop.merge_nibbles(nib, out, nblk, bsize, foff, fsize)
@@ -72,11 +73,9 @@ def _merge_nibbles(out: np.ndarray, nib: np.ndarray, nblk: int, bsize: int, foff
 
 
 def _scatter_field(out: np.ndarray, vals: np.ndarray, nblk: int, bsize: int, foff: int, fsize: int) -> None:
-    """Bytes foff .. foff + fsize - 1 of each block = that block's fsize bytes of vals."""
+    """Bytes foff .. foff + fsize - 1 of each block = that block's fsize bytes of vals (the numpy
+    reference decode's; the compiled decode_fields scatters in C)."""
     vals = np.ascontiguousarray(vals, dtype=np.uint8)
-    if tans._loop is not None:
-        tans._loop.scatter_field(vals, out, nblk, bsize, foff, fsize)
-        return
     out[: nblk * bsize].reshape(nblk, bsize)[:, foff:foff + fsize] = vals.reshape(nblk, fsize)
 
 
@@ -196,7 +195,7 @@ def _decode_fields_numpy(out: np.ndarray, nblk: int, bsize: int, t: int, fields,
         if t == Q4_1 and kind == "q":
             ctx = _q4_1_contexts(blocks) if nblk else None
             nib = entropy.decode_stream(streams[si], nblk * 32, 16, ctx, 16)
-            _merge_nibbles(out, nib, nblk, bsize, foff, fsize)
+            merge_nibbles(out, nib, nblk, bsize, foff, fsize)
         else:
             _scatter_field(out, entropy.decode_stream(streams[si], nblk * fsize), nblk, bsize, foff, fsize)
         si += 1
