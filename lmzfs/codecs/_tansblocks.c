@@ -249,12 +249,7 @@ PyObject *tans_decode_fields(PyObject *self, PyObject *args)
     for (Py_ssize_t q = 0; q < count && !err; q++)
         err = one_field(&fields[q], out.buf, nblk, bsize, &nomem);
     Py_END_ALLOW_THREADS
-    if (nomem)
-        PyErr_NoMemory();
-    else if (err)
-        PyErr_SetString(PyExc_ValueError, err);
-    else
-        result = Py_NewRef(Py_None);
+    result = tans_none_or_error(err, nomem);
     goto done;
 bad:
     PyErr_SetString(PyExc_ValueError, "ggufblocks: bad field arguments");

@@ -36,13 +36,6 @@ static inline void store64(uint8_t *p, uint64_t v)
     memcpy(p, &v, 8);
 }
 
-static inline uint64_t load64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
 /* Whether every state x in [L, 2L) gives row r a field of 0..16 bits and a slot in [0, nenc). */
 static int row_ok(int64_t ks, int64_t thr, int64_t sf, int64_t L, int64_t nenc)
 {
@@ -158,14 +151,14 @@ PyObject *tans_encode(PyObject *self, PyObject *args)
     uint8_t *runs = NULL, *out = NULL;
     int64_t *at = NULL, *bits = NULL;
     const int64_t nrows = ks.len / 8, nenc = enc.len / 8, L = (int64_t)1 << (R < 1 || R > 15 ? 1 : R);
-    if (n < 1 || T < 1 || Wp < 1 || T * Wp < n || R < 1 || R > 15 || (si.len != 8 * n && si.len != 2 * n) || x0.len != 8 * Wp ||
-            thr.len != ks.len || sf.len != ks.len || enc.len % 8 || nenc < 1 || nenc > INT32_MAX ||
+    if (n < 1 || T < 1 || Wp < 1 || T * Wp < n || R < 1 || R > 15 || (si.len != 8 * n && si.len != 2 * n) ||
+            x0.len != 8 * Wp || thr.len != ks.len || sf.len != ks.len || enc.len % 8 || nenc < 1 || nenc > INT32_MAX ||
             (interleaved ? (T - 1) * Wp >= n : (Wp - 1) * T >= n)) {
         PyErr_SetString(PyExc_ValueError, "encode: bad arguments");
         goto done;
     }
     x = malloc(4 * (size_t)Wp);
-    enc16 = malloc(2 * (size_t)(nenc ? nenc : 1));
+    enc16 = malloc(2 * (size_t)nenc);
     rows = malloc(sizeof *rows * (size_t)(nrows ? nrows : 1));
     runs = malloc(2 * (size_t)n + 8 * (size_t)T + 8);      /* fields are at most 16 bits */
     at = malloc(8 * (size_t)T);

@@ -45,6 +45,19 @@ static inline int64_t tans_active_lanes(const struct job *jb, const int interlea
     return t < jb->n - (jb->Wp - 1) * jb->T ? jb->Wp : jb->Wp - 1;
 }
 
+/* A batched decode's outcome once the lock is taken back: None, or the error its loop reported
+ * (nomem: an allocation failed there), raised. */
+static inline PyObject *tans_none_or_error(const char *err, int nomem)
+{
+    if (nomem)
+        return PyErr_NoMemory();
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    return Py_NewRef(Py_None);
+}
+
 /* Of the a active lanes at step t, those that decode another symbol at step t + 1 (and so take
  * its per-symbol context): a prefix too. */
 static inline int64_t tans_continuing_lanes(const struct job *jb, const int interleaved, int64_t t, int64_t a)

@@ -213,12 +213,7 @@ PyObject *tans_float_parts(PyObject *self, PyObject *args)
         p.checked = 1;          /* the tables were checked by the first part's decode */
     }
     Py_END_ALLOW_THREADS
-    if (nomem)
-        PyErr_NoMemory();
-    else if (err)
-        PyErr_SetString(PyExc_ValueError, err);
-    else
-        result = Py_NewRef(Py_None);
+    result = tans_none_or_error(err, nomem);
 done:
     for (Py_ssize_t q = 0; q < got_masks; q++)
         PyBuffer_Release(&masks[q]);

@@ -245,7 +245,7 @@ done:
 /* entropy._table_log on the counts (K x S): the smallest table log, from the smallest that holds
  * every row's symbols up to 14 (less where the tables would outgrow the section), whose rounding
  * costs at most 0.05% of the entropy plus 8 bits. Sums run in row-major order, one term after
- * the other, and logs are libm's log2: _table_log_reference computes the same doubles. f is
+ * the other, and logs are libm's log2: entropy._table_log computes the same doubles. f is
  * K * S scratch; 0 when a row cannot be quantised (a bug: the caller raises). */
 static int64_t table_log(const int64_t *counts, int64_t n, int64_t S, int64_t K, int64_t *f,
                          unsigned char *small, struct remainder *big)

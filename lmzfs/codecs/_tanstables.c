@@ -302,12 +302,14 @@ PyObject *tans_to_varints(PyObject *self, PyObject *arg)
         return NULL;
     PyObject *result = NULL;
     const Py_ssize_t count = vb.len / 8;
-    uint8_t *out = vb.len % 8 ? NULL : malloc(5 * (size_t)count + 1);
+    uint8_t *out = NULL;
+    if (vb.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "to_varints: bad arguments");
+        goto done;
+    }
+    out = malloc(5 * (size_t)count + 1);
     if (!out) {
-        if (vb.len % 8)
-            PyErr_SetString(PyExc_ValueError, "to_varints: bad arguments");
-        else
-            PyErr_NoMemory();
+        PyErr_NoMemory();
         goto done;
     }
     const int64_t *v = vb.buf;

@@ -128,8 +128,7 @@ def _section_stream(sym, S: int, ctx, K: int, freqs: np.ndarray, R: int, g: int,
     tab_f = np.concatenate([freqs, _marginal(freqs, g)]) if g else freqs
     k = R // g if g else 0
     if tans._loop is not None:      # the same rows and end states as the numpy lines below
-        # 16-bit rows where they fit: the encoder's steps read a quarter of the bytes
-        rows = np.empty(n, dtype=np.uint16 if tab_f.size <= 1 << 16 else np.int64)
+        rows = np.empty(n, dtype=tans.row_dtype(tab_f.size))
         bb = np.zeros(wp, dtype=np.int64)
         if not tans._loop.section_rows(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, k, g,
                                        np.ascontiguousarray(tab_f.ravel()), rows, bb):
@@ -161,11 +160,7 @@ def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int 
     D = min(tans.MAX_R, T)      # tails are at most R // 1 symbols deep, and no deeper than a lane
     if tans._loop is not None:  # the same integers and doubles as the reference; see _tanssection.c
         freqs = np.empty((K, S), dtype=np.int64)
-        try:
-            R, best_g = tans._loop.section_model(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, D,
-                                                 freqs)
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
+        R, best_g = tans._loop.section_model(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, D, freqs)
     else:
         R, best_g, freqs = _section_model_reference(sym, S, ctx, K, lanes, T, wp, D)
     stream = _section_stream(sym, S, ctx, K, freqs, R, best_g, lanes)

@@ -239,7 +239,7 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     ks, thr, start, fr, enc = tab._encode_tables()
     sym = np.asarray(sym, dtype=np.int64)
     if _loop is not None:
-        si_all = np.empty(n, dtype=np.uint16 if fr.size <= 1 << 16 else np.int64)    # see encode_table_rows
+        si_all = np.empty(n, dtype=row_dtype(fr.size))
         if not _loop.encode_rows(np.ascontiguousarray(sym), n,
                                  None if ctx is None else np.ascontiguousarray(ctx, dtype=np.int64),
                                  None if dyn is None else np.ascontiguousarray(dyn[0], dtype=np.int64),
@@ -286,6 +286,12 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     return acc[:nbytes].astype(np.uint8).tobytes()
 
 
+def row_dtype(nrows: int) -> np.dtype:
+    """The width of the table rows the compiled encoder reads for tables of nrows rows: 16 bits
+    where they fit (its steps then read a quarter of the bytes), else 64."""
+    return np.dtype(np.uint16 if nrows <= 1 << 16 else np.int64)
+
+
 def encode_table_rows(rows: np.ndarray, tab: Tables, lanes: int, bits_back: np.ndarray | None = None,
                       interleaved: bool = False) -> bytes:
     """``encode``'s stream for symbols given as their table rows (context * S + symbol, int64
@@ -301,9 +307,8 @@ def encode_table_rows(rows: np.ndarray, tab: Tables, lanes: int, bits_back: np.n
     x = np.full(Wp, tab.L, dtype=np.int64)
     if bits_back is not None:
         x += bits_back
-    if rows.dtype != np.uint16:
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
-    return _loop.encode(np.ascontiguousarray(rows), n, T, Wp, interleaved, ks, thr,
+    rows = np.ascontiguousarray(rows, dtype=np.uint16 if rows.dtype == np.uint16 else np.int64)
+    return _loop.encode(rows, n, T, Wp, interleaved, ks, thr,
                         np.ascontiguousarray(start - fr), enc, x, tab.R)
 
 
