@@ -15,6 +15,7 @@ setup(ext_modules=[Extension("lmzfs.codecs._tansloop",
                               "lmzfs/codecs/_tanscopy.c", "lmzfs/codecs/_tansenc.c",
                               "lmzfs/codecs/_tansulp.c", "lmzfs/codecs/_tansfit.c",
                               "lmzfs/codecs/_tanssection.c", "lmzfs/codecs/_tanscolumns.c",
-                              "lmzfs/codecs/_tansparts.c", "lmzfs/codecs/_tansblocks.c"],
+                              "lmzfs/codecs/_tansparts.c", "lmzfs/codecs/_tansblocks.c",
+                              "lmzfs/codecs/_tansstrings.c"],
                              depends=["lmzfs/codecs/_tansloop.h"],
                              optional=True, extra_compile_args=["-O3", "-ffp-contract=off"])])

@@ -1,7 +1,9 @@
 """Cuts a parsed file into chunks: never across a segment boundary, so identical tensors in
-different files and models produce identical chunks and are stored once."""
+different files and models produce identical chunks and are stored once. A segment that names
+places to cut (a run of strings) is cut at the last of them that fits a chunk."""
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -32,11 +34,17 @@ def plan_chunks(layout: FileLayout, chunk_size: int = CHUNK_SIZE) -> Iterator[Ch
             block = BLOCK_BYTES.get(seg.dtype or "", 0) if seg.itemsize == 0 else 0
             hint = ChunkHint(seg.dtype, seg.itemsize, block, seg.shape)
             unit = block or seg.itemsize or 1
+        elif seg.dtype:
+            hint = ChunkHint(seg.dtype)     # a typed header segment: a run of strings
         step = chunk_size
         if unit > 1 and chunk_size >= unit:
             step -= chunk_size % unit
         pos = seg.offset
         while pos < seg.end:
             n = min(step, seg.end - pos)
-            yield ChunkPlan(pos, n, replace(hint, offset=pos - seg.offset) if hint.dtype else hint)
+            if seg.cuts and pos + n < seg.end:
+                i = bisect.bisect_right(seg.cuts, pos + n) - 1
+                if i >= 0 and seg.cuts[i] > pos:
+                    n = seg.cuts[i] - pos
+            yield ChunkPlan(pos, n, replace(hint, offset=pos - seg.offset) if hint.dtype and seg.kind == "tensor" else hint)
             pos += n

@@ -207,7 +207,7 @@ def test_header_overhead_is_a_few_bytes_for_small_chunks():
 def test_registry_ids_and_names_are_stable():
     assert {i: c.name for i, c in REGISTRY.items()} == {0: "raw", 1: "zstd", 2: "bytegroup", 3: "floatsplit",
                                                       4: "entropy", 5: "ggufblocks", 6: "floatseg", 7: "xorzstd",
-                                                      8: "ulpdelta", 9: "blockdelta"}
+                                                      8: "ulpdelta", 9: "blockdelta", 10: "strings"}
     for name in CODEC_NAMES:
         assert REGISTRY[by_name(name).id] is by_name(name)
     with pytest.raises(KeyError):
@@ -299,7 +299,7 @@ def test_unknown_format_versions_codec_ids_and_bad_magic_raise():
     for version in (0, 2, 255):
         with pytest.raises(CodecError, match="version"):
             decode_chunk(payload[:2] + bytes([version]) + payload[3:], 29)
-    for codec_id in (10, 200, 255):
+    for codec_id in (11, 200, 255):
         with pytest.raises(CodecError, match="unknown codec id"):
             decode_chunk(payload[:3] + bytes([codec_id]) + payload[4:], 29)
     for magic in (b"lc", b"CL", b"\x00\x00"):

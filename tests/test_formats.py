@@ -17,7 +17,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from lmzfs.formats import FileLayout, FormatError, Segment, parse_file
-from lmzfs.formats.gguf import parse_gguf
+from lmzfs.chunker import plan_chunks
+from lmzfs.codecs import ChunkHint
+from lmzfs.formats.gguf import STRINGS_CUT_SPACING, parse_gguf
+from lmzfs.formats.segments import STRINGS
 from lmzfs.formats.safetensors import parse_safetensors
 from lmzfs.formats.torchzip import parse_torch_zip
 
@@ -168,7 +171,8 @@ def test_smollm2_tiles_exactly_and_agrees_with_gguf_reader(smollm2_path):
     layout.check_tiling()
     assert layout.format == "gguf" and layout.error is None
     reader = gguf.GGUFReader(smollm2_path)
-    assert layout.segments[0].kind == "header" and layout.segments[0].length == reader.data_offset
+    header = [s for s in layout.segments if s.offset < reader.data_offset]
+    assert all(s.kind == "header" for s in header) and header[-1].end == reader.data_offset
     segs = tensors(layout)
     assert set(segs) == {t.name for t in reader.tensors}
     for t in reader.tensors:
@@ -178,6 +182,44 @@ def test_smollm2_tiles_exactly_and_agrees_with_gguf_reader(smollm2_path):
         assert s.shape == tuple(reversed([int(d) for d in t.shape]))
     assert {s.dtype for s in segs.values()} == {"Q4_1", "Q8_0", "F32"}
     assert all(s.itemsize == (4 if s.dtype == "F32" else 0) for s in segs.values())
+
+
+def _strings_at(raw: bytes) -> tuple[list[bytes], set[int]]:
+    """The length-prefixed strings that fill raw exactly, and where each starts."""
+    out, starts, pos = [], set(), 0
+    while pos < len(raw):
+        (n,) = struct.unpack_from("<Q", raw, pos)
+        starts.add(pos)
+        out.append(raw[pos + 8:pos + 8 + n])
+        pos += 8 + n
+    assert pos == len(raw)
+    return out, starts
+
+
+def test_smollm2_vocabulary_and_merges_are_segments_of_strings_with_cuts_at_string_starts(smollm2_path):
+    layout = parse_file(smollm2_path)
+    reader = gguf.GGUFReader(smollm2_path)
+    runs = [s for s in layout.segments if s.dtype == STRINGS]
+    assert [s.kind for s in runs] == ["header", "header"]
+    raw = Path(smollm2_path).read_bytes()[:reader.data_offset]
+    for seg, key in zip(runs, ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")):
+        field = reader.fields[key]
+        strings, starts = _strings_at(raw[seg.offset:seg.end])
+        assert strings == [bytes(field.parts[i]) for i in field.data]
+        assert seg.cuts and all(c - seg.offset in starts for c in seg.cuts)
+        gaps = [b - a for a, b in zip((seg.offset,) + seg.cuts, seg.cuts)]
+        assert min(gaps) >= STRINGS_CUT_SPACING and max(gaps) < 2 * STRINGS_CUT_SPACING
+
+
+def test_chunks_of_a_run_of_strings_end_where_a_string_starts(smollm2_path):
+    layout = parse_file(smollm2_path)
+    seg = next(s for s in layout.segments if s.dtype == STRINGS)
+    for size in (64 << 10, 100_000, 1 << 20):
+        plans = [c for c in plan_chunks(layout, size) if seg.offset <= c.offset < seg.end]
+        assert plans[0].offset == seg.offset and plans[-1].offset + plans[-1].length == seg.end
+        assert all(c.hint == ChunkHint(STRINGS) for c in plans)
+        assert all(c.offset + c.length in seg.cuts for c in plans[:-1])
+        assert all(size - STRINGS_CUT_SPACING * 2 < c.length <= size for c in plans[:-1])
 
 
 # ---------------------------------------------------------------- synthetic safetensors

@@ -23,6 +23,8 @@ from .floatseg import SEGMENT_LOG, FloatSegCodec
 from .floatsplit import FORMAT_OF, FloatSplitCodec
 from .ggufblocks import TYPE_OF, GgufBlocksCodec
 from .raw import RawCodec
+from .strings import StringsCodec
+from .strings import DTYPE as STRINGS_DTYPE
 from .ulpdelta import UlpDeltaCodec
 from .xordelta import XorZstdCodec
 from .zstd import DEFAULT_LEVEL, ZstdCodec
@@ -38,7 +40,8 @@ FORMAT_VERSION = 1
 
 REGISTRY: dict[int, Codec] = {c.id: c for c in (RawCodec(), ZstdCodec(), BytegroupCodec(), FloatSplitCodec(),
                                                  EntropyCodec(), GgufBlocksCodec(), FloatSegCodec(),
-                                                 XorZstdCodec(), UlpDeltaCodec(), BlockDeltaCodec())}
+                                                 XorZstdCodec(), UlpDeltaCodec(), BlockDeltaCodec(),
+                                                 StringsCodec())}
 # The delta codecs (Codec.reference): encode_delta_chunk tries them, encode_chunk never does.
 DELTA_CODECS: tuple[DeltaCodec, ...] = tuple(c for c in REGISTRY.values() if c.reference)
 _BY_NAME: dict[str, Codec] = {c.name: c for c in REGISTRY.values()}
@@ -47,7 +50,7 @@ assert len(_BY_NAME) == len(REGISTRY) and all(0 <= i <= 255 for i in REGISTRY)
 # Ties between equally small payloads go to the codec that decodes fastest.
 _DECODE_COST = {RawCodec.id: 0, ZstdCodec.id: 1, BytegroupCodec.id: 2, FloatSplitCodec.id: 3,
                 FloatSegCodec.id: 3, GgufBlocksCodec.id: 3, EntropyCodec.id: 4, XorZstdCodec.id: 2,
-                UlpDeltaCodec.id: 4, BlockDeltaCodec.id: 4}
+                UlpDeltaCodec.id: 4, BlockDeltaCodec.id: 4, StringsCodec.id: 2}
 # zstd at this level is also tried when level-DEFAULT already halves a chunk (text, metadata).
 TEXT_LEVEL = 19
 # tANS coders are only tried on chunks at least this long (below it their tables cost more).
@@ -109,8 +112,12 @@ def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: boo
     ``segments`` codes float chunks over SEGMENT_BYTES with floatseg, else floatsplit."""
     if not size:
         return []
-    out: list[Codec] = [ZstdCodec(level) if level != DEFAULT_LEVEL else REGISTRY[ZstdCodec.id]]
     dtype = (hint.dtype or "").upper()
+    if dtype == STRINGS_DTYPE:
+        # zstd of the strings without their lengths beats zstd of the chunk at any level (and
+        # the slow level it would go on to try costs ten times as long): codecs/strings.py
+        return [REGISTRY[StringsCodec.id]]
+    out: list[Codec] = [ZstdCodec(level) if level != DEFAULT_LEVEL else REGISTRY[ZstdCodec.id]]
     if hint.itemsize in ELEMENT_SIZES and size >= hint.itemsize:
         out.append(REGISTRY[BytegroupCodec.id])
     if size >= MIN_ENTROPY_SIZE and not fast:

@@ -460,6 +460,8 @@ static PyMethodDef methods[] = {
     {"column_classes", tans_column_classes, METH_VARARGS, "the entropy codec's column-class search; see _tanscolumns.c."},
     {"float_parts", tans_float_parts, METH_VARARGS, "floatsplit's parts of a chunk in one call; see _tansparts.c."},
     {"decode_fields", tans_decode_fields, METH_VARARGS, "ggufblocks' field streams of a chunk in one call; see _tansblocks.c."},
+    {"string_lengths", tans_string_lengths, METH_VARARGS, "the strings codec's parse of a chunk; see _tansstrings.c."},
+    {"join_strings", tans_join_strings, METH_VARARGS, "the strings codec's chunk from lengths and text; see _tansstrings.c."},
     {"copy_bytes", tans_copy_bytes, METH_O, "A buffer's bytes, copied without Python's lock; see _tanscopy.c."},
     {NULL, NULL, 0, NULL},
 };

@@ -134,6 +134,8 @@ PyObject *tans_decode_fields(PyObject *self, PyObject *args);
 
 /* A buffer's bytes as a new bytes object, copied without the lock (_tanscopy.c). */
 PyObject *tans_copy_bytes(PyObject *self, PyObject *arg);
+PyObject *tans_string_lengths(PyObject *self, PyObject *args);
+PyObject *tans_join_strings(PyObject *self, PyObject *args);
 
 /* compiled helpers shared between the sources (no Python objects; safe without the GIL) */
 struct remainder {

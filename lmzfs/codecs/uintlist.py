@@ -17,14 +17,20 @@ TABLE_LEVEL = 9
 
 def pack_uints(values: np.ndarray) -> bytes:
     """``values`` (ints < 2**35) as a blob: 0x00 + varints, or 0x01 + a zstd frame of those varints."""
-    v = np.ascontiguousarray(np.asarray(values, dtype=np.int64).ravel())
-    plain = tans._loop.to_varints(v) if tans._loop is not None else None
-    if plain is None:       # no compiled module, or a value it refuses (raised below)
-        plain = _varints(v)
+    plain = varints(values)
     z = _zstd.compress(plain, TABLE_LEVEL) if len(plain) > 64 else b""
     if z and len(z) < len(plain):
         return b"\x01" + put_varint(len(plain)) + z
     return b"\x00" + plain
+
+
+def varints(values: np.ndarray) -> bytes:
+    """``values`` (ints under 2**35) as LEB128 varints, compiled where the module is built."""
+    v = np.ascontiguousarray(np.asarray(values, dtype=np.int64).ravel())
+    plain = tans._loop.to_varints(v) if tans._loop is not None else None
+    if plain is None:       # no compiled module, or a value it refuses (raised below)
+        plain = _varints(v)
+    return plain
 
 
 def _varints(v: np.ndarray) -> bytes:
@@ -51,6 +57,12 @@ def unpack_uints(blob, count: int, what: str) -> np.ndarray:
         if plen > 5 * count + 16:
             raise CodecError(f"{what}: table blob too large")
         body = memoryview(_zstd.decompress(body[p:], plen, f"{what} table"))
+    return read_varints(body, count, what)
+
+
+def read_varints(body, count: int, what: str) -> np.ndarray:
+    """Exactly ``count`` canonical varints (each at most 5 bytes) filling ``body``, as int64;
+    CodecError on any mismatch."""
     if tans._loop is not None:
         vals = np.empty(count, dtype=np.int64)
         code = tans._loop.varints(body, count, vals)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from .bounds import MAX_METADATA_ENTRIES, MAX_METADATA_ITEMS, too_many
-from .segments import FileLayout, FormatError, Segment
+from .segments import STRINGS, FileLayout, FormatError, Segment
 
 MAGIC = b"GGUF"
 MAX_HEADER_REGION = 256 << 20
@@ -22,6 +22,19 @@ MAX_DIMS = 8
 MAX_ARRAY_DEPTH = 16          # nested arrays deeper than this are hostile, not models
 DEFAULT_ALIGNMENT = 32
 _CHUNK = 1 << 20
+# A top-level metadata array of strings this long or longer (a tokenizer's vocabulary or merges)
+# becomes a segment of its own, of dtype STRINGS (codecs/strings.py codes it); shorter ones stay
+# in the header around them. The chunker may end a chunk where a string starts at least
+# STRINGS_CUT_SPACING past the previous such place.
+STRINGS_MIN = 64 << 10
+STRINGS_CUT_SPACING = 16 << 10
+
+
+@dataclass(frozen=True)
+class _StringRun:
+    start: int               # file offset of the first string's length
+    end: int                 # where the last string ends
+    cuts: tuple[int, ...]    # string starts inside, about STRINGS_CUT_SPACING apart
 
 
 @dataclass(frozen=True)
@@ -114,11 +127,16 @@ class _Reader:
             raise FormatError(self.path, f"{what}: the metadata holds more than {MAX_METADATA_ITEMS} strings "
                                          f"and arrays, more than any model's vocabulary")
 
-    def skip_strings(self, count: int, what: str) -> None:
-        """Skip ``count`` length-prefixed strings: the hot loop of a vocabulary array, kept tight."""
+    def skip_strings(self, count: int, what: str, cuts: list[int] | None = None) -> None:
+        """Skip ``count`` length-prefixed strings: the hot loop of a vocabulary array, kept tight.
+        With ``cuts``, append to it where a string starts every STRINGS_CUT_SPACING bytes or so."""
         self.spend_items(count, what)
         unpack_len = struct.Struct("<Q").unpack_from
+        next_cut = self.pos + STRINGS_CUT_SPACING if cuts is not None else self.limit + 1
         for _ in range(count):
+            if self.pos >= next_cut:
+                cuts.append(self.pos)
+                next_cut = self.pos + STRINGS_CUT_SPACING
             i = self.pos - self.buf_pos
             if i < 0 or i + 8 > len(self.buf):
                 self._fill(8, f"{what} length")
@@ -137,7 +155,8 @@ class _Reader:
             raise FormatError(self.path, f"{what} at offset {self.pos - len(raw)} is not UTF-8") from None
 
 
-def _skip_value(r: _Reader, vtype: int, key: str, depth: int = 0) -> None:
+def _skip_value(r: _Reader, vtype: int, key: str, depth: int = 0, runs: list[_StringRun] | None = None) -> None:
+    """Skip one value; a top-level array of strings of STRINGS_MIN bytes or more is added to runs."""
     if vtype in _VALUE_SIZE:
         r.skip(_VALUE_SIZE[vtype], f"value of {key!r}")
     elif vtype == _STRING:
@@ -161,7 +180,10 @@ def _skip_value(r: _Reader, vtype: int, key: str, depth: int = 0) -> None:
             raise FormatError(r.path, f"array {key!r} count {count} exceeds what the {r.remaining()} "
                                       f"bytes left could hold")
         if etype == _STRING:
-            r.skip_strings(count, f"string in array {key!r}")
+            start, cuts = r.pos, [] if runs is not None else None
+            r.skip_strings(count, f"string in array {key!r}", cuts)
+            if runs is not None and r.pos - start >= STRINGS_MIN:
+                runs.append(_StringRun(start, r.pos, tuple(cuts)))
             return
         r.spend_items(count, f"array {key!r}")
         for _ in range(count):
@@ -237,6 +259,7 @@ def parse_gguf(path: str, f: BinaryIO, size: int) -> FileLayout:
 
     alignment = DEFAULT_ALIGNMENT
     keys: set[str] = set()
+    runs: list[_StringRun] = []
     for i in range(kv_count):
         key = r.string(f"metadata key {i}")
         if key in keys:
@@ -246,7 +269,7 @@ def parse_gguf(path: str, f: BinaryIO, size: int) -> FileLayout:
         if key == "general.alignment":
             alignment = _read_alignment(r, vtype)
         else:
-            _skip_value(r, vtype, key)
+            _skip_value(r, vtype, key, runs=runs)
 
     infos: list[_TensorInfo] = []
     names: set[str] = set()
@@ -262,7 +285,7 @@ def parse_gguf(path: str, f: BinaryIO, size: int) -> FileLayout:
     why = too_many(tensor_count, size - data_start)    # now that the data section's size is known
     if why:
         raise FormatError(path, why)
-    return FileLayout("gguf", size, tuple(_segments(path, size, infos, header_end, data_start, alignment)))
+    return FileLayout("gguf", size, tuple(_segments(path, size, infos, runs, data_start, alignment)))
 
 
 def check_counts(path: str, tensor_count: int, kv_count: int, size: int) -> None:
@@ -275,7 +298,20 @@ def check_counts(path: str, tensor_count: int, kv_count: int, size: int) -> None
         raise FormatError(path, why)
 
 
-def _segments(path: str, size: int, infos: list[_TensorInfo], header_end: int, data_start: int,
+def _header_segments(data_start: int, runs: list[_StringRun]) -> list[Segment]:
+    """[0, data_start) as header segments: each string run on its own, the rest around them."""
+    segs, pos = [], 0
+    for run in runs:
+        if run.start > pos:
+            segs.append(Segment(pos, run.start - pos, "header"))
+        segs.append(Segment(run.start, run.end - run.start, "header", dtype=STRINGS, cuts=run.cuts))
+        pos = run.end
+    if data_start > pos:
+        segs.append(Segment(pos, data_start - pos, "header"))
+    return segs
+
+
+def _segments(path: str, size: int, infos: list[_TensorInfo], runs: list[_StringRun], data_start: int,
               alignment: int) -> list[Segment]:
     tensors = sorted((t for t in infos if t.nbytes), key=lambda t: t.offset)
     if data_start > size:
@@ -290,7 +326,7 @@ def _segments(path: str, size: int, infos: list[_TensorInfo], header_end: int, d
         if data_start + t.offset + t.nbytes > size:
             raise FormatError(path, f"tensor {t.name!r} data [{t.offset}, {t.offset + t.nbytes}) runs "
                                     f"past the data section of {size - data_start} bytes")
-    segs = [Segment(0, data_start, "header")] if data_start else []
+    segs = _header_segments(data_start, runs)
     pos = data_start
     prev: _TensorInfo | None = None
     for t in tensors:

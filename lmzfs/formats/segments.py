@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The dtype of a header segment that is a run of length-prefixed strings (each a little-endian
+# u64 length and that many bytes): a GGUF metadata array of strings, such as a tokenizer's.
+STRINGS = "STRINGS"
+
 
 class FormatError(ValueError):
     """A container header is malformed or hostile. The file is then stored as opaque bytes."""
@@ -21,6 +25,8 @@ class Segment:
     bytes between tensors) or "opaque" (anything else). Tensor segments carry name, dtype (the
     container's own spelling normalised to upper case: "F32", "BF16", "F16", "I8", "Q4_1", ...),
     shape, and the element size in bytes when the dtype has one (0 for block-quantised types).
+    A header segment may carry dtype STRINGS (a run of length-prefixed strings), with ``cuts``:
+    file offsets inside it where a string starts, at which a chunk may end.
     """
 
     offset: int
@@ -30,6 +36,7 @@ class Segment:
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
     itemsize: int = 0
+    cuts: tuple[int, ...] = ()
 
     @property
     def end(self) -> int:
