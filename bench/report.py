@@ -318,8 +318,7 @@ def codec_speed_md(cs: dict) -> list[str]:
             "\"scalar steps\" is the same decode with the compiled loop's scalar steps where the CPU runs its "
             "AVX-512 ones (n/a elsewhere, and in runs from before there were any); "
             "\"numpy loop\" is the same decode without the compiled tANS loop (every "
-            f"{4 * cs['every']}th chunk). lmz's own `compress`/`decompress` rates are in the table above (whole processes, wall "
-            "time).", ""]
+            f"{4 * cs['every']}th chunk). lmzip's and ZipNN's on one core follow the table (where measured).", ""]
     rows = []
     for name, r in cs["files"].items():
         by = r.get("plain_bytes_by_codec") or {}
@@ -334,6 +333,34 @@ def codec_speed_md(cs: dict) -> list[str]:
     out += table(["file", "sample", "saved %", "encode MB/s/core", "decode MB/s/core", "decode + read check",
                   "decode + SHA-256", "scalar steps decode", "numpy loop decode", "codecs (by plain bytes)"],
                  rows, "llrrrrrrrl")
+    return out
+
+
+def peer_speed_md(cs: dict, ps: dict) -> list[str]:
+    """Our codec speed per core (from codec_speed) beside lmzip's and ZipNN's on one thread."""
+    out = ["Beside the peers on one core (`bench/peer_speed.py`, best of "
+           f"{ps['runs']} runs): lmzip's `compress -j 1` / `decompress -j 1`, CPU seconds of the whole "
+           "process less those of `lmz --version` (start-up), so reading and writing the files is in "
+           "them; ZipNN's API with `threads=1` on the bytes in memory. Ours: the figures above (the codecs "
+           "alone; decode with the mount's read check). MB of the original file per CPU second.", ""]
+    rows = []
+
+    def peer(r: dict, key: str) -> str:
+        return fmt(r[key], 0) if "error" not in r else "n/a"
+
+    for name, p in ps["files"].items():
+        ours = cs.get("files", {}).get(name, {})
+        lz, zn = p.get("lmzip", {"error": "missing"}), p.get("zipnn", {"error": "missing"})
+        rows.append([name, fmt(ours.get("encode_mbps"), 1) if ours else "n/a", peer(lz, "encode_mbps"),
+                     peer(zn, "encode_mbps"),
+                     fmt(ours.get("decode_read_mbps"), 0) if ours.get("decode_read_mbps") else "n/a",
+                     peer(lz, "decode_mbps"), peer(zn, "decode_mbps")])
+    out += table(["file", "lmzfs encode", "lmzip compress", "ZipNN compress", "lmzfs decode + read check",
+                  "lmzip decompress", "ZipNN decompress"], rows, "lrrrrrr")
+    errors = [f"{name} {tool}: {r['error']}" for name, p in ps["files"].items() for tool, r in p.items()
+              if isinstance(r, dict) and "error" in r]
+    if errors:
+        out += ["n/a: " + "; ".join(errors), ""]
     return out
 
 
@@ -536,6 +563,8 @@ def markdown(res: dict) -> str:
         out += compression_md(comp, meta["runs"])
     if res.get("codec_speed"):
         out += codec_speed_md(res["codec_speed"])
+        if res.get("peer_speed"):
+            out += peer_speed_md(res["codec_speed"], res["peer_speed"])
     if res.get("chains"):
         out += chains_md(res["chains"])
     if res.get("writable"):

@@ -11,7 +11,8 @@
 3. Mount table (bench/mount_table.py): astra and smollm2 through our mount, lmzip's mount and the
    plain file.
 4. Codec speed per core (bench/codec_speed.py, in the project's venv): encode, decode and
-   decode + SHA-256 CPU time of the chunks `lmz add` makes, compiled and numpy tANS loops.
+   decode + SHA-256 CPU time of the chunks `lmz add` makes, compiled and numpy tANS loops; beside
+   them lmzip's and ZipNN's on one thread (bench/peer_speed.py).
 5. Checkpoint chains (bench/chains_table.py): the quire releases, the training chains of
    bench/trainchain.py and the base / fine-tune pairs of bench/finetune.py added member by member, beside lmzip's archive of all members; reads of the
    newest and oldest member through the mount beside a standalone copy.
@@ -46,6 +47,7 @@ import common  # noqa: E402
 import compress_table  # noqa: E402
 import gguf_mount  # noqa: E402
 import mount_table  # noqa: E402
+import peer_speed  # noqa: E402
 import writable_table  # noqa: E402
 from common import LoadMonitor, code_state, describe, fetch_corpus, freeze_lmzfs, log, machine, sha256_file  # noqa: E402
 from report import markdown  # noqa: E402
@@ -259,6 +261,9 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         if not args.skip_codec_speed:
             res["codec_speed"] = codec_speed(common.LMZFS_FROZEN, [n for n in SINGLE if n in wanted and n in paths],
                                              args.runs, Path(tmp))
+            save()
+            names = [n for n in SINGLE if n in wanted and n in paths]
+            res["peer_speed"] = peer_speed.measure({n: paths[n] for n in names}, args.runs, Path(tmp) / "peer-speed")
             save()
         if not args.skip_chains:
             need_quire = all(n in paths for n in CHAIN)
