@@ -101,3 +101,21 @@ def test_the_slow_zstd_level_is_measured_on_a_slice_of_an_int8_chunk_the_entropy
     assert seen and max(seen) == codecs.TEXT_SAMPLE_BYTES < len(tensor)
     assert len(plain(tensor, codecs.TEXT_LEVEL)) > len(got.payload)    # the whole-chunk trial would have lost
     assert got.payload == encode_chunk(tensor, hint, exhaustive=True).payload
+
+
+def test_a_stream_level_9_cannot_shrink_keeps_its_level_1_frame():
+    # one random 4 KiB block 64 times: zstd wins, and level 9 codes the middle slice no smaller
+    a = np.tile(np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8), 64)
+    got = entropy.encode_stream(a)
+    assert got == bytes((entropy.ZSTD,)) + zstd_codec.compress(a.tobytes(), 1)
+    assert entropy.decode_stream(got, len(a)).tobytes() == a.tobytes()
+
+
+def test_a_stream_level_9_shrinks_on_its_slice_gets_level_9():
+    # words of a Zipf-distributed vocabulary: level 9 finds the repeats level 1 misses
+    rng = np.random.default_rng(1)
+    words = [bytes(rng.integers(97, 123, int(rng.integers(2, 9)), dtype=np.uint8)) for _ in range(2000)]
+    text = b" ".join(words[int(i)] for i in rng.zipf(1.3, 60000) % 2000)[:300000]
+    got = entropy.encode_stream(np.frombuffer(text, dtype=np.uint8))
+    assert got == bytes((entropy.ZSTD,)) + zstd_codec.compress(text, 9)
+    assert len(got) < 0.95 * len(zstd_codec.compress(text, 1))

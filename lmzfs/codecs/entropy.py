@@ -335,6 +335,26 @@ TANS_SLACK = 0.0005
 ZSTD_PROBE = 1.02
 
 
+# Level 9 is run on a stream that level 1 codes near its best only where it gains on a slice:
+# ZSTD_SLICE bytes from the middle, at least LEVEL9_GAIN smaller than level 1's. On the block
+# fields of K-quant GGUF tensors level 1 comes within a few percent of the entropy coder on every
+# stream and level 9 gains under a tenth of a percent over it, so the full level-9 run was a
+# fifth of their encode time; on the float codecs' stored mantissa planes where level 9 wins, its
+# gain is a few percent, on the slice too (docs/results.md has what adding each file costs).
+ZSTD_SLICE = 64 << 10
+LEVEL9_GAIN = 0.01
+
+
+def _level9_gains(b: bytes) -> bool:
+    """Whether zstd level 9 may code b markedly smaller than level 1 (streams under two slices:
+    always tried, as cheap as the slice)."""
+    if len(b) < 2 * ZSTD_SLICE:
+        return True
+    mid = (len(b) - ZSTD_SLICE) // 2
+    part = b[mid:mid + ZSTD_SLICE]
+    return len(_zstd.compress(part, 9)) <= len(_zstd.compress(part, 1)) * (1 - LEVEL9_GAIN)
+
+
 _EVERY_TRIAL: contextvars.ContextVar[bool] = contextvars.ContextVar("lmzfs_every_stream_trial", default=False)
 
 
@@ -373,10 +393,14 @@ def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K:
             t = bytes((TANS,)) + tans_section(a, S, ctx, K)
     if b is not None and len(b) > 16:
         sofar = min(len(c) for c in (raw, t) if c is not None)
-        # On a flat stream only repeats can shrink it, and level 1 finds long ones: level 9 is
-        # tried only where level 1 already beats the stored bytes.
-        if not estimate or len(_zstd.compress(b, 1)) + 1 <= (len(raw) - 1 if flat else sofar * ZSTD_PROBE):
+        if not estimate:
             z = bytes((ZSTD,)) + _zstd.compress(b, 9)
+        else:
+            # On a flat stream only repeats can shrink it, and level 1 finds long ones: level 9 is
+            # tried only where level 1 already beats the stored bytes.
+            z1 = _zstd.compress(b, 1)
+            if len(z1) + 1 <= (len(raw) - 1 if flat else sofar * ZSTD_PROBE):
+                z = bytes((ZSTD,)) + (_zstd.compress(b, 9) if _level9_gains(b) else z1)
     best = b""
     for c in (raw, z, t):
         if c is not None and (not best or len(c) < len(best)):
