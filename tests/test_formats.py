@@ -222,6 +222,27 @@ def test_chunks_of_a_run_of_strings_end_where_a_string_starts(smollm2_path):
         assert all(size - STRINGS_CUT_SPACING * 2 < c.length <= size for c in plans[:-1])
 
 
+def test_a_string_longer_than_a_chunk_is_cut_through_and_every_chunk_still_round_trips():
+    from lmzfs.codecs import decode_chunk, encode_chunk
+    strings = [b"tok%d" % i for i in range(3000)] + [b"x" * 200_000] + [b"tail%d" % i for i in range(3000)]
+    small = [b"a", b"b"]                        # under STRINGS_MIN: stays in the header
+    nested = struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 8, 2) + gstr("n1") + gstr("n2")
+    kvs = (gstr("big") + struct.pack("<IIQ", 9, 8, len(strings)) + b"".join(gstr(x) for x in strings) +
+           gstr("small") + struct.pack("<IIQ", 9, 8, len(small)) + b"".join(gstr(x) for x in small) +
+           gstr("nested") + struct.pack("<I", 9) + nested)
+    raw = gguf_bytes(kvs, 3)
+    layout = parse_gguf("t.gguf", io.BytesIO(raw), len(raw))
+    layout.check_tiling()
+    runs = [s for s in layout.segments if s.dtype == STRINGS]
+    assert len(runs) == 1 and raw[runs[0].offset:runs[0].end] == b"".join(gstr(x) for x in strings)
+    plans = [c for c in plan_chunks(layout, 64 << 10) if runs[0].offset <= c.offset < runs[0].end]
+    assert sum(c.length for c in plans) == runs[0].length and max(c.length for c in plans) <= 64 << 10
+    for c in plans:
+        data = raw[c.offset:c.offset + c.length]
+        e = encode_chunk(data, c.hint)
+        assert e.codec == "strings" and decode_chunk(e.payload, len(data)) == data
+
+
 # ---------------------------------------------------------------- synthetic safetensors
 
 def test_a_safetensors_file_from_save_file_parses_like_safe_open(tmp_path):

@@ -114,8 +114,8 @@ def candidates(hint: ChunkHint, size: int, level: int = DEFAULT_LEVEL, fast: boo
         return []
     dtype = (hint.dtype or "").upper()
     if dtype == STRINGS_DTYPE:
-        # zstd of the strings without their lengths beats zstd of the chunk at any level (and
-        # the slow level it would go on to try costs ten times as long): codecs/strings.py
+        # on tokenizer arrays zstd of the strings without their lengths beats zstd of the whole
+        # chunk at any level, and the slow level it would go on to try costs many times as long
         return [REGISTRY[StringsCodec.id]]
     out: list[Codec] = [ZstdCodec(level) if level != DEFAULT_LEVEL else REGISTRY[ZstdCodec.id]]
     if hint.itemsize in ELEMENT_SIZES and size >= hint.itemsize:

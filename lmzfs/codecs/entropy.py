@@ -337,10 +337,10 @@ ZSTD_PROBE = 1.02
 
 # Level 9 is run on a stream that level 1 codes near its best only where it gains on a slice:
 # ZSTD_SLICE bytes from the middle, at least LEVEL9_GAIN smaller than level 1's. On the block
-# fields of K-quant GGUF tensors level 1 comes within a few percent of the entropy coder on every
-# stream and level 9 gains under a tenth of a percent over it, so the full level-9 run was a
-# fifth of their encode time; on the float codecs' stored mantissa planes where level 9 wins, its
-# gain is a few percent, on the slice too (docs/results.md has what adding each file costs).
+# fields of K-quant GGUF tensors level 1 comes close to the entropy coder on nearly every stream
+# and level 9 gains almost nothing over it, so running it in full was a large part of their
+# encode time; where level 9 wins (stored mantissa planes of some float tensors), it gains on
+# the slice too (docs/results.md: encode speed per core).
 ZSTD_SLICE = 64 << 10
 LEVEL9_GAIN = 0.01
 

@@ -26,10 +26,10 @@ from .uintlist import read_varints, varints
 
 # The dtype the chunker gives a chunk of a string array (formats/segments.py: STRINGS).
 DTYPE = "STRINGS"
-# zstd level of the strings' bytes. On SmolLM2's tokenizer (49,152 tokens, 48,900 merges)
-# level 12 leaves both 16% under level 19 on the whole metadata, at a tenth of level 19's time;
-# levels 16-19 gain another 3% of it at 5-8 times the time of level 12 (docs/results.md has
-# what adding a GGUF model costs).
+# zstd level of the strings' bytes: without the lengths between them, level 12 codes a
+# tokenizer's strings smaller than level 19 codes the chunk, at a fraction of its time, and the
+# levels above it gain little more for several times the time (docs/results.md: what adding a
+# GGUF model costs).
 LEVEL = 12
 _LENGTH = struct.Struct("<Q")
 
