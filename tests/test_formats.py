@@ -243,6 +243,18 @@ def test_a_string_longer_than_a_chunk_is_cut_through_and_every_chunk_still_round
         assert e.codec == "strings" and decode_chunk(e.payload, len(data)) == data
 
 
+def test_two_files_with_one_vocabulary_after_different_metadata_cut_it_into_the_same_chunks():
+    vocab = [b"tok%d" % i for i in range(20000)]
+    array = gstr("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, len(vocab)) + b"".join(gstr(x) for x in vocab)
+    chunks = []
+    for name in ("Q4_1 build", "a much longer name of a Q4_K_M build"):
+        raw = gguf_bytes(gstr("general.name") + struct.pack("<I", 8) + gstr(name) + array, 2)
+        layout = parse_gguf("t.gguf", io.BytesIO(raw), len(raw))
+        chunks.append([raw[c.offset:c.offset + c.length] for c in plan_chunks(layout, 64 << 10)
+                       if c.hint.dtype == STRINGS])
+    assert len(chunks[0]) > 2 and chunks[0] == chunks[1]
+
+
 # ---------------------------------------------------------------- synthetic safetensors
 
 def test_a_safetensors_file_from_save_file_parses_like_safe_open(tmp_path):
