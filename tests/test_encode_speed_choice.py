@@ -37,7 +37,7 @@ def _sample(name: str) -> list[tuple[bytes, object]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["astra", "minilm", "isnet", "smollm2", "quire"])
+@pytest.mark.parametrize("name", ["astra", "minilm", "isnet", "smollm2", "quire", "smollm2-q4km"])
 def test_estimated_codec_choices_store_within_a_twentieth_of_a_percent_of_trying_every_coding(name):
     chunks = _sample(name)
     chosen = tried = 0
