@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lmzfs.chunker import plan_chunks
-from lmzfs.codecs import ChunkHint, ZstdCodec, decode_chunk, encode_chunk, zstd
+from lmzfs.codecs import BytegroupCodec, ChunkHint, ZstdCodec, decode_chunk, encode_chunk, zstd
 from lmzfs.formats import parse_file
 from lmzfs.testing.corpus import CorpusUnavailable, fetch
 
@@ -56,16 +56,16 @@ def _bf16_weights(n: int, seed: int = 3) -> bytes:
     return (rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
 
 
-def _whole_chunk_zstd_calls(monkeypatch, data: bytes) -> list[int]:
-    """encode_chunk's zstd trials on data, by input length."""
+def _whole_chunk_zstd_calls(monkeypatch, data: bytes, codec=ZstdCodec) -> list[int]:
+    """encode_chunk's trials of codec (zstd unless named) on data, by input length."""
     sizes = []
-    real = ZstdCodec.encode
+    real = codec.encode
 
     def counted(self, mv, hint):
         sizes.append(len(mv))
         return real(self, mv, hint)
 
-    monkeypatch.setattr(ZstdCodec, "encode", counted)
+    monkeypatch.setattr(codec, "encode", counted)
     return sizes
 
 
@@ -76,6 +76,29 @@ def test_a_bf16_chunk_that_zstd_cannot_win_is_never_zstd_coded_whole(monkeypatch
     got = encode_chunk(data, hint)
     assert got.codec == "floatseg"
     assert len(data) not in sizes and sizes    # only its slices were
+    assert decode_chunk(got.payload, len(data)) == data
+
+
+def test_a_bf16_chunk_that_bytegroup_cannot_win_is_tried_on_two_element_aligned_slices_only(monkeypatch):
+    data = _bf16_weights(1 << 19)
+    hint = ChunkHint("BF16", 2, 0, (1024, 512))
+    sizes = _whole_chunk_zstd_calls(monkeypatch, data, BytegroupCodec)
+    got = encode_chunk(data, hint)
+    assert got.codec == "floatseg"
+    assert sizes == [64 << 10, 64 << 10]
+    assert encode_chunk(data, hint, exhaustive=True).payload == got.payload
+
+
+def test_a_float_chunk_that_bytegroup_codes_smallest_is_still_bytegroup_coded():
+    # FP32 elements whose three high bytes repeat a short cycle and whose low byte is random:
+    # per-plane zstd finds the cycle, which the float model's order-0 fields cannot
+    rng = np.random.default_rng(5)
+    high = np.tile(rng.integers(0x3C000000 >> 8, 0x3D000000 >> 8, 97, dtype=np.uint32), (1 << 18) // 97 + 1)[:1 << 18]
+    data = ((high << 8) | rng.integers(0, 256, 1 << 18, dtype=np.uint32)).astype("<u4").tobytes()
+    hint = ChunkHint("F32", 4, 0, (512, 512))
+    got = encode_chunk(data, hint)
+    assert got.codec == "bytegroup"
+    assert got.payload == encode_chunk(data, hint, exhaustive=True).payload
     assert decode_chunk(got.payload, len(data)) == data
 
 

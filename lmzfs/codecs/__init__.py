@@ -158,28 +158,35 @@ def _text_level_may_win(mv: memoryview, hint: ChunkHint, level: int, default_len
     return default_len * gain <= best_len * TEXT_SLACK
 
 
-# On typed chunks of at least ZSTD_SAMPLE_MIN bytes that an entropy coder also codes, whole-chunk
-# zstd is tried last, and only where it may win: its size is estimated from two ZSTD_SAMPLE_BYTES
-# slices (at a quarter and three quarters of the chunk), and the trial is left out when that
-# estimate exceeds the best payload by more than ZSTD_SLACK and cannot come near halving the
-# chunk (where the slow level would be tried after it, see TEXT_LEVEL). The slices' estimate
-# is mostly within a point or two of the whole chunk's zstd, higher where repeats lie further
-# apart than a slice; on no corpus file does whole-chunk zstd beat the entropy coders' payload
-# of such a chunk, and this slack leaves out the trial on K-quant chunks, where zstd comes
-# within a few percent of ggufblocks (tests/test_encode_speed_choice.py bounds what the
-# estimates cost against trying everything).
+# On typed chunks of at least ZSTD_SAMPLE_MIN bytes that an entropy coder also codes, the entropy
+# coder is tried first, then bytegroup and whole-chunk zstd, each only where it may win: its
+# size is estimated from two ZSTD_SAMPLE_BYTES slices (at a quarter and three quarters of the
+# chunk, on element boundaries), and the trial is left out when that estimate exceeds the best
+# payload by more than ZSTD_SLACK (for zstd, also unless it may come near halving the chunk,
+# where the slow level would be tried after it, see TEXT_LEVEL). The slices' estimate is 0.78 to
+# 1.03 of the whole chunk's coding on the corpus, lower where repeats lie further apart than a
+# slice; on no corpus chunk of this kind does either beat the entropy coders' payload (bytegroup
+# comes within 0.2% at best), and this slack leaves out the zstd trial on K-quant chunks, where
+# zstd comes within a few percent of ggufblocks (tests/test_encode_speed_choice.py bounds what
+# the estimates cost against trying everything).
 ZSTD_SAMPLE_MIN = 256 << 10
 ZSTD_SAMPLE_BYTES = 64 << 10
 ZSTD_SLACK = 1.015
 ZSTD_HALVING = 0.55     # estimated zstd size over the chunk's at or under which it is tried anyway
 _ENTROPY_CODED = (FloatSegCodec.id, FloatSplitCodec.id, GgufBlocksCodec.id, EntropyCodec.id)
+_SAMPLED = (BytegroupCodec.id, ZstdCodec.id)     # tried last, on slices first, in this order
 
 
-def _zstd_may_win(codec: Codec, mv: memoryview, hint: ChunkHint, best_len: int) -> bool:
+def _may_win(codec: Codec, mv: memoryview, hint: ChunkHint, best_len: int) -> bool:
     size = len(mv)
-    coded = sum(len(codec.encode(mv[a:a + ZSTD_SAMPLE_BYTES], hint)[1]) for a in (size // 4, 3 * size // 4))
+    k = hint.itemsize if codec.id == BytegroupCodec.id else 1
+    coded = 0
+    for a in (size // 4, 3 * size // 4):
+        a -= a % k
+        params, body = codec.encode(mv[a:a + ZSTD_SAMPLE_BYTES], hint)
+        coded += len(params) + len(body)
     estimate = coded * size / (2 * ZSTD_SAMPLE_BYTES)
-    return estimate <= best_len * ZSTD_SLACK or estimate <= size * ZSTD_HALVING
+    return estimate <= best_len * ZSTD_SLACK or (codec.id == ZstdCodec.id and estimate <= size * ZSTD_HALVING)
 
 
 def encode_chunk(data: Buffer, hint: ChunkHint = ChunkHint(), *, level: int = DEFAULT_LEVEL,
@@ -209,14 +216,15 @@ def _encode_chunk(data: Buffer, hint: ChunkHint, level: int, fast: bool, segment
     best_len = len(_header(RawCodec.id, size, b"")) + size
     text_trial = 0      # the zstd candidate's payload length, where it halves the chunk
     tried = candidates(hint, size, level, fast, segments)
-    zstd_last = not exhaustive and size >= ZSTD_SAMPLE_MIN and bool(hint.dtype) and \
+    sampled = not exhaustive and size >= ZSTD_SAMPLE_MIN and bool(hint.dtype) and \
         any(c.id in _ENTROPY_CODED for c in tried)
-    if zstd_last:
-        tried = [c for c in tried if c.id != ZstdCodec.id] + [c for c in tried if c.id == ZstdCodec.id]
+    if sampled:
+        tried = [c for c in tried if c.id not in _SAMPLED] + \
+            sorted((c for c in tried if c.id in _SAMPLED), key=lambda c: _SAMPLED.index(c.id))
     for codec in tried:
         if codec.id == EntropyCodec.id and not exhaustive and _order0_bytes(mv) * 0.97 + 64 >= best_len:
             continue    # order-0 coding cannot win (zstd found repeats): skip its time and memory
-        if zstd_last and codec.id == ZstdCodec.id and not _zstd_may_win(codec, mv, hint, best_len):
+        if sampled and codec.id in _SAMPLED and not _may_win(codec, mv, hint, best_len):
             continue
         params, body = codec.encode(mv, hint)
         n = len(_header(codec.id, size, params)) + len(body)
