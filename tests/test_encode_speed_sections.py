@@ -119,3 +119,19 @@ def test_a_stream_level_9_shrinks_on_its_slice_gets_level_9():
     got = entropy.encode_stream(np.frombuffer(text, dtype=np.uint8))
     assert got == bytes((entropy.ZSTD,)) + zstd_codec.compress(text, 9)
     assert len(got) < 0.95 * len(zstd_codec.compress(text, 1))
+
+
+def test_a_short_stream_whose_level_9_frame_comes_out_larger_keeps_its_level_1_frame():
+    # a skewed byte stream with short nearby repeats, shorter than two slices (so level 9 is
+    # run in full): level 1 beats the tANS section, and level 9's frame is the larger one
+    rng = np.random.default_rng(0)
+    n = int(rng.integers(20000, 60000))
+    a = rng.geometric(0.08, n).clip(0, 255).astype(np.uint8)
+    for i in rng.integers(16, n - 16, n // 40):
+        length = int(rng.integers(6, 12))
+        a[i:i + length] = a[i - 12:i - 12 + length]
+    level1, level9 = zstd_codec.compress(a.tobytes(), 1), zstd_codec.compress(a.tobytes(), 9)
+    assert len(level9) > len(level1) and len(a) < 2 * entropy.ZSTD_SLICE
+    got = entropy.encode_stream(a)
+    assert got == bytes((entropy.ZSTD,)) + level1
+    assert entropy.decode_stream(got, len(a)).tobytes() == a.tobytes()

@@ -400,7 +400,10 @@ def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K:
             # tried only where level 1 already beats the stored bytes.
             z1 = _zstd.compress(b, 1)
             if len(z1) + 1 <= (len(raw) - 1 if flat else sofar * ZSTD_PROBE):
-                z = bytes((ZSTD,)) + (_zstd.compress(b, 9) if _level9_gains(b) else z1)
+                # level 9 is not always smaller: on short near-order-0 streams (a block's f16
+                # scales) its frame often comes out a little larger than level 1's
+                z9 = _zstd.compress(b, 9) if _level9_gains(b) else z1
+                z = bytes((ZSTD,)) + (z9 if len(z9) <= len(z1) else z1)
     best = b""
     for c in (raw, z, t):
         if c is not None and (not best or len(c) < len(best)):
