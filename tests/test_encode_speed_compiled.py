@@ -60,6 +60,23 @@ def test_compiled_and_numpy_floatsplit_encoders_write_the_same_payload_and_it_de
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dtype=st.sampled_from(sorted(_FLOATS)), n=st.integers(1, 5000), seed=st.integers(0, 2**32 - 1))
+def test_compiled_and_numpy_encoders_find_the_same_zero_blocks_of_stored_planes(dtype, n, seed):
+    # weights whose stored low bits are cleared over random runs of elements, to different
+    # depths: blocks of 64 with none, some and all of their stored planes zero, and partial ones
+    rng = np.random.default_rng(seed)
+    utype, width = _FLOATS[dtype]
+    v = rng.normal(0, 1, n).astype(np.float32)
+    u = (v.view(np.uint32) >> 16).astype(utype) if dtype == "BF16" else v.astype("<f2" if dtype == "F16" else "<f4").view(utype)
+    depth = rng.integers(0, 8 * width, -(-n // 48))[np.arange(n) // 48]
+    u = u & ~((np.ones(n, dtype=np.uint64) << depth.astype(np.uint64)) - 1).astype(utype)
+    data = u.astype(utype).tobytes()
+    compiled, reference = compiled_then_numpy(lambda: encode_with("floatsplit", data, ChunkHint(dtype, width)))
+    assert compiled == reference
+    _decodes_back_both_ways(compiled, data)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["constant", "random", "columns"]), n=st.integers(256, 40000),
        C=st.integers(1, 300), seed=st.integers(0, 2**32 - 1))
 def test_compiled_and_numpy_entropy_encoders_write_the_same_payload_and_it_decodes_back(kind, n, C, seed):

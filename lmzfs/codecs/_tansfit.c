@@ -135,6 +135,48 @@ done:
     return result;
 }
 
+/* zero_blocks(planes, n, nplanes, blog, z) -> bool: for each block b of 2**blog elements (the last
+ * one may be shorter), z[b] = how many of the lowest planes are zero over the whole block (plane j
+ * counts only if every plane below it does); planes: uint8[nplanes * n], plane j at j * n (what
+ * float_planes writes). Returns whether any block has a zero plane. */
+PyObject *tans_zero_blocks(PyObject *self, PyObject *args)
+{
+    Py_buffer pl = {0}, zo = {0};
+    Py_ssize_t n, np_, blog;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &pl, &n, &np_, &blog, &zo))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t B = blog >= 0 && blog < 31 ? (Py_ssize_t)1 << blog : 1, nblk = n > 0 ? (n - 1) / B + 1 : 0;
+    if (n < 0 || np_ < 0 || np_ > 255 || blog < 0 || blog > 30 || pl.len < np_ * n || zo.len < nblk) {
+        PyErr_SetString(PyExc_ValueError, "zero_blocks: bad arguments");
+        goto done;
+    }
+    const uint8_t *restrict p = pl.buf;
+    uint8_t *restrict z = zo.buf;
+    int any = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t b = 0; b < nblk; b++) {
+        const Py_ssize_t lo = b * B, hi = lo + B < n ? lo + B : n;
+        Py_ssize_t j = 0;
+        for (; j < np_; j++) {
+            const uint8_t *restrict q = p + j * n;
+            uint8_t or_ = 0;
+            for (Py_ssize_t i = lo; i < hi; i++)
+                or_ |= q[i];
+            if (or_)
+                break;
+        }
+        z[b] = (uint8_t)j;
+        any |= j != 0;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyBool_FromLong(any);
+done:
+    PyBuffer_Release(&pl);
+    PyBuffer_Release(&zo);
+    return result;
+}
+
 /* row_means(e, n, C, shift, out): out[r] = the mean of e over row r, where element i is in row
  * (i + shift) // C (the sums of small integers are exact, so this is numpy's bincount quotient). */
 PyObject *tans_row_means(PyObject *self, PyObject *args)

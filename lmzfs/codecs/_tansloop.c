@@ -449,6 +449,7 @@ static PyMethodDef methods[] = {
     {"float_range", tans_float_range, METH_VARARGS, "floatsplit's exponent range; see _tansfit.c."},
     {"float_fields", tans_float_fields, METH_VARARGS, "floatsplit's fields and histograms; see _tansfit.c."},
     {"float_planes", tans_float_planes, METH_VARARGS, "floatsplit's stored planes; see _tansfit.c."},
+    {"zero_blocks", tans_zero_blocks, METH_VARARGS, "floatsplit's zero blocks of the stored planes; see _tansfit.c."},
     {"row_means", tans_row_means, METH_VARARGS, "floatsplit's row means; see _tansfit.c."},
     {"row_classes", tans_row_classes, METH_VARARGS, "floatsplit's row classes and their histogram; see _tansfit.c."},
     {"row_order_stats", tans_row_order_stats, METH_VARARGS, "floatsplit's row-mean order statistics; see _tansfit.c."},

@@ -166,6 +166,7 @@ PyObject *tans_encode_slots(PyObject *self, PyObject *args);
 PyObject *tans_float_range(PyObject *self, PyObject *args);
 PyObject *tans_float_fields(PyObject *self, PyObject *args);
 PyObject *tans_float_planes(PyObject *self, PyObject *args);
+PyObject *tans_zero_blocks(PyObject *self, PyObject *args);
 PyObject *tans_row_means(PyObject *self, PyObject *args);
 PyObject *tans_row_classes(PyObject *self, PyObject *args);
 PyObject *tans_row_order_stats(PyObject *self, PyObject *args);

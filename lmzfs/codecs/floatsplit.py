@@ -634,35 +634,45 @@ def _cost(cA: np.ndarray) -> float:
     return float(h.sum()) / 8
 
 
-def _raw_planes(u: np.ndarray, raw_bits: int) -> list[np.ndarray]:
-    """Low ``raw_bits`` bits of each element as planes, lowest first: whole bytes, then a nibble."""
+def _raw_planes(u: np.ndarray, raw_bits: int) -> np.ndarray:
+    """Low ``raw_bits`` bits of each element as planes (rows), lowest first: whole bytes, then a nibble."""
+    nplanes = raw_bits // 8 + (1 if raw_bits % 8 else 0)
+    out = np.empty((nplanes, len(u)), dtype=np.uint8)
     if tans._loop is not None and raw_bits:
-        out = np.empty((raw_bits // 8 + (1 if raw_bits % 8 else 0), len(u)), dtype=np.uint8)
         tans._loop.float_planes(np.ascontiguousarray(u, dtype=np.uint64), len(u), raw_bits, out)
-        return list(out)
-    planes = [((u >> np.uint64(8 * j)) & np.uint64(255)).astype(np.uint8) for j in range(raw_bits // 8)]
+        return out
+    for j in range(raw_bits // 8):
+        out[j] = (u >> np.uint64(8 * j)) & np.uint64(255)
     if raw_bits % 8:
-        planes.append(((u >> np.uint64(8 * (raw_bits // 8))) & np.uint64(15)).astype(np.uint8))
-    return planes
+        out[-1] = (u >> np.uint64(8 * (raw_bits // 8))) & np.uint64(15)
+    return out
 
 
-def _zero_blocks(planes: list[np.ndarray], n: int) -> tuple[int, bytes, np.ndarray | None]:
+def _zero_blocks(planes: np.ndarray, n: int) -> tuple[int, bytes, np.ndarray | None]:
     """z per block of 2**ZERO_BLOCK_LOG elements: how many of its lowest planes are all zero.
 
     Returns (block log, or 0 when no block has a zero plane; the coded z values; z per element).
+    Compiled (one pass, without Python's lock) where the loop is built; the numpy lines are its
+    reference.
     """
-    if not planes:
+    if not len(planes):
         return 0, b"", None
     B = 1 << ZERO_BLOCK_LOG
     nblk = -(-n // B)
-    zero = []
-    for p in planes:
-        q = np.zeros(nblk * B, dtype=np.uint8)
-        q[:n] = p
-        zero.append((q.reshape(nblk, B) == 0).all(axis=1))
-    z = np.cumprod(np.stack(zero), axis=0).sum(axis=0)
-    if not z.any():
-        return 0, b"", None
+    if tans._loop is not None:
+        zb = np.empty(nblk, dtype=np.uint8)
+        if not tans._loop.zero_blocks(np.ascontiguousarray(planes), n, len(planes), ZERO_BLOCK_LOG, zb):
+            return 0, b"", None
+        z = zb.astype(np.int64)
+    else:
+        zero = []
+        for p in planes:
+            q = np.zeros(nblk * B, dtype=np.uint8)
+            q[:n] = p
+            zero.append((q.reshape(nblk, B) == 0).all(axis=1))
+        z = np.cumprod(np.stack(zero), axis=0).sum(axis=0)
+        if not z.any():
+            return 0, b"", None
     return ZERO_BLOCK_LOG, entropy.encode_stream(z, len(planes) + 1), np.repeat(z, B)[:n]
 
 
@@ -716,7 +726,14 @@ def _unpack_nibbles(packed: np.ndarray, c: int) -> np.ndarray:
 
 
 def _bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
-    """The first bytes of the stored bits, read as a little-endian bit string cut into R-bit fields."""
+    """The first bytes of the stored bits, read as a little-endian bit string cut into R-bit fields
+    (wp of them; bits past the bytes are zero)."""
+    if tans._loop is not None:
+        padded = np.zeros(-(-wp * R // 8), dtype=np.uint8)
+        padded[:len(b)] = b
+        out = np.empty(wp, dtype=np.int64)
+        tans._loop.unpack_fields(padded, R, out)
+        return out
     bits = np.zeros(wp * R, dtype=np.uint8)
     bits[: 8 * len(b)] = np.unpackbits(b, bitorder="little")
     return (bits.reshape(wp, R).astype(np.int64) << np.arange(R)).sum(axis=1)
