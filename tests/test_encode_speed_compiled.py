@@ -59,6 +59,16 @@ def test_compiled_and_numpy_floatsplit_encoders_write_the_same_payload_and_it_de
     _decodes_back_both_ways(compiled, data)
 
 
+@pytest.mark.parametrize("dtype", sorted(_FLOATS))
+@pytest.mark.parametrize("codec", ["floatsplit", "floatseg"])
+def test_float_elements_at_an_odd_address_encode_to_the_same_payload(codec, dtype):
+    width = _FLOATS[dtype][1]
+    data = _float_chunk("weights", dtype, 70_001, 100, 9) + b"\x01"
+    shifted = memoryview(b"\x00" + data)[1:]       # the elements start at an odd address
+    hint = ChunkHint(dtype, width, shape=(700, 100))
+    assert encode_with(codec, shifted, hint) == encode_with(codec, data, hint)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dtype=st.sampled_from(sorted(_FLOATS)), n=st.integers(1, 5000), seed=st.integers(0, 2**32 - 1))
 def test_compiled_and_numpy_encoders_find_the_same_zero_blocks_of_stored_planes(dtype, n, seed):

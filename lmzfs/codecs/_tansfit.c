@@ -11,8 +11,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The elements these passes read: n unsigned integers of 2, 4 or 8 bytes (a chunk's floats as
+ * they are, without widening them to 64 bits first: for BF16 that copy moved four times the
+ * chunk's bytes). Their width is u's length over n, which must be exact. */
+static int element_width(const Py_buffer *u, Py_ssize_t n)
+{
+    if (n < 1)
+        return 0;
+    const Py_ssize_t w = u->len / n;
+    return u->len == n * w && (w == 2 || w == 4 || w == 8) ? (int)w : 0;
+}
+
+static inline uint64_t element(const void *p, const int w, Py_ssize_t i)
+{
+    return w == 2 ? ((const uint16_t *)p)[i] : w == 4 ? ((const uint32_t *)p)[i] : ((const uint64_t *)p)[i];
+}
+
+/* a loop body once for each element width, so that each copy reads its elements without a branch */
+#define FOR_EACH_WIDTH(w, ...) \
+    do { \
+        if ((w) == 2) { const int W = 2; __VA_ARGS__ } \
+        else if ((w) == 4) { const int W = 4; __VA_ARGS__ } \
+        else { const int W = 8; __VA_ARGS__ } \
+    } while (0)
+
 /* float_range(u, n, mb, eb) -> (emin, emax): the smallest and largest exponent field of the n
- * elements (uint64) */
+ * elements (see element_width) */
 PyObject *tans_float_range(PyObject *self, PyObject *args)
 {
     Py_buffer u = {0};
@@ -20,19 +44,21 @@ PyObject *tans_float_range(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnn", &u, &n, &mb, &eb))
         return NULL;
     PyObject *result = NULL;
-    if (n < 1 || u.len < n * 8 || mb < 0 || eb < 1 || mb + eb > 63) {
+    const int w = element_width(&u, n);
+    if (!w || mb < 0 || eb < 1 || mb + eb > 8 * w - 1) {
         PyErr_SetString(PyExc_ValueError, "float_range: bad arguments");
         goto done;
     }
-    const uint64_t *restrict p = u.buf;
     const uint64_t m = (UINT64_C(1) << eb) - 1;
     uint64_t lo = m, hi = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const uint64_t e = (p[i] >> mb) & m;
-        lo = e < lo ? e : lo;
-        hi = e > hi ? e : hi;
-    }
+    FOR_EACH_WIDTH(w, {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const uint64_t e = (element(u.buf, W, i) >> mb) & m;
+            lo = e < lo ? e : lo;
+            hi = e > hi ? e : hi;
+        }
+    });
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("(KK)", (unsigned long long)lo, (unsigned long long)hi);
 done:
@@ -40,9 +66,10 @@ done:
     return result;
 }
 
-/* float_fields(u, n, bits, mb, eb, k, emin, emax, e, sym, cM, sg, H): for every element
+/* float_fields(u, n, bits, mb, eb, k, emin, emax, e, sym, cM, sg, H): for every element (see
+ * element_width)
  *   e[i]   (uint16) = exponent - emin
- *   sym[i] (int64)  = e[i] * 2**(k+1) + (sign << k | top k mantissa bits)
+ *   sym[i] (int64, or uint16 where every symbol fits) = e[i] * 2**(k+1) + (sign << k | top k mantissa bits)
  * and the histograms fit_model counts: cM[e * 2**k + top mantissa bits] (E x 2**k), sg[sign],
  * H[min(emax - exponent[i-1], 15) * E + e[i]] over i >= 1 (16 x E). The histograms must be zeroed. */
 PyObject *tans_float_fields(PyObject *self, PyObject *args)
@@ -54,38 +81,47 @@ PyObject *tans_float_fields(PyObject *self, PyObject *args)
         return NULL;
     PyObject *result = NULL;
     const Py_ssize_t E = emax - emin + 1;
-    if (n < 1 || u.len < n * 8 || bits < 2 || bits > 64 || k < 0 || mb < k || eb < 1 || mb + eb + 1 != bits ||
-        emin < 0 || E < 1 || emax >= (Py_ssize_t)1 << eb || eo.len < n * 2 || so.len < n * 8 ||
+    const int w = element_width(&u, n);
+    const int narrow = so.len == n * 2;
+    if (!w || bits < 2 || bits > 8 * w || k < 0 || mb < k || eb < 1 || mb + eb + 1 != bits ||
+        emin < 0 || E < 1 || emax >= (Py_ssize_t)1 << eb || eo.len < n * 2 || (so.len != n * 8 && !narrow) ||
+        (narrow && E << (k + 1) > 65536) ||
         cm.len < E * ((Py_ssize_t)8 << k) || sg.len < 16 || hh.len < 16 * E * 8) {
         PyErr_SetString(PyExc_ValueError, "float_fields: bad arguments");
         goto done;
     }
-    const uint64_t *restrict p = u.buf;
     uint16_t *restrict e = eo.buf;
-    int64_t *restrict sym = so.buf, *restrict cM = cm.buf, *restrict S = sg.buf, *restrict H = hh.buf;
+    int64_t *restrict sym = narrow ? NULL : so.buf, *restrict cM = cm.buf, *restrict S = sg.buf, *restrict H = hh.buf;
+    uint16_t *restrict sym16 = narrow ? so.buf : NULL;
     const uint64_t em = (UINT64_C(1) << eb) - 1, km = (UINT64_C(1) << k) - 1;
     const int rb = (int)(mb - k), sb = (int)(bits - 1);
     const int64_t T2 = INT64_C(2) << k;
     int64_t s1 = 0;
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS
-    int64_t prev = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const uint64_t v = p[i];
-        const int64_t x = (int64_t)((v >> mb) & em), top = (int64_t)(v >> rb & km), sign = (int64_t)(v >> sb & 1);
-        const int64_t ei = x - emin;
-        if (ei < 0 || ei >= E) {
-            bad = 1;
-            break;
+    FOR_EACH_WIDTH(w, {
+        int64_t prev = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const uint64_t v = element(u.buf, W, i);
+            const int64_t x = (int64_t)((v >> mb) & em), top = (int64_t)(v >> rb & km), sign = (int64_t)(v >> sb & 1);
+            const int64_t ei = x - emin;
+            if (ei < 0 || ei >= E) {
+                bad = 1;
+                break;
+            }
+            e[i] = (uint16_t)ei;
+            const int64_t si = ei * T2 + (sign << k | top);
+            if (narrow)
+                sym16[i] = (uint16_t)si;
+            else
+                sym[i] = si;
+            cM[(ei << k) + top]++;
+            s1 += sign;
+            if (i)
+                H[(prev < 15 ? prev : 15) * E + ei]++;
+            prev = emax - x;
         }
-        e[i] = (uint16_t)ei;
-        sym[i] = ei * T2 + (sign << k | top);
-        cM[(ei << k) + top]++;
-        s1 += sign;
-        if (i)
-            H[(prev < 15 ? prev : 15) * E + ei]++;
-        prev = emax - x;
-    }
+    });
     Py_END_ALLOW_THREADS
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "float_fields: an exponent is outside [emin, emax]");
@@ -104,8 +140,9 @@ done:
     return result;
 }
 
-/* float_planes(u, n, raw_bits, out): the low raw_bits bits of each element as planes, lowest
- * first: out[j * n + i] = byte j of element i, then (raw_bits % 8) the nibble above them. */
+/* float_planes(u, n, raw_bits, out): the low raw_bits bits of each element (see element_width)
+ * as planes, lowest first: out[j * n + i] = byte j of element i, then (raw_bits % 8) the nibble
+ * above them. */
 PyObject *tans_float_planes(PyObject *self, PyObject *args)
 {
     Py_buffer u = {0}, out = {0};
@@ -114,19 +151,21 @@ PyObject *tans_float_planes(PyObject *self, PyObject *args)
         return NULL;
     PyObject *result = NULL;
     const Py_ssize_t whole = raw_bits / 8, np_ = whole + (raw_bits % 8 ? 1 : 0);
-    if (n < 0 || u.len < n * 8 || raw_bits < 0 || raw_bits > 64 || out.len < np_ * n) {
+    const int w = n == 0 && u.len == 0 ? 8 : element_width(&u, n);
+    if (n < 0 || !w || raw_bits < 0 || raw_bits > 8 * w || out.len < np_ * n) {
         PyErr_SetString(PyExc_ValueError, "float_planes: bad arguments");
         goto done;
     }
-    const uint64_t *restrict p = u.buf;
     uint8_t *restrict o = out.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t j = 0; j < whole; j++)
-        for (Py_ssize_t i = 0; i < n; i++)
-            o[j * n + i] = (uint8_t)(p[i] >> (8 * j));
-    if (np_ > whole)
-        for (Py_ssize_t i = 0; i < n; i++)
-            o[whole * n + i] = (uint8_t)(p[i] >> (8 * whole) & 15);
+    FOR_EACH_WIDTH(w, {
+        for (Py_ssize_t j = 0; j < whole; j++)
+            for (Py_ssize_t i = 0; i < n; i++)
+                o[j * n + i] = (uint8_t)(element(u.buf, W, i) >> (8 * j));
+        if (np_ > whole)
+            for (Py_ssize_t i = 0; i < n; i++)
+                o[whole * n + i] = (uint8_t)(element(u.buf, W, i) >> (8 * whole) & 15);
+    });
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
@@ -356,7 +395,9 @@ done:
     return result;
 }
 
-/* row_contexts(cls, n, C, shift, out): out[i] (int64) = cls[(i + shift) // C] */
+/* row_contexts(cls, n, C, shift, out): out[i] = cls[(i + shift) // C], out int64[n] or uint8[n]
+ * (classes are below 256; the 8-bit contexts are what tans.encode reads, an eighth of the bytes).
+ * Row by row: no division per element. */
 PyObject *tans_row_contexts(PyObject *self, PyObject *args)
 {
     Py_buffer cl = {0}, out = {0};
@@ -365,16 +406,31 @@ PyObject *tans_row_contexts(PyObject *self, PyObject *args)
         return NULL;
     PyObject *result = NULL;
     const Py_ssize_t nrows = n > 0 && C > 0 ? (n - 1 + shift) / C + 1 : 0;
-    if (n < 1 || C < 1 || shift < 0 || shift >= C || cl.len < nrows * 8 || out.len < n * 8) {
+    if (n < 1 || C < 1 || shift < 0 || shift >= C || cl.len < nrows * 8 || (out.len != n * 8 && out.len != n)) {
         PyErr_SetString(PyExc_ValueError, "row_contexts: bad arguments");
         goto done;
     }
     const int64_t *restrict c = cl.buf;
-    int64_t *restrict o = out.buf;
+    int64_t *restrict o = out.len == n * 8 ? out.buf : NULL;
+    uint8_t *restrict o8 = o ? NULL : out.buf;
+    int bad = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        o[i] = c[(i + shift) / C];
+    for (Py_ssize_t r = 0, i = 0; r < nrows; r++) {
+        const Py_ssize_t end = (r + 1) * C - shift < n ? (r + 1) * C - shift : n;
+        const int64_t v = c[r];
+        bad |= o8 && (v < 0 || v > 255);
+        for (; i < end; i++) {
+            if (o)
+                o[i] = v;
+            else
+                o8[i] = (uint8_t)v;
+        }
+    }
     Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "row_contexts: a class does not fit in 8 bits");
+        goto done;
+    }
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&cl);
@@ -382,11 +438,52 @@ done:
     return result;
 }
 
+/* The rows of encode_rows, for one width of symbols (wide: int64, else uint16) and of contexts
+ * (cwide: int64, else uint8), so that each copy of the loop reads its arrays without a branch. */
+static inline int encode_rows_loop(const void *symv, const int wide, Py_ssize_t n, const void *ctxv, const int cwide,
+                                   const int64_t *restrict cmap, Py_ssize_t ncmap, Py_ssize_t c0, Py_ssize_t T,
+                                   Py_ssize_t S, const int64_t *restrict fr, Py_ssize_t nrows,
+                                   int64_t *restrict out, uint16_t *restrict out16)
+{
+    const int64_t *restrict s64 = symv;
+    const uint16_t *restrict s16 = symv;
+    const int64_t *restrict c64 = ctxv;
+    const uint8_t *restrict c8 = ctxv;
+    Py_ssize_t step = 0;        /* i % T, counted: a division per symbol cost more than the rest */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t s = wide ? s64[i] : s16[i];
+        int64_t c = 0;
+        if (ctxv)
+            c = cwide ? c64[i] : c8[i];
+        else if (cmap) {
+            if (step == 0)
+                c = c0;
+            else {
+                const int64_t p = wide ? s64[i - 1] : s16[i - 1];
+                if (p < 0 || p >= ncmap)
+                    return 0;
+                c = cmap[p];
+            }
+            if (++step == T)
+                step = 0;
+        }
+        const int64_t r = c * S + s;
+        if (s < 0 || s >= S || c < 0 || r >= nrows || fr[r] == 0)
+            return 0;
+        if (out)
+            out[i] = r;
+        else
+            out16[i] = (uint16_t)r;
+    }
+    return 1;
+}
+
 /* encode_rows(sym, n, ctx, cmap, c0, T, S, fr, out) -> bool: tans.encode's row of each symbol,
  * out[i] = context * S + sym[i], where the context is ctx[i] (ctx given), cmap[sym[i - 1]] with
  * c0 at every lane start i % T == 0 (cmap given: contiguous lanes of T steps), or 0; False when
- * a row is out of range or has frequency 0 in fr (the caller raises). out is int64[n], or
- * uint16[n] where fr has at most 65536 rows. */
+ * a row is out of range or has frequency 0 in fr (the caller raises). sym is int64[n] or
+ * uint16[n], ctx int64[n] or uint8[n]; out is int64[n], or uint16[n] where fr has at most 65536
+ * rows. */
 PyObject *tans_encode_rows(PyObject *self, PyObject *args)
 {
     Py_buffer sb = {0}, cb = {0}, mb = {0}, fb = {0}, ob = {0};
@@ -399,43 +496,25 @@ PyObject *tans_encode_rows(PyObject *self, PyObject *args)
         (cmapo != Py_None && PyObject_GetBuffer(cmapo, &mb, PyBUF_SIMPLE) < 0))
         goto done;
     const Py_ssize_t nrows = fb.len / 8, ncmap = mb.len / 8;
-    if (n < 1 || T < 1 || S < 1 || sb.len < n * 8 || (ob.len != n * 8 && !(ob.len == n * 2 && nrows <= 65536)) ||
-        (cb.buf && cb.len < n * 8)) {
+    if (n < 1 || T < 1 || S < 1 || (sb.len != n * 8 && sb.len != n * 2) ||
+        (ob.len != n * 8 && !(ob.len == n * 2 && nrows <= 65536)) || (cb.buf && cb.len != n * 8 && cb.len != n)) {
         PyErr_SetString(PyExc_ValueError, "encode_rows: bad arguments");
         goto done;
     }
-    const int64_t *restrict sym = sb.buf, *restrict ctx = cb.buf, *restrict cmap = mb.buf, *restrict fr = fb.buf;
+    const int64_t *restrict cmap = mb.buf, *restrict fr = fb.buf;
     int64_t *restrict out = ob.len == n * 8 ? ob.buf : NULL;
     uint16_t *restrict out16 = out ? NULL : ob.buf;    /* 16-bit rows: see _tansenc.c */
-    int ok = 1;
+    const int wide = sb.len == n * 8, cwide = cb.buf && cb.len == n * 8;
+    int ok;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const int64_t s = sym[i];
-        int64_t c = 0;
-        if (ctx)
-            c = ctx[i];
-        else if (cmap) {
-            if (i % T == 0)
-                c = c0;
-            else {
-                const int64_t p = sym[i - 1];
-                if (p < 0 || p >= ncmap) {
-                    ok = 0;
-                    break;
-                }
-                c = cmap[p];
-            }
-        }
-        const int64_t r = c * S + s;
-        if (s < 0 || s >= S || c < 0 || r >= nrows || fr[r] == 0) {
-            ok = 0;
-            break;
-        }
-        if (out)
-            out[i] = r;
-        else
-            out16[i] = (uint16_t)r;
-    }
+    if (wide && cwide)
+        ok = encode_rows_loop(sb.buf, 1, n, cb.buf, 1, cmap, ncmap, c0, T, S, fr, nrows, out, out16);
+    else if (wide)
+        ok = encode_rows_loop(sb.buf, 1, n, cb.buf, 0, cmap, ncmap, c0, T, S, fr, nrows, out, out16);
+    else if (cwide)
+        ok = encode_rows_loop(sb.buf, 0, n, cb.buf, 1, cmap, ncmap, c0, T, S, fr, nrows, out, out16);
+    else
+        ok = encode_rows_loop(sb.buf, 0, n, cb.buf, 0, cmap, ncmap, c0, T, S, fr, nrows, out, out16);
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(ok);
 done:

@@ -132,7 +132,8 @@ def k_of(fmt: int) -> int:
 
 
 def split_elements(data: memoryview, hint: ChunkHint) -> tuple[int, np.ndarray, int, bytes, int]:
-    """(format id, elements as uint64, element count, trailing bytes, CRC-32 of data)."""
+    """(format id, elements as unsigned integers of their own width, element count, trailing bytes,
+    CRC-32 of data). The elements are a view of data where it is aligned for them, else a copy."""
     fmt = FORMAT_OF.get((hint.dtype or "").upper())
     if fmt is None:
         raise ValueError(f"floatsplit: no float format for dtype {hint.dtype!r}")
@@ -140,7 +141,7 @@ def split_elements(data: memoryview, hint: ChunkHint) -> tuple[int, np.ndarray, 
     width = bits // 8
     a = np.frombuffer(data, dtype=np.uint8)
     n = len(a) // width
-    u = a[: n * width].view(_UINT[bits]).astype(np.uint64)
+    u = np.require(a[: n * width].view(_UINT[bits]), requirements=("A", "C"))
     return fmt, u, n, a[n * width:].tobytes(), zlib.crc32(data)
 
 
@@ -164,7 +165,7 @@ class Fit:
 class Fields:
     """What fit_model counts in its pass over a chunk's elements."""
     e: np.ndarray       # exponent - emin of each element (an unsigned or int64 array)
-    sym: np.ndarray     # each element's tANS symbol, int64
+    sym: np.ndarray     # each element's tANS symbol (uint16 from the compiled pass, int64 from numpy)
     emin: int
     emax: int
     cM: np.ndarray      # E x 2**k: counts of (exponent, top mantissa bits)
@@ -178,11 +179,14 @@ def chunk_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     if tans._loop is None or n < 1:
         return numpy_fields(u, n, fmt)
     _, bits, eb, mb, k = FORMATS[fmt]
-    u = np.ascontiguousarray(u, dtype=np.uint64)
+    if u.dtype.itemsize not in (2, 4, 8) or u.dtype.kind != "u" or len(u) != n:
+        u = np.asarray(u[:n], dtype=np.uint64)
+    u = np.require(u, requirements=("A", "C"))
     emin, emax = tans._loop.float_range(u, n, mb, eb)
     E = emax - emin + 1
     e = np.empty(n, dtype=np.uint16)
-    sym = np.empty(n, dtype=np.int64)
+    # 16-bit symbols where every symbol fits (every format here): a quarter of int64's bytes
+    sym = np.empty(n, dtype=np.uint16 if E << (k + 1) <= 1 << 16 else np.int64)
     cM = np.zeros((E, 1 << k), dtype=np.int64)
     sg = np.zeros(2, dtype=np.int64)
     H = np.zeros((16, E), dtype=np.int64)
@@ -194,6 +198,7 @@ def numpy_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     """chunk_fields in numpy: the reference the compiled pass is tested against."""
     _, bits, eb, mb, k = FORMATS[fmt]
     raw_bits = mb - k
+    u = np.asarray(u, dtype=np.uint64)
     exp = ((u >> np.uint64(mb)) & np.uint64((1 << eb) - 1)).astype(np.int64)
     top = ((u >> np.uint64(bits - 1)).astype(np.int64) << k) | \
         ((u >> np.uint64(raw_bits)).astype(np.int64) & ((1 << k) - 1))
@@ -606,7 +611,7 @@ def _row_contexts(cls: np.ndarray, n: int, C: int, shift: int) -> np.ndarray:
     """The row class of each element: cls[(i + shift) // C]."""
     if tans._loop is None:
         return cls[(np.arange(n) + shift) // C]
-    out = np.empty(n, dtype=np.int64)
+    out = np.empty(n, dtype=np.uint8)      # at most 8 classes (_row_classes)
     tans._loop.row_contexts(np.ascontiguousarray(cls, dtype=np.int64), n, C, shift, out)
     return out
 
@@ -639,8 +644,11 @@ def _raw_planes(u: np.ndarray, raw_bits: int) -> np.ndarray:
     nplanes = raw_bits // 8 + (1 if raw_bits % 8 else 0)
     out = np.empty((nplanes, len(u)), dtype=np.uint8)
     if tans._loop is not None and raw_bits:
-        tans._loop.float_planes(np.ascontiguousarray(u, dtype=np.uint64), len(u), raw_bits, out)
+        if u.dtype.itemsize not in (2, 4, 8) or u.dtype.kind != "u":
+            u = np.asarray(u, dtype=np.uint64)
+        tans._loop.float_planes(np.require(u, requirements=("A", "C")), len(u), raw_bits, out)
         return out
+    u = np.asarray(u, dtype=np.uint64)
     for j in range(raw_bits // 8):
         out[j] = (u >> np.uint64(8 * j)) & np.uint64(255)
     if raw_bits % 8:

@@ -237,11 +237,14 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     T, Wp, act = layout(n, lanes, interleaved)
     L, S, R = tab.L, tab.S, tab.R
     ks, thr, start, fr, enc = tab._encode_tables()
-    sym = np.asarray(sym, dtype=np.int64)
     if _loop is not None:
+        # the compiled rows read 16-bit symbols and 8-bit contexts as they are (a chunk's worth
+        # of int64 copies was a large part of a float chunk's encode); anything else as int64
+        sym = np.ascontiguousarray(sym, dtype=np.uint16 if np.asarray(sym).dtype == np.uint16 else np.int64)
+        if ctx is not None:
+            ctx = np.ascontiguousarray(ctx, dtype=np.uint8 if np.asarray(ctx).dtype == np.uint8 else np.int64)
         si_all = np.empty(n, dtype=row_dtype(fr.size))
-        if not _loop.encode_rows(np.ascontiguousarray(sym), n,
-                                 None if ctx is None else np.ascontiguousarray(ctx, dtype=np.int64),
+        if not _loop.encode_rows(sym, n, ctx,
                                  None if dyn is None else np.ascontiguousarray(dyn[0], dtype=np.int64),
                                  0 if dyn is None else int(dyn[1]), T, S, fr, si_all):
             raise ValueError("tans: a symbol has zero frequency in its table")
@@ -249,6 +252,7 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
         if bits_back is not None:
             x += bits_back
         return _loop.encode(si_all, n, T, Wp, interleaved, ks, thr, np.ascontiguousarray(start - fr), enc, x, R)
+    sym = np.asarray(sym, dtype=np.int64)
     if dyn is not None:
         ctx = np.empty(n, dtype=np.int64)
         ctx[1:] = dyn[0][sym[:-1]]
