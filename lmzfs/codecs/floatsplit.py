@@ -179,9 +179,7 @@ def chunk_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     if tans._loop is None or n < 1:
         return numpy_fields(u, n, fmt)
     _, bits, eb, mb, k = FORMATS[fmt]
-    if u.dtype.itemsize not in (2, 4, 8) or u.dtype.kind != "u" or len(u) != n:
-        u = np.asarray(u[:n], dtype=np.uint64)
-    u = np.require(u, requirements=("A", "C"))
+    u = _compiled_elements(u[:n])
     emin, emax = tans._loop.float_range(u, n, mb, eb)
     E = emax - emin + 1
     e = np.empty(n, dtype=np.uint16)
@@ -192,6 +190,14 @@ def chunk_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     H = np.zeros((16, E), dtype=np.int64)
     tans._loop.float_fields(u, n, bits, mb, eb, k, emin, emax, e, sym, cM, sg, H)
     return Fields(e, sym, emin, emax, cM, sg, H)
+
+
+def _compiled_elements(u: np.ndarray) -> np.ndarray:
+    """u as the compiled passes read it: unsigned integers of 2, 4 or 8 bytes, aligned and
+    contiguous (a view where u already is, else a copy; anything else as uint64)."""
+    if u.dtype.itemsize not in (2, 4, 8) or u.dtype.kind != "u":
+        u = np.asarray(u, dtype=np.uint64)
+    return np.require(u, requirements=("A", "C"))
 
 
 def numpy_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
@@ -644,9 +650,7 @@ def _raw_planes(u: np.ndarray, raw_bits: int) -> np.ndarray:
     nplanes = raw_bits // 8 + (1 if raw_bits % 8 else 0)
     out = np.empty((nplanes, len(u)), dtype=np.uint8)
     if tans._loop is not None and raw_bits:
-        if u.dtype.itemsize not in (2, 4, 8) or u.dtype.kind != "u":
-            u = np.asarray(u, dtype=np.uint64)
-        tans._loop.float_planes(np.require(u, requirements=("A", "C")), len(u), raw_bits, out)
+        tans._loop.float_planes(_compiled_elements(u), len(u), raw_bits, out)
         return out
     u = np.asarray(u, dtype=np.uint64)
     for j in range(raw_bits // 8):
