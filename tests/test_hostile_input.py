@@ -103,6 +103,7 @@ def test_a_file_cut_short_during_add_is_one_line_and_adds_nothing(tmp_path):
     assert isinstance(exc, StoreError)
     assert str(exc) == f"{src}/a.bin was cut short while being added; nothing was added, try again when it is stable"
     assert model_names(store) == []
+    assert all_pack_bytes(store) == b""       # what the add had appended is cut, its new pack gone
 
 
 def test_a_file_swapped_for_a_fifo_during_add_is_refused_without_hanging(tmp_path):
@@ -136,6 +137,7 @@ def test_a_file_replaced_by_another_regular_file_during_add_is_refused(tmp_path)
     exc = swap_during_add(store, src, swap)
     assert str(exc) == f"{src}/b.bin changed while being added; nothing was added, try again when it is stable"
     assert model_names(store) == []
+    assert all_pack_bytes(store) == b""
 
 
 def test_a_directory_swapped_for_a_symlink_during_add_is_refused(tmp_path):

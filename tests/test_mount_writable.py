@@ -254,6 +254,7 @@ def test_a_full_disk_gives_enospc_to_the_writer_loses_nothing_fsyncd_and_reads_g
             f.write(kept)
             f.flush()
             os.fsync(f.fileno())
+        packed = sum(p.stat().st_size for p in (store / "packs").iterdir())
         fd = os.open(mnt / "ck" / "filler.bin", os.O_CREAT | os.O_WRONLY)
         with pytest.raises(OSError) as full:
             for _ in range(64):
@@ -262,6 +263,8 @@ def test_a_full_disk_gives_enospc_to_the_writer_loses_nothing_fsyncd_and_reads_g
         with pytest.raises(OSError) as closing:
             os.close(fd)                     # the commit cannot be written either
         assert closing.value.errno == errno.ENOSPC
+        # the failed commit cut what it had appended: the packs hold what they held before
+        assert sum(p.stat().st_size for p in (store / "packs").iterdir()) == packed
         assert (mnt / "ck" / "kept.bin").read_bytes() == kept
         os.unlink(mnt / "ck" / "filler.bin")  # frees the spool's bytes
         (mnt / "ck" / "after.txt").write_text("space again")

@@ -1,8 +1,9 @@
 """`lmz add`: pack a model directory (or one file) into the store, atomically.
 
 Order of durability: chunk payloads are appended to packs and fsync'd first; only then does one
-catalog transaction make the model, its files, extents and new chunks visible. A process killed
-before that commit leaves only dead bytes at the end of a pack, which `lmz gc` reclaims.
+catalog transaction make the model, its files, extents and new chunks visible. An add that fails
+before that commit (a full disk, a file that changed under it) cuts what it appended; a process
+killed before it leaves only dead bytes at the end of a pack, which `lmz gc` reclaims.
 
 Checkpoint chains: unless told not to (`--no-delta`), an add picks a stored model to pair with
 (`--base`, or store/delta_plan.py's choice), stores the new model's chunks coded alone and recodes
@@ -215,9 +216,14 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                                         recoder.rows if recoder is not None else {})
                 except sqlite3.Error as exc:
                     # e.g. a full disk: the transaction rolled back, so nothing of this add is
-                    # visible; its pack bytes are garbage for `lmz gc`.
+                    # visible, and its pack bytes are cut below
                     raise StoreError(f"could not record {name!r} in the catalog ({exc}); nothing was "
-                                     f"added, and `lmz gc` reclaims the space it used") from exc
+                                     f"added") from exc
+            except BaseException:
+                # nothing of this add was committed: what it appended goes, so that a failed add
+                # (a full disk above all) leaves the store's disk use as it found it
+                writer.discard(catalog.payload_end)
+                raise
             finally:
                 writer.close()
             if old_packs:

@@ -564,6 +564,12 @@ class Catalog:
         return self.db.execute("SELECT 1 FROM chunks WHERE id=?", (chunk_id,)).fetchone() is not None
 
     @_guarded
+    def payload_end(self, pack_id: int) -> int:
+        """Where the last record the catalog names in pack `pack_id` ends (0: it names none)."""
+        return self.db.execute("SELECT COALESCE(MAX(offset + length), 0) FROM chunks WHERE pack = ?",
+                               (pack_id,)).fetchone()[0]
+
+    @_guarded
     def chunk_count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
 

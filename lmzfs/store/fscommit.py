@@ -86,6 +86,9 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
         except sqlite3.Error as exc:
             raise StoreError(f"could not record {model}/{path} in the catalog ({exc}); its bytes stay in "
                              f"the spool") from exc
+    except BaseException:
+        writer.discard(catalog.payload_end)    # nothing was committed: a full disk gets no fuller
+        raise
     finally:
         if recoder is not None:
             recoder.close()

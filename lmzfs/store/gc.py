@@ -198,7 +198,14 @@ def _remedy(store: StorePaths, catalog: Catalog, on_disk: dict[int, int], live: 
                 Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
             elif last in delete or last in rewrite:
                 Catalog.record_pack_ids(tx, None, 0)
-        catalog.write_or_free_copies(record)
+        # Bytes no catalog row names (what a killed add appended) go without a transaction: on a
+        # full disk a commit may find no room for its log, and these frees are what makes room.
+        if moves or result.chunks_dropped or lost or last in delete or last in rewrite:
+            catalog.write_or_free_copies(record)
+    except BaseException:
+        if writer is not None:
+            writer.discard(catalog.payload_end)    # nothing moved: the copies go
+        raise
     finally:
         if writer is not None:
             writer.close()

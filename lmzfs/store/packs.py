@@ -6,8 +6,9 @@ A pack starts with a 16-byte header (magic, version) and then holds records back
 
 The catalog records (pack id, payload offset, payload length) for each chunk; the record header
 makes a pack self-describing so damage can be told from a catalog mismatch, and so a pack can be
-scanned without the catalog. Bytes appended by an add that never committed are dead space that
-`lmz gc` reclaims.
+scanned without the catalog. A write that fails before its catalog commit (a full disk, a file
+that changed under `lmz add`) cuts what it appended (`PackWriter.discard`); bytes appended by a
+process killed before its commit are dead space that `lmz gc` reclaims.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from lmzfs.store.layout import FILE_MODE, StorePaths, StoreError, fsync_dir
 
@@ -84,12 +86,19 @@ class PackWriter:
         self._fd: int | None = None
         self._size = 0
         self.touched: list[int] = []
+        # pack id -> its size when this writer began appending to it; 0: this writer created it
+        self._began: dict[int, int] = {}
         path = paths.pack(append_to) if append_to is not None else None
         if path is not None and path.exists() and path.stat().st_size < MAX_PACK_BYTES:
             fd = os.open(path, os.O_RDWR)
-            check_pack_header(fd, path)
+            try:
+                check_pack_header(fd, path)
+            except BaseException:
+                os.close(fd)
+                raise
             self._fd, self._pack_id, self._size = fd, append_to, os.fstat(fd).st_size
             self.touched.append(append_to)
+            self._began[append_to] = self._size
         else:
             self._create()
 
@@ -105,12 +114,17 @@ class PackWriter:
                 raise StoreError(f"cannot create pack {pack_id}: {exc.strerror}") from exc
         try:
             if os.write(fd, PACK_HEADER) != len(PACK_HEADER):
-                raise OSError(28, "short write (disk full?)")
+                raise OSError(errno.ENOSPC, "short write (disk full?)")
             os.fsync(fd)
             fsync_dir(self._paths.packs)
         except OSError as exc:
             os.close(fd)
+            try:
+                os.unlink(self._paths.pack(pack_id))      # it holds nothing yet
+            except OSError:
+                pass
             raise StoreError(f"cannot create pack {pack_id}: {exc.strerror}") from exc
+        self._began[pack_id] = 0
         self._fd, self._pack_id, self._size = fd, pack_id, len(PACK_HEADER)
         self._next_new = pack_id + 1
         self.touched.append(pack_id)
@@ -118,7 +132,7 @@ class PackWriter:
     def append(self, chunk_id: bytes, payload: bytes | memoryview) -> ChunkLocation:
         if self._size >= MAX_PACK_BYTES:
             self.sync()
-            os.close(self._fd)
+            self.close()
             self._create()
         record = RECORD_HEADER.pack(RECORD_MAGIC, chunk_id, len(payload))
         offset = self._size
@@ -147,3 +161,32 @@ class PackWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def discard(self, named_end: Callable[[int], int]) -> bool:
+        """Cut everything this writer appended, for a write that failed before its catalog commit:
+        each pack it created is removed, each pack it appended to is cut back to its size before.
+        `named_end(pack)` is where the last record the catalog names in that pack ends (0: none);
+        if it lies past where this writer began, a commit that reported failure went through, and
+        nothing is cut. Returns whether the bytes were cut. It never raises: whatever stops it (a
+        catalog it cannot read, an I/O error) leaves the bytes to `lmz gc`, as a killed process
+        does, and the caller reports the error that made it discard."""
+        self.close()
+        try:
+            if any(named_end(pack) > start for pack, start in self._began.items()):
+                return False
+            for pack, start in self._began.items():
+                path = self._paths.pack(pack)
+                if start == 0:
+                    path.unlink(missing_ok=True)
+                    continue
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    os.ftruncate(fd, start)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fsync_dir(self._paths.packs)
+        except Exception:       # noqa: BLE001 -- see above: the bytes stay for gc
+            return False
+        self._began.clear()
+        return True

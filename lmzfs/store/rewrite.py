@@ -93,8 +93,8 @@ def writing(store: StorePaths) -> Iterator[Catalog]:
             yield catalog
         except sqlite3.Error as exc:
             # e.g. a full disk: the transaction rolled back, so the store is as it was
-            raise StoreError(f"the rewrite could not be recorded in the catalog ({exc}); nothing changed, "
-                             f"and `lmz rewrite compact` reclaims the space it used") from exc
+            raise StoreError(f"the rewrite could not be recorded in the catalog ({exc}); nothing "
+                             f"changed") from exc
         finally:
             catalog.close()
 
@@ -216,6 +216,10 @@ def recode_chunks(store: StorePaths, catalog: Catalog, source: ChunkSource, jobs
         commit_changes(catalog, changes, writer)
         result.chunks_changed = len(changes)
         result.packs_written = len({c.new.pack for c in changes})
+    except BaseException:
+        if writer is not None:
+            writer.discard(catalog.payload_end)    # the pass changed nothing: its payloads go
+        raise
     finally:
         if writer is not None:
             writer.close()

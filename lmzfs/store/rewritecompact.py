@@ -121,6 +121,10 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
                 Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
             elif last in delete or last in rewrite:
                 Catalog.record_pack_ids(tx, None, 0)
+    except BaseException:
+        if writer is not None:
+            writer.discard(catalog.payload_end)    # nothing moved: the copies go
+        raise
     finally:
         for fd in fds.values():
             os.close(fd)
