@@ -141,7 +141,11 @@ def check_store(store: StorePaths, problems: list[str]) -> dict:
         return out
     _check_modes(store, out, problems)
     from lmzfs.store.catalogcheck import diagnose
-    verdict = diagnose(store)
+    try:
+        verdict = diagnose(store)
+    except StoreError as exc:           # cannot be read now (a full disk): not damage
+        problems.append(str(exc))
+        return out
     out["catalog_copies"] = {"clean": sum(1 for _, c in verdict.copies if c.clean), "found": len(verdict.copies),
                              "newest_generation": max((c.generation for _, c in verdict.copies if c.clean),
                                                       default=None),

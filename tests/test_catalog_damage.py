@@ -408,3 +408,73 @@ def test_after_a_repair_gc_keeps_the_chunks_that_are_only_references(tmp_path):
     assert run_lmz(["--store", str(store.root), "gc"]).rc == 0
     assert verify_store(store).ok
     assert file_digests(store.root) == kept
+
+
+# -- a full disk is not damage --------------------------------------------------------------------
+
+@pytest.fixture
+def full_disk_store(tmp_path):
+    """A store of two models on a 16 MiB tmpfs, then a file that fills the disk to the last block
+    (mounting a tmpfs needs root: skipped otherwise). Yields (store, the filler)."""
+    import contextlib
+    import subprocess
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    run = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True)
+    if run.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {run.stderr.decode().strip()}")
+    try:
+        store = StorePaths(disk / "store")
+        for name, seed in (("a", 1), ("b", 2)):
+            add_model(store, small_model(tmp_path / name, seed=seed, mib=1), name)
+        filler = disk / "filler"
+        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while f.write(bytes(1 << 16)) == 1 << 16:
+                pass
+        yield store, filler
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def store_files(store: StorePaths) -> dict[str, str]:
+    """Every file of the store directory but SQLite's -shm and -wal -> the SHA-256 of its bytes."""
+    return {str(p.relative_to(store.root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(store.root.rglob("*")) if p.is_file() and not p.name.endswith(("-shm", "-wal"))}
+
+
+def test_on_a_full_disk_every_command_says_so_and_repair_moves_nothing(full_disk_store):
+    store, filler = full_disk_store
+    before = store_files(store)
+    said = (f"lmz: catalog {store.catalog} cannot be used: disk I/O error; the disk holding it is full "
+            f"(0 bytes free), and SQLite needs room beside the catalog for its -shm and -wal files: free some "
+            f"space on that disk and try again")
+    for argv in (["ls"], ["rm", "a"], ["gc"]):
+        out = run_lmz(["--store", str(store.root), *argv])
+        assert (out.traceback, out.rc, out.stderr) == (None, 2, said + "\n")
+    out = repair(store)         # a sound catalog that cannot be opened now is not set aside
+    assert (out.traceback, out.rc, out.stderr) == (None, 2, said + "; it is not judged damaged\n")
+    with pytest.raises(MountError) as err:
+        check_store_for_mount(store.root)
+    assert str(err.value) == said[len("lmz: "):] + "; it is not judged damaged"
+    problems: list[str] = []
+    doctor_check_store(store, problems)
+    assert problems == [said[len("lmz: "):] + "; it is not judged damaged"]
+    assert store_files(store) == before
+    filler.unlink()
+    assert verify_store(store).ok
+    assert run_lmz(["--store", str(store.root), "ls"]).rc == 0
+
+
+def test_a_repair_with_no_room_for_the_copy_changes_nothing(full_disk_store):
+    store, filler = full_disk_store
+    damage_file(store.catalog, Damage("zero-page", 0))      # damage that needs no -shm to be seen
+    before = store_files(store)
+    copy = list_copies(store.catalog)[0].path
+    out = repair(store)
+    assert (out.traceback, out.rc) == (None, 2)
+    assert out.stderr == (f"lmz: could not write out copy {copy.name} to restore the catalog: No space left on "
+                          f"device (the disk holding the store is full: 0 bytes free); nothing was changed\n")
+    assert store_files(store) == before       # no half-written catalog, no leftover file
+    filler.unlink()
+    assert repair(store).rc == 0
+    assert verify_store(store).ok

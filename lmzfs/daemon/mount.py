@@ -56,10 +56,13 @@ def check_store(store_dir: Path) -> None:
     if not store_dir.is_dir():
         raise MountError(f"no store at {store_dir}; add a model first with: lmz add")
     from lmzfs.store.catalogcheck import diagnose
-    from lmzfs.store.layout import StorePaths
+    from lmzfs.store.layout import StoreError, StorePaths
     store = StorePaths(store_dir)
     if store.exists():
-        verdict = diagnose(store, check_packs=False)
+        try:
+            verdict = diagnose(store, check_packs=False)
+        except StoreError as exc:       # the catalog cannot be read now (a full disk): not damage
+            raise MountError(str(exc)) from None
         if not verdict.sound:
             raise MountError(f"catalog {store.catalog} is damaged: run lmz verify --repair ({verdict.problem})")
 

@@ -100,17 +100,44 @@ class CatalogDamaged(StoreError):
         self.detail = detail
 
 
-# SQLite result codes that mean the bytes of the file are wrong, not that it is busy or the disk full.
+# SQLite result codes (primary, the low byte of an extended one) that mean the bytes of the file
+# are wrong, not that it is busy, unreachable or the disk full.
 _DAMAGE_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_FORMAT}
 # A catalog whose schema page is damaged loses tables or columns: our fixed queries then fail so.
 _DAMAGE_MESSAGES = ("no such table", "no such column", "malformed", "not a database")
+# Free bytes under which a disk counts as full when SQLite fails: a connection's first open
+# creates catalog.sqlite-shm (32 KiB, reported as a disk I/O error if it cannot) and commits
+# grow catalog.sqlite-wal.
+FULL_DISK_BYTES = 1 << 20
+
+
+def is_damage(exc: sqlite3.Error) -> bool:
+    """Whether an SQLite error says that the file's bytes are wrong, rather than that it cannot be
+    read now (an I/O error, a full disk, a lock held, no permission)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (code is not None and (code & 0xFF) in _DAMAGE_CODES) or any(m in str(exc) for m in _DAMAGE_MESSAGES)
+
+
+def free_if_full(path: Path) -> int | None:
+    """The free bytes of the file system holding `path` if they are under FULL_DISK_BYTES (the
+    disk is full), else None."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    return free if free < FULL_DISK_BYTES else None
 
 
 def catalog_error(path: Path, exc: sqlite3.Error) -> StoreError:
     """The one-line StoreError for an SQLite failure on the catalog at `path`."""
     text = str(exc)
-    if getattr(exc, "sqlite_errorcode", None) in _DAMAGE_CODES or any(m in text for m in _DAMAGE_MESSAGES):
+    if is_damage(exc):
         return CatalogDamaged(path, text)
+    free = free_if_full(path)
+    if free is not None:
+        text += (f"; the disk holding it is full ({free} bytes free), and SQLite needs room beside the "
+                 f"catalog for its -shm and -wal files: free some space on that disk and try again")
     return StoreError(f"catalog {path} cannot be used: {text}")
 
 

@@ -17,9 +17,9 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmzfs.store.catalog import READABLE_VERSIONS, tables_of
+from lmzfs.store.catalog import READABLE_VERSIONS, catalog_error, is_damage, tables_of
 from lmzfs.store.catalogcopies import DIGEST_KEY, CatalogCopy, content_digest, list_copies
-from lmzfs.store.layout import StorePaths
+from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.packs import PACK_HEADER, PACK_MAGIC, RECORD_HEADER, RECORD_MAGIC, ChunkLocation
 
 # Values whose SQLite type is not the column's: a flipped type byte inside a row.
@@ -58,6 +58,7 @@ class FileCheck:
     problem: str | None          # None: it checks clean; else one line
     generation: int = 0
     digest: str | None = None
+    unreadable: bool = False     # it could not be read now (I/O error, full disk): not judged damaged
 
     def __post_init__(self) -> None:
         if self.problem is not None:
@@ -145,7 +146,9 @@ def examine(path: Path, *, copy: bool = False) -> FileCheck:
             return FileCheck(path, "its content differs from the digest recorded when it was written")
         return FileCheck(path, None, int(generation), digest)
     except sqlite3.Error as exc:
-        return FileCheck(path, str(exc))
+        if is_damage(exc):
+            return FileCheck(path, str(exc))
+        return FileCheck(path, str(catalog_error(path, exc)), unreadable=True)
     finally:
         db.close()
 
@@ -246,8 +249,12 @@ def _reaching(db: sqlite3.Connection, missing: set[bytes]) -> set[bytes]:
 
 
 def diagnose(store: StorePaths, *, check_packs: bool = True) -> Verdict:
-    """Judge the live catalog against its copies (and, where no copy can, against the packs)."""
+    """Judge the live catalog against its copies (and, where no copy can, against the packs).
+    StoreError if the live catalog cannot be read now (a full disk, an I/O error): that judges
+    nothing, and nothing may act on it as if it were damaged."""
     live = examine(store.catalog)
+    if live.unreadable:
+        raise StoreError(f"{live.problem}; it is not judged damaged")
     copies = [(c, examine(c.path, copy=True)) for c in list_copies(store.catalog)]
     if not live.clean:
         return Verdict(live, live.problem, copies)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog import Catalog, free_if_full
 from lmzfs.store.catalogcheck import PackIndex, broken_models, diagnose, index_packs
 from lmzfs.store.catalogcopies import DIGEST_KEY, due_marker, write_copy
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
@@ -63,10 +63,19 @@ def repair_catalog(store: StorePaths) -> RepairReport:
                 names = _salvage_model_names(newer.path)
                 if names is not None:
                     names_before = (names_before or set()) | names
+        # the copy is written out in full before the damaged file is moved: a full disk stops the
+        # repair with the store as it was, never without a catalog
+        staged = _stage(copy.path, store)
         report.damaged_kept = _set_aside(store)
         report.restored_from = copy.path
-        _install(copy.path, store)
-        _rederive(store, report)
+        os.replace(staged, store.catalog)
+        fsync_dir(store.root)
+        try:
+            _rederive(store, report)
+        except StoreError as exc:       # e.g. a disk that the restored file filled
+            kept = f" (the damaged file is kept as {report.damaged_kept.name})" if report.damaged_kept else ""
+            raise StoreError(f"restored the catalog from {copy.path.name}{kept}, but could not bring it up "
+                             f"to date with the packs: {exc}; run `lmz verify --repair` again") from exc
         if complete:
             pass        # the restored copy holds the last commit: a name only the damaged file yields is damage
         elif names_before is None:
@@ -124,16 +133,23 @@ def _set_aside(store: StorePaths) -> Path | None:
     return moved
 
 
-def _install(copy: Path, store: StorePaths) -> None:
+def _stage(copy: Path, store: StorePaths) -> Path:
+    """The copy, written out in full (fsync'd) beside the catalog, ready to be renamed over it."""
     tmp = store.catalog.with_name(store.catalog.name + ".restore-tmp")
-    shutil.copyfile(copy, tmp)
-    fd = os.open(tmp, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, store.catalog)
-    fsync_dir(store.root)
+        shutil.copyfile(copy, tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        free = free_if_full(store.catalog)
+        full = "" if free is None else f" (the disk holding the store is full: {free} bytes free)"
+        raise StoreError(f"could not write out copy {copy.name} to restore the catalog: "
+                         f"{exc.strerror or exc}{full}; nothing was changed") from exc
+    return tmp
 
 
 def _rederive(store: StorePaths, report: RepairReport) -> None:
