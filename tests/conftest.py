@@ -1,6 +1,7 @@
 """Shared fixtures."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lmzfs.testing.corpus import fetch
+from lmzfs.testing.smalldisk import CannotMount, small_disk
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -50,6 +52,20 @@ def model_dir(tmp_path_factory, minilm_path, smollm2_path) -> Path:
         '{"version": "1.0", "model": {"type": "WordPiece", "vocab": {' +
         ", ".join(f'"tok{i}": {i}' for i in range(5000)) + "}}}\n")
     return d
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """tmpfs(size, name="disk"): a tmpfs of that size (mount's size=, "12m") at tmp_path/name, to
+    run out of space on; unmounted when the test ends. Skips the test where mounting one is not
+    allowed (not root)."""
+    with contextlib.ExitStack() as stack:
+        def mount(size: str, name: str = "disk") -> Path:
+            try:
+                return stack.enter_context(small_disk(tmp_path / name, size))
+            except CannotMount as exc:
+                pytest.skip(str(exc))
+        yield mount
 
 
 @pytest.fixture

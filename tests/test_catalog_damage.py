@@ -27,6 +27,7 @@ from lmzfs.testing.catalogdamage import (PAGE, Damage, damage_file, file_digests
                                          run_lmz, run_trial, summary_line)
 from lmzfs.testing.checkpoints import bf16_checkpoints
 from lmzfs.testing.killpoints import kill_at_marker
+from lmzfs.testing.smalldisk import fill
 from lmzfs.testing.synthetic import small_model
 
 COMMANDS = [["ls"], ["ls", "--json"], ["ls", "m1"], ["cat", "m0/model.safetensors"], ["verify"], ["gc"]]
@@ -413,27 +414,14 @@ def test_after_a_repair_gc_keeps_the_chunks_that_are_only_references(tmp_path):
 # -- a full disk is not damage --------------------------------------------------------------------
 
 @pytest.fixture
-def full_disk_store(tmp_path):
-    """A store of two models on a 16 MiB tmpfs, then a file that fills the disk to the last block
-    (mounting a tmpfs needs root: skipped otherwise). Yields (store, the filler)."""
-    import contextlib
-    import subprocess
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    run = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True)
-    if run.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {run.stderr.decode().strip()}")
-    try:
-        store = StorePaths(disk / "store")
-        for name, seed in (("a", 1), ("b", 2)):
-            add_model(store, small_model(tmp_path / name, seed=seed, mib=1), name)
-        filler = disk / "filler"
-        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-            while f.write(bytes(1 << 16)) == 1 << 16:
-                pass
-        yield store, filler
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+def full_disk_store(tmp_path, tmpfs):
+    """A store of two models on a 16 MiB tmpfs, then a file that fills the disk to the last block.
+    Yields (store, the filler)."""
+    disk = tmpfs("16m")
+    store = StorePaths(disk / "store")
+    for name, seed in (("a", 1), ("b", 2)):
+        add_model(store, small_model(tmp_path / name, seed=seed, mib=1), name)
+    return store, fill(disk)
 
 
 def store_files(store: StorePaths) -> dict[str, str]:

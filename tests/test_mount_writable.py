@@ -231,17 +231,8 @@ def test_kill_9_after_writes_never_fsyncd_keeps_new_overwritten_truncated_rename
 
 
 @pytest.fixture
-def small_filesystem(tmp_path):
-    """A 24 MiB tmpfs (mounting one needs root: skipped otherwise)."""
-    where = tmp_path / "small"
-    where.mkdir()
-    run = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(where)], capture_output=True)
-    if run.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {run.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=True)
+def small_filesystem(tmpfs) -> Path:
+    return tmpfs("24m", "small")
 
 
 def test_a_full_disk_gives_enospc_to_the_writer_loses_nothing_fsyncd_and_reads_go_on(small_filesystem, tmp_path):

@@ -1,7 +1,6 @@
 """Store layer: add, ls, rm, gc, verify, crash safety and damage, called as functions and via the CLI."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import json
@@ -22,6 +21,7 @@ from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
 from lmzfs.store.verify import verify_store
 from lmzfs.testing.killpoints import kill_at_marker
+from lmzfs.testing.smalldisk import fill, free_bytes
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 
 
@@ -346,64 +346,44 @@ def test_lmz_add_chunk_size_cuts_smaller_chunks_that_read_back_exactly_and_refus
     assert "odd" not in capsys.readouterr().out
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_a_full_disk_is_a_clear_error_and_loses_nothing(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(disk)], check=True)
-    try:
-        store = StorePaths(disk / "store")
-        keep = small_model(tmp_path / "keep", seed=30, mib=2)
-        add_model(store, keep, "keep")
-        packed = pack_bytes(store)
-        big = tmp_path / "big"
-        big.mkdir()
-        (big / "weights.bin").write_bytes(os.urandom(16 << 20))
-        with pytest.raises(StoreError, match="disk full|No space left|full"):
-            add_model(store, big, "big")
-        assert pack_bytes(store) == packed       # the failed add cut what it appended
-        assert model_names(store) == ["keep"]
-        assert verify_store(store).ok
-        assert read_all(store.root)["keep/model.safetensors"] == (keep / "model.safetensors").read_bytes()
-        collect_garbage(store)
-        assert verify_store(store).ok
-        add_model(store, small_model(tmp_path / "after", seed=31, mib=1), "after")
-        assert model_names(store) == ["after", "keep"]
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+@pytest.fixture
+def disk(tmpfs) -> Path:
+    return tmpfs("12m")
 
 
-@contextlib.contextmanager
-def small_disk(tmp_path: Path, size: str):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_a_first_add_that_fills_the_disk_leaves_no_pack_and_the_space_free(tmp_path):
+def test_a_full_disk_is_a_clear_error_and_loses_nothing(tmp_path, disk):
+    store = StorePaths(disk / "store")
+    keep = small_model(tmp_path / "keep", seed=30, mib=2)
+    add_model(store, keep, "keep")
+    packed = pack_bytes(store)
     big = tmp_path / "big"
     big.mkdir()
     (big / "weights.bin").write_bytes(os.urandom(16 << 20))
-    with small_disk(tmp_path, "12m") as disk:
-        store = StorePaths(disk / "store")
-        free = free_bytes(disk)
-        assert lmz(["--store", str(store.root), "add", str(big), "--name", "big"]) == 2
-        assert list(store.packs.iterdir()) == []
-        assert free_bytes(disk) >= free - (1 << 20)     # the catalog's few pages, no pack bytes
-        assert model_names(store) == []
-        after = small_model(tmp_path / "after", seed=32, mib=1)
-        add_model(store, after, "after")
-        assert read_all(store.root)["after/model.safetensors"] == (after / "model.safetensors").read_bytes()
+    with pytest.raises(StoreError, match="disk full|No space left|full"):
+        add_model(store, big, "big")
+    assert pack_bytes(store) == packed       # the failed add cut what it appended
+    assert model_names(store) == ["keep"]
+    assert verify_store(store).ok
+    assert read_all(store.root)["keep/model.safetensors"] == (keep / "model.safetensors").read_bytes()
+    collect_garbage(store)
+    assert verify_store(store).ok
+    add_model(store, small_model(tmp_path / "after", seed=31, mib=1), "after")
+    assert model_names(store) == ["after", "keep"]
+
+
+def test_a_first_add_that_fills_the_disk_leaves_no_pack_and_the_space_free(tmp_path, disk):
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "weights.bin").write_bytes(os.urandom(16 << 20))
+    store = StorePaths(disk / "store")
+    free = free_bytes(disk)
+    assert lmz(["--store", str(store.root), "add", str(big), "--name", "big"]) == 2
+    assert list(store.packs.iterdir()) == []
+    assert free_bytes(disk) >= free - (1 << 20)     # the catalog's few pages, no pack bytes
+    assert model_names(store) == []
+    after = small_model(tmp_path / "after", seed=32, mib=1)
+    add_model(store, after, "after")
+    assert read_all(store.root)["after/model.safetensors"] == (after / "model.safetensors").read_bytes()
 
 
 KILLED_FIRST_ADD = """
@@ -418,44 +398,37 @@ add.add_model(StorePaths(Path(sys.argv[1])), Path(sys.argv[2]), "victim")
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_gc_on_a_full_disk_frees_what_a_killed_first_add_left(tmp_path):
+def test_gc_on_a_full_disk_frees_what_a_killed_first_add_left(tmp_path, disk):
     victim = small_model(tmp_path / "victim", seed=33, mib=4)
-    with small_disk(tmp_path, "12m") as disk:
-        store = StorePaths(disk / "store")
-        kill_at_marker([sys.executable, "-c", KILLED_FIRST_ADD, str(store.root), str(victim)], "HERE")
-        left = pack_bytes(store)
-        assert left > 1 << 20
-        with open(disk / "filler", "wb", buffering=0) as f:    # fill the disk to the last block
-            with contextlib.suppress(OSError):
-                while f.write(bytes(1 << 16)) == 1 << 16:
-                    pass
-        assert free_bytes(disk) < 1 << 16
-        assert collect_garbage(store).reclaimed == left    # no commit needed, none possible
-        assert pack_bytes(store) == 0
-        assert model_names(store) == []
-        assert verify_store(store).ok
+    store = StorePaths(disk / "store")
+    kill_at_marker([sys.executable, "-c", KILLED_FIRST_ADD, str(store.root), str(victim)], "HERE")
+    left = pack_bytes(store)
+    assert left > 1 << 20
+    fill(disk)
+    assert free_bytes(disk) < 1 << 16
+    assert collect_garbage(store).reclaimed == left    # no commit needed, none possible
+    assert pack_bytes(store) == 0
+    assert model_names(store) == []
+    assert verify_store(store).ok
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_a_gc_without_room_for_its_copies_leaves_the_packs_as_they_were(tmp_path):
+def test_a_gc_without_room_for_its_copies_leaves_the_packs_as_they_were(tmp_path, disk):
     old = small_model(tmp_path / "old", seed=34, mib=2)
     new = small_model(tmp_path / "new", seed=36, mib=3)
-    with small_disk(tmp_path, "12m") as disk:
-        store = StorePaths(disk / "store")
-        add_model(store, old, "old")
-        add_model(store, new, "new")
-        remove_models(store, ["old"])       # dead records ahead of live ones: gc must copy
-        packs = {p.name: p.read_bytes() for p in store.packs.iterdir()}
-        (disk / "filler").write_bytes(bytes(free_bytes(disk) - (1 << 20)))
-        with pytest.raises(StoreError, match="disk full|No space left|full"):
-            collect_garbage(store)
-        assert {p.name: p.read_bytes() for p in store.packs.iterdir()} == packs
-        assert model_names(store) == ["new"]
-        assert verify_store(store).ok
-        (disk / "filler").unlink()
-        assert collect_garbage(store).reclaimed > 0
-        assert read_all(store.root)["new/model.safetensors"] == (new / "model.safetensors").read_bytes()
+    store = StorePaths(disk / "store")
+    add_model(store, old, "old")
+    add_model(store, new, "new")
+    remove_models(store, ["old"])       # dead records ahead of live ones: gc must copy
+    packs = {p.name: p.read_bytes() for p in store.packs.iterdir()}
+    (disk / "filler").write_bytes(bytes(free_bytes(disk) - (1 << 20)))
+    with pytest.raises(StoreError, match="disk full|No space left|full"):
+        collect_garbage(store)
+    assert {p.name: p.read_bytes() for p in store.packs.iterdir()} == packs
+    assert model_names(store) == ["new"]
+    assert verify_store(store).ok
+    (disk / "filler").unlink()
+    assert collect_garbage(store).reclaimed > 0
+    assert read_all(store.root)["new/model.safetensors"] == (new / "model.safetensors").read_bytes()
 
 
 def test_a_writer_cuts_nothing_the_catalog_names(tmp_path, store_dir):
