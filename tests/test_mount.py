@@ -237,6 +237,31 @@ def test_mounting_over_a_non_empty_or_mounted_dir_or_without_a_store_is_a_clear_
         assert r.returncode == 2 and "already" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_store_on_a_read_only_file_system_is_served_listed_and_verified(tmp_path, tmpfs):
+    disk = tmpfs("16m")
+    src = small_model(tmp_path / "src", seed=50, mib=2)
+    store = disk / "store"
+    add_model(StorePaths(store), src, "m")
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)     # read-only media, say
+    want = (src / "model.safetensors").read_bytes()
+    r = lmz("--store", str(store), "ls")
+    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[0] == "m", r.stderr
+    assert lmz("--store", str(store), "verify").returncode == 0
+    assert subprocess.run([sys.executable, "-m", "lmzfs", "--store", str(store), "cat", "m/model.safetensors"],
+                          capture_output=True, check=True).stdout == want
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        r = lmz("--store", str(store), "mount", str(mnt))      # logs beside the store if it may
+        assert r.returncode == 0, r.stderr
+        assert (mnt / "m" / "model.safetensors").read_bytes() == want
+        assert lmz("umount", str(mnt)).returncode == 0
+    finally:
+        unmount_and_stop(mnt)
+    r = lmz("--store", str(store), "rm", "m")
+    assert (r.returncode, r.stderr) == (2, f"lmz: cannot write to the store: {store}/lock: Read-only file system\n")
+
+
 def test_the_stats_file_counts_what_was_served_and_is_hidden_from_listings(served, model_dir):
     import json
     root = served.parent

@@ -431,6 +431,36 @@ def test_a_gc_without_room_for_its_copies_leaves_the_packs_as_they_were(tmp_path
     assert read_all(store.root)["new/model.safetensors"] == (new / "model.safetensors").read_bytes()
 
 
+WRITER_KILLED_AFTER_A_COMMIT = """
+import os, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("INSERT OR REPLACE INTO meta VALUES ('copy_test_note', 'left in the log')")      # copy_* keys: outside the digest
+os._exit(0)         # no close: the commit stays in catalog.sqlite-wal, not yet copied into the file
+"""
+
+
+def test_a_read_only_store_with_commits_left_in_its_log_says_how_to_open_it(tmp_path, tmpfs):
+    disk = tmpfs("12m")
+    store = StorePaths(disk / "store")
+    add_model(store, small_model(tmp_path / "a", seed=51, mib=1), "a")
+    subprocess.run([sys.executable, "-c", WRITER_KILLED_AFTER_A_COMMIT, str(store.catalog)], check=True)
+    assert (disk / "store" / "catalog.sqlite-wal").stat().st_size > 0
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    assert model_names(store) == ["a"]          # SQLite reads the log through the -shm left with it
+    subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+    (disk / "store" / "catalog.sqlite-shm").unlink()      # as a copy of the store without it would be
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    out = subprocess.run([sys.executable, "-m", "lmzfs", "--store", str(store.root), "ls"], capture_output=True,
+                         text=True)
+    assert (out.returncode, out.stderr) == (2, f"lmz: catalog {store.catalog} cannot be used: unable to open "
+                                               f"database file; the file system holding it is read-only, and "
+                                               f"catalog.sqlite-wal beside it holds commits not yet in the file: "
+                                               f"open the store once where it is writable\n")
+    subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+    assert model_names(store) == ["a"]          # SQLite applies the log once it may
+    assert verify_store(store).ok
+
+
 def test_a_writer_cuts_nothing_the_catalog_names(tmp_path, store_dir):
     from lmzfs.store.packs import PackWriter
     store = StorePaths(store_dir)

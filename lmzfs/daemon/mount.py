@@ -6,6 +6,7 @@ by its own process can deadlock (the page fault waits on the daemon, the daemon 
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import os
@@ -13,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -307,17 +309,34 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
         argv.append("--writable")
     if archive_factory is not None:
         argv += ["--archive-factory", _factory_spec(archive_factory)]
-    return _launch(argv, mountpoint, store_dir / LOG_NAME)
+    return _launch(argv, mountpoint, log_path(store_dir))
+
+
+def log_path(store_dir: Path) -> Path:
+    """Where a background mount logs: the store's mount.log, or, for a store on a read-only file
+    system (or one this user may not write), a file named after the store in the user's runtime
+    directory ($XDG_RUNTIME_DIR, else the temporary directory)."""
+    if os.access(store_dir, os.W_OK):
+        return store_dir / LOG_NAME
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    tag = hashlib.sha256(os.fsencode(store_dir)).hexdigest()[:12]
+    return base / f"lmzfs-{os.getuid()}-{tag}-{LOG_NAME}"
 
 
 def _launch(argv: list[str], mountpoint: Path, log_path: Path) -> int:
+    try:
+        # never through a symlink planted at the name (the runtime directory may be the shared /tmp)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        _report(f"cannot open the mount's log {log_path}: {exc.strerror or exc}")
+        return USAGE_ERROR
+    log_start = os.fstat(log_fd).st_size
     ready_r, ready_w = os.pipe()
     argv = argv + ["--ready-fd", str(ready_w), str(mountpoint)]
-    log_start = log_path.stat().st_size if log_path.exists() else 0
     # A background server is not the process a service manager watches: it must not claim READY.
     env = {key: value for key, value in os.environ.items() if key != "NOTIFY_SOCKET"}
     try:
-        with open(log_path, "ab") as log_file, open(os.devnull, "rb") as devnull:
+        with open(log_fd, "ab") as log_file, open(os.devnull, "rb") as devnull:
             child = subprocess.Popen(argv, stdin=devnull, stdout=log_file, stderr=log_file,
                                      pass_fds=(ready_w,), start_new_session=True, env=env)
         os.close(ready_w)

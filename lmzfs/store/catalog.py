@@ -129,13 +129,43 @@ def free_if_full(path: Path) -> int | None:
     return free if free < FULL_DISK_BYTES else None
 
 
+def _on_read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _wal_holds_frames(path: Path) -> bool:
+    wal = path.with_name(path.name + "-wal")
+    try:
+        return wal.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def readonly_uri(path: Path) -> str:
+    """The URI a read-only connection opens the catalog at `path` by. The first connection to a
+    WAL-mode file creates its -shm and -wal files beside it, which a read-only file system (a
+    store shipped on read-only media, a read-only bind mount) does not allow. There, where
+    nothing can change the file, it is opened immutable: read as it is, without them. Not if a
+    -wal file holds frames (commits a killed writer left to be copied into the file, which only
+    SQLite's log reader applies): then the plain URI, whose error catalog_error explains."""
+    uri = f"file:{path}?mode=ro"
+    return uri + "&immutable=1" if _on_read_only_fs(path) and not _wal_holds_frames(path) else uri
+
+
 def catalog_error(path: Path, exc: sqlite3.Error) -> StoreError:
     """The one-line StoreError for an SQLite failure on the catalog at `path`."""
     text = str(exc)
     if is_damage(exc):
         return CatalogDamaged(path, text)
     free = free_if_full(path)
-    if free is not None:
+    if _on_read_only_fs(path):
+        if _wal_holds_frames(path):
+            text += (f"; the file system holding it is read-only, and {path.name}-wal beside it holds "
+                     f"commits not yet in the file: open the store once where it is writable")
+    elif free is not None:
         text += (f"; the disk holding it is full ({free} bytes free), and SQLite needs room beside the "
                  f"catalog for its -shm and -wal files: free some space on that disk and try again")
     return StoreError(f"catalog {path} cannot be used: {text}")
@@ -260,7 +290,7 @@ class Catalog:
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
             except OSError as exc:
                 raise StoreError(f"catalog {path} cannot be opened: {exc.strerror or exc}") from None
-        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        uri = readonly_uri(path) if readonly else f"file:{path}"
         self.db = None
         try:
             self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)

@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmzfs.store.catalog import READABLE_VERSIONS, catalog_error, is_damage, tables_of
+from lmzfs.store.catalog import READABLE_VERSIONS, catalog_error, is_damage, readonly_uri, tables_of
 from lmzfs.store.catalogcopies import DIGEST_KEY, CatalogCopy, content_digest, list_copies
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.packs import PACK_HEADER, PACK_MAGIC, RECORD_HEADER, RECORD_MAGIC, ChunkLocation
@@ -103,7 +103,7 @@ def examine(path: Path, *, copy: bool = False) -> FileCheck:
     if not path.exists():
         return FileCheck(path, "it is missing")
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        db = sqlite3.connect(readonly_uri(path), uri=True, isolation_level=None)
     except sqlite3.Error as exc:
         return FileCheck(path, str(exc))
     try:
@@ -267,7 +267,7 @@ def diagnose(store: StorePaths, *, check_packs: bool = True) -> Verdict:
     if live.generation < newest:
         return Verdict(live, f"its generation {live.generation} is older than its copy's {newest}", copies)
     if check_packs:
-        db = sqlite3.connect(f"file:{store.catalog}?mode=ro", uri=True, isolation_level=None)
+        db = sqlite3.connect(readonly_uri(store.catalog), uri=True, isolation_level=None)
         try:
             agree = agreement(db, index_packs(store))
         except sqlite3.Error as exc:

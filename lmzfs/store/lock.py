@@ -15,7 +15,10 @@ class WriterLock:
         self._fd: int | None = None
 
     def __enter__(self) -> "WriterLock":
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        try:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        except OSError as exc:      # a store on a read-only file system, or not this user's
+            raise StoreError(f"cannot write to the store: {self._path}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if self._wait else fcntl.LOCK_NB))
         except BlockingIOError:
