@@ -431,6 +431,46 @@ def test_a_gc_without_room_for_its_copies_leaves_the_packs_as_they_were(tmp_path
     assert read_all(store.root)["new/model.safetensors"] == (new / "model.safetensors").read_bytes()
 
 
+def test_an_add_larger_than_a_pack_spans_several_packs_and_reads_back(tmp_path, store_dir, monkeypatch):
+    from lmzfs.store import packs
+    monkeypatch.setattr(packs, "MAX_PACK_BYTES", 1 << 20)    # a real model crosses 1 GiB packs so
+    store = StorePaths(store_dir)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(random.Random(60).randbytes(5 << 20))
+    add_model(store, src, "big")
+    assert len(list(store.packs.glob("pack-*.lmzp"))) >= 4
+    assert read_all(store_dir)["big/weights.bin"] == (src / "weights.bin").read_bytes()
+    assert verify_store(store).ok
+    remove_models(store, ["big"])
+    collect_garbage(store)
+    assert pack_bytes(store) == 0
+
+
+def test_a_failed_add_spanning_several_packs_leaves_the_packs_as_they_were(tmp_path, store_dir, monkeypatch):
+    from lmzfs.store import packs
+    monkeypatch.setattr(packs, "MAX_PACK_BYTES", 1 << 20)
+    store = StorePaths(store_dir)
+    keep = small_model(tmp_path / "keep", seed=61, mib=1)
+    add_model(store, keep, "keep")
+    before = {p.name: p.read_bytes() for p in store.packs.iterdir()}
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(random.Random(62).randbytes(5 << 20))
+    (src / "b.bin").write_bytes(b"b" * 1000)
+
+    def progress(done: int, total: int) -> None:
+        if done >= 5 << 20:                         # a.bin is in the packs: b.bin changes now
+            with open(src / "b.bin", "ab") as f:
+                f.write(b"more")
+
+    with pytest.raises(StoreError, match="changed while being added"):
+        add_model(store, src, "big", progress=progress)
+    assert {p.name: p.read_bytes() for p in store.packs.iterdir()} == before
+    assert model_names(store) == ["keep"]
+    assert verify_store(store).ok
+
+
 WRITER_KILLED_AFTER_A_COMMIT = """
 import os, sqlite3, sys
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
