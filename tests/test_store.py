@@ -431,6 +431,24 @@ def test_a_gc_without_room_for_its_copies_leaves_the_packs_as_they_were(tmp_path
     assert read_all(store.root)["new/model.safetensors"] == (new / "model.safetensors").read_bytes()
 
 
+def test_a_store_whose_path_holds_uri_characters_is_added_read_verified_and_repaired(tmp_path, capsys):
+    store_dir = tmp_path / "models#2 ?v=1 100%41"     # SQLite reads ?, # and %XX in a file: URI
+    store = StorePaths(store_dir)
+    src = small_model(tmp_path / "a", seed=63, mib=1)
+    assert lmz(["--store", str(store_dir), "add", str(src), "--name", "a"]) == 0
+    capsys.readouterr()
+    assert lmz(["--store", str(store_dir), "ls"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "a"
+    assert read_all(store_dir)["a/model.safetensors"] == (src / "model.safetensors").read_bytes()
+    assert lmz(["--store", str(store_dir), "verify", "--repair"]) == 0
+    assert f"catalog {store.catalog}: sound" in capsys.readouterr().out
+    store.catalog.unlink()                  # repair reads the copies through the same URIs
+    assert lmz(["--store", str(store_dir), "verify", "--repair"]) == 0
+    assert model_names(store) == ["a"]
+    # nothing beside the store: a cut-off URI had put the catalog at tmp_path/models
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", store_dir.name]
+
+
 def test_an_add_larger_than_a_pack_spans_several_packs_and_reads_back(tmp_path, store_dir, monkeypatch):
     from lmzfs.store import packs
     monkeypatch.setattr(packs, "MAX_PACK_BYTES", 1 << 20)    # a real model crosses 1 GiB packs so

@@ -23,6 +23,7 @@ from lmzfs.store.catalogcopies import (content_digest, generation_of, list_copie
                                        write_copy)
 from lmzfs.store.layout import FILE_MODE, StoreError
 from lmzfs.store.packs import ChunkLocation
+from lmzfs.store.sqliteuri import sqlite_uri
 
 CATALOG_VERSION = 3
 # 1: chunks have no xxh3 column; their reads are checked by SHA-256. 2: no chunk is coded against
@@ -151,8 +152,7 @@ def readonly_uri(path: Path) -> str:
     nothing can change the file, it is opened immutable: read as it is, without them. Not if a
     -wal file holds frames (commits a killed writer left to be copied into the file, which only
     SQLite's log reader applies): then the plain URI, whose error catalog_error explains."""
-    uri = f"file:{path}?mode=ro"
-    return uri + "&immutable=1" if _on_read_only_fs(path) and not _wal_holds_frames(path) else uri
+    return sqlite_uri(path, read_only=True, immutable=_on_read_only_fs(path) and not _wal_holds_frames(path))
 
 
 def catalog_error(path: Path, exc: sqlite3.Error) -> StoreError:
@@ -290,7 +290,7 @@ class Catalog:
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
             except OSError as exc:
                 raise StoreError(f"catalog {path} cannot be opened: {exc.strerror or exc}") from None
-        uri = readonly_uri(path) if readonly else f"file:{path}"
+        uri = readonly_uri(path) if readonly else sqlite_uri(path)
         self.db = None
         try:
             self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)

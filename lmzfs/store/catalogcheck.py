@@ -105,7 +105,7 @@ def examine(path: Path, *, copy: bool = False) -> FileCheck:
     try:
         db = sqlite3.connect(readonly_uri(path), uri=True, isolation_level=None)
     except sqlite3.Error as exc:
-        return FileCheck(path, str(exc))
+        return _failed(path, exc)
     try:
         db.execute("BEGIN")         # one snapshot for every check below
         rows = [r[0] for r in db.execute("PRAGMA integrity_check(20)")]
@@ -146,11 +146,16 @@ def examine(path: Path, *, copy: bool = False) -> FileCheck:
             return FileCheck(path, "its content differs from the digest recorded when it was written")
         return FileCheck(path, None, int(generation), digest)
     except sqlite3.Error as exc:
-        if is_damage(exc):
-            return FileCheck(path, str(exc))
-        return FileCheck(path, str(catalog_error(path, exc)), unreadable=True)
+        return _failed(path, exc)
     finally:
         db.close()
+
+
+def _failed(path: Path, exc: sqlite3.Error) -> FileCheck:
+    """Damage, or a file that cannot be read now (a full disk, an I/O error): not judged."""
+    if is_damage(exc):
+        return FileCheck(path, str(exc))
+    return FileCheck(path, str(catalog_error(path, exc)), unreadable=True)
 
 
 def index_packs(store: StorePaths) -> PackIndex:

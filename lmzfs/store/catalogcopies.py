@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmzfs.store.layout import FILE_MODE, fsync_dir
+from lmzfs.store.sqliteuri import sqlite_uri
 
 KEEP_COPIES = 3
 COPY_PREFIX = ".copy-"
@@ -87,7 +88,7 @@ def list_copies(catalog: Path) -> list[CatalogCopy]:
 def recorded_digest(copy: Path) -> str | None:
     """The digest a copy recorded of its content when it was written (None: unreadable)."""
     try:
-        db = sqlite3.connect(f"file:{copy}?mode=ro", uri=True, isolation_level=None)
+        db = sqlite3.connect(sqlite_uri(copy, read_only=True), uri=True, isolation_level=None)
         try:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (DIGEST_KEY,)).fetchone()
             return row[0] if row else None

@@ -22,6 +22,7 @@ from lmzfs.store.catalogcopies import DIGEST_KEY, due_marker, write_copy
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.payloadsearch import place_chunks, salvage_chunk_rows
+from lmzfs.store.sqliteuri import sqlite_uri
 
 
 @dataclass
@@ -103,7 +104,7 @@ def _salvage_model_names(path: Path) -> set[str] | None:
     if not path.exists():
         return None
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        db = sqlite3.connect(sqlite_uri(path, read_only=True), uri=True, isolation_level=None)
         try:
             return {r[0] for r in db.execute("SELECT name FROM models") if isinstance(r[0], str)}
         finally:
