@@ -13,12 +13,13 @@ from typing import BinaryIO
 
 from .bounds import coalesce
 from .gguf import parse_gguf
+from .onnx import looks_like_onnx, parse_onnx
 from .safetensors import parse_safetensors
 from .segments import FileLayout, FormatError, Segment, opaque_layout
 from .torchzip import NotTorchZip, parse_torch_zip
 
 __all__ = ["FileLayout", "FormatError", "Segment", "opaque_layout", "parse_file", "parse_open_file",
-           "parse_gguf", "parse_safetensors", "parse_torch_zip"]
+           "parse_gguf", "parse_onnx", "parse_safetensors", "parse_torch_zip"]
 
 
 def _detect(head: bytes):
@@ -46,7 +47,10 @@ def parse_open_file(name: str, f: BinaryIO, size: int) -> FileLayout:
     what messages call it."""
     p = name
     f.seek(0)
-    parser = _detect(f.read(16))
+    head = f.read(16)
+    parser = _detect(head)
+    if parser is None and looks_like_onnx(name, head):     # ONNX has no magic: its name and a parse
+        parser = parse_onnx
     if parser is None:
         return opaque_layout(size)
     try:

@@ -13,7 +13,7 @@ import struct
 import zipfile
 from dataclasses import dataclass, field
 
-from lmzfs.formats import FileLayout, FormatError
+from lmzfs.formats import FileLayout, FormatError, parse_onnx
 # The GGUF parser's bounded reader and field decoders, reused rather than duplicated: they are
 # what makes walking an untrusted header safe.
 from lmzfs.formats.gguf import _INT_FORMAT, _STRING, MAX_HEADER_REGION, _read_alignment, _Reader, _skip_value, \
@@ -70,6 +70,18 @@ def safetensors_info(path: str, layout: FileLayout) -> ContainerInfo:
     if gaps:
         info.issues.append(f"{sum(s.length for s in gaps)} bytes in {len(gaps)} gap(s) of the data area belong to "
                            f"no tensor; the reference safetensors loader refuses such files")
+    return info
+
+
+def onnx_info(path: str, layout: FileLayout) -> ContainerInfo:
+    """The initializers whose data lies in the file as their elements (the others are header
+    bytes to every reader of ours: varint-packed values, external data)."""
+    with open(path, "rb") as f:
+        full = parse_onnx(path, f, layout.size)       # every tensor, small ones not merged
+    info = ContainerInfo()
+    for s in full.segments:
+        if s.kind == "tensor":
+            info.tensors.append(TensorInfo(s.name or "", s.dtype or "", math.prod(s.shape or ()), s.length))
     return info
 
 
@@ -166,6 +178,8 @@ def container_info(path: str, layout: FileLayout, head: bytes) -> ContainerInfo:
             return safetensors_info(path, layout)
         if layout.format == "gguf":
             return gguf_info(path, layout)
+        if layout.format == "onnx":
+            return onnx_info(path, layout)
     except (FormatError, ValueError, KeyError, OSError) as exc:   # the file changed since parse_file
         return ContainerInfo(issues=[f"header could not be re-read: {exc}"])
     if head.startswith(b"PK\x03\x04"):

@@ -1,0 +1,151 @@
+"""ONNX models: initializers whose data lies in the file as their elements are tensor segments;
+everything else stays header bytes; a malformed or hostile file is stored as opaque bytes."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lmzfs.cli import main as lmz
+from lmzfs.formats import FileLayout, FormatError, Segment, parse_file, parse_onnx
+from lmzfs.formats.bounds import tensor_limit
+from lmzfs.formats.onnx import MAX_NAME
+from lmzfs.reader import Archive
+from lmzfs.store.add import add_model
+from lmzfs.store.layout import StorePaths
+from lmzfs.testing.onnxfile import Initializer, field, onnx_bytes
+
+
+def parse_bytes(raw: bytes) -> FileLayout:
+    layout = parse_onnx("mem.onnx", io.BytesIO(raw), len(raw))
+    layout.check_tiling()
+    return layout
+
+
+def tensors(layout: FileLayout) -> dict[str, Segment]:
+    return {s.name: s for s in layout.segments if s.kind == "tensor"}
+
+
+RNG = np.random.default_rng(7)
+ARRAYS = {
+    "w.f32": RNG.normal(0, 0.02, (3, 4)).astype(np.float32),
+    "w.f16": RNG.normal(0, 1, 8).astype(np.float16),
+    "q.i8": RNG.integers(-128, 128, (2, 3, 4)).astype(np.int8),
+    "z.u8": RNG.integers(0, 256, 5).astype(np.uint8),
+    "n.i64": np.arange(6, dtype=np.int64).reshape(2, 3),
+}
+
+
+def test_initializers_in_raw_data_are_tensor_segments_holding_exactly_their_bytes():
+    raw = onnx_bytes([Initializer(n, a) for n, a in ARRAYS.items()]
+                     + [Initializer("w.bf16", RNG.integers(0, 1 << 16, 4).astype(np.uint16), data_type=16)])
+    layout = parse_bytes(raw)
+    assert layout.format == "onnx"
+    found = tensors(layout)
+    assert sorted(found) == sorted([*ARRAYS, "w.bf16"])
+    for name, a in ARRAYS.items():
+        s = found[name]
+        assert raw[s.offset:s.end] == a.tobytes()
+        assert (s.shape, s.itemsize) == (a.shape, a.itemsize)
+    assert [found[n].dtype for n in ("w.f32", "w.f16", "q.i8", "z.u8", "n.i64", "w.bf16")] == \
+        ["F32", "F16", "I8", "U8", "I64", "BF16"]
+    assert found["w.bf16"].shape == (4,)
+
+
+def test_packed_float_data_is_a_tensor_and_varint_and_external_data_stay_header():
+    f32 = RNG.normal(0, 1, (4, 4)).astype(np.float32)
+    raw = onnx_bytes([Initializer("packed", f32, data="float"),
+                      Initializer("varints", np.arange(10, dtype=np.int32), data="int32"),
+                      Initializer("elsewhere", f32, data="external")])
+    found = tensors(parse_bytes(raw))
+    assert list(found) == ["packed"]
+    assert raw[found["packed"].offset:found["packed"].end] == f32.tobytes()
+
+
+def test_a_tensor_whose_bytes_disagree_with_its_dims_or_type_stays_header():
+    a = np.arange(12, dtype=np.float32)
+    short = Initializer("short", a, data_type=11)            # DOUBLE dims, FLOAT bytes: half as many
+    unknown = Initializer("string", a, data_type=8)           # STRING has no fixed width
+    raw = onnx_bytes([short, unknown, Initializer("fine", a)])
+    assert list(tensors(parse_bytes(raw))) == ["fine"]
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (onnx_bytes([Initializer("a", np.zeros(64, np.float32))])[:-40], "truncated|runs past"),
+    (field(1, 8) + field(7, field(2, b"g")) + field(7, field(2, b"h")), "expected one graph, found 2"),
+    (field(1, 8), "expected one graph, found 0"),
+    (field(1, 8) + bytes([0x0B, 0x00]), "wire type 3"),
+    (field(1, 8) + bytes([0x00, 0x00]), "field number 0"),
+    (field(7, field(5, field(8, b"n" * (MAX_NAME + 1)))), f"a tensor name of {MAX_NAME + 1} bytes"),
+    (field(7, b"".join(field(5, field(2, 1)) for _ in range(tensor_limit(0) + 200))), "initializers exceed"),
+])
+def test_a_malformed_or_hostile_onnx_file_is_stored_as_opaque_bytes(tmp_path, raw, reason):
+    with pytest.raises(FormatError, match=reason) as excinfo:
+        parse_onnx("mem", io.BytesIO(raw), len(raw))
+    p = tmp_path / "model.onnx"
+    p.write_bytes(raw)
+    layout = parse_file(p)
+    layout.check_tiling()
+    assert (layout.format, layout.error) == ("opaque", f"{p}: {excinfo.value.reason}")
+
+
+def test_an_onnx_file_is_known_by_its_name(tmp_path):
+    raw = onnx_bytes([Initializer("a", ARRAYS["w.f32"])])
+    (tmp_path / "model.onnx").write_bytes(raw)
+    (tmp_path / "model.bin").write_bytes(raw)
+    assert parse_file(tmp_path / "model.onnx").format == "onnx"
+    assert (parse_file(tmp_path / "model.bin").format, parse_file(tmp_path / "model.bin").error) == ("opaque", None)
+
+
+def test_an_onnx_model_is_stored_smaller_than_its_bytes_as_opaque_and_reads_back_exactly(tmp_path, capsys):
+    weights = [Initializer(f"layer{i}.weight", RNG.normal(0, 0.02, (256, 512)).astype(np.float32)) for i in range(3)]
+    raw = onnx_bytes(weights, nodes=50)
+    for name in ("typed/model.onnx", "opaque/model.bin"):
+        (tmp_path / name).parent.mkdir()
+        (tmp_path / name).write_bytes(raw)
+    store = StorePaths(tmp_path / "store")
+    add_model(store, tmp_path / "typed", "typed")
+    add_model(store, tmp_path / "opaque", "opaque")
+    assert lmz(["--store", str(store.root), "ls", "--json"]) == 0
+    stored = {m["model"]: m["stored_bytes"] for m in json.loads(capsys.readouterr().out)}
+    assert stored["typed"] < 0.97 * stored["opaque"]
+    archive = Archive(store.root)
+    try:
+        for e in archive.files():
+            with archive.open(e) as r:
+                assert r.pread(0, e.size) == raw
+    finally:
+        archive.close()
+    assert lmz(["--store", str(store.root), "ls", "typed"]) == 0
+    assert "model.onnx    onnx" in capsys.readouterr().out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_damaged_onnx_bytes_never_stop_the_parse_and_typed_tensors_stay_inside_the_file(tmp_path, data):
+    raw = bytearray(onnx_bytes([Initializer(n, a) for n, a in ARRAYS.items()]))
+    for _ in range(data.draw(st.integers(1, 6))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    raw = bytes(raw[:data.draw(st.integers(1, len(raw)))])
+    p = tmp_path / "fuzz.onnx"
+    p.write_bytes(raw)
+    layout = parse_file(p)
+    layout.check_tiling()
+    for s in layout.segments:
+        if s.kind == "tensor" and s.shape is not None:
+            assert int(np.prod(s.shape, dtype=object)) * s.itemsize == s.length
+
+
+def test_inspect_lists_the_initializers_it_types(tmp_path, capsys):
+    p = tmp_path / "model.onnx"
+    p.write_bytes(onnx_bytes([Initializer(n, a) for n, a in ARRAYS.items()]
+                             + [Initializer("varints", np.arange(4, dtype=np.int32), data="int32")]))
+    assert lmz(["inspect", "--json", str(p)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["format"], report["tensors"], report["ok"]) == ("onnx", len(ARRAYS), True)
+    assert {k: v["tensors"] for k, v in report["dtypes"].items()} == {"F32": 1, "F16": 1, "I8": 1, "U8": 1, "I64": 1}
