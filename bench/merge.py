@@ -6,6 +6,9 @@
 For when code that one section measures changed after a full run (the compression table takes
 most of an hour; the mount table a quarter): the merged file says which sections came from where,
 and `bench/report.py MERGED.json` renders it. The later run's code state is recorded with the note.
+`compress:SUBJECT` takes one subject's rows of the compression table (every tool on that file,
+measured in the later run), replacing the base's rows of that subject or adding them: for a
+corpus file added after a full run.
 """
 from __future__ import annotations
 
@@ -24,9 +27,17 @@ def main() -> int:
     args = ap.parse_args()
     base, later = json.loads(args.base.read_text()), json.loads(args.later.read_text())
     for name in args.sections:
-        if name not in later:
-            raise SystemExit(f"{args.later} has no section {name!r}")
-        base[name] = later[name]
+        section, _, subject = name.partition(":")
+        if section not in later:
+            raise SystemExit(f"{args.later} has no section {section!r}")
+        if not subject:
+            base[section] = later[section]
+            continue
+        rows = [r for r in later[section] if isinstance(r, dict) and r.get("subject") == subject]
+        if not rows:
+            raise SystemExit(f"{args.later} has no {section} rows of {subject!r}")
+        kept = [r for r in base.get(section, []) if not (isinstance(r, dict) and r.get("subject") == subject)]
+        base[section] = kept + rows
     code = (later.get("meta", {}).get("code") or {}).get("measured") or {}
     state = f" (lmzfs commit {code.get('commit')}, source hash {code.get('source_sha256')})" if code else ""
     base.setdefault("meta", {}).setdefault("notes", []).append(args.note + state)

