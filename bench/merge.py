@@ -37,7 +37,12 @@ def main() -> int:
         if not rows:
             raise SystemExit(f"{args.later} has no {section} rows of {subject!r}")
         kept = [r for r in base.get(section, []) if not (isinstance(r, dict) and r.get("subject") == subject)]
-        base[section] = kept + rows
+        # single files come before the chains, as a full run orders them
+        at = next((i for i, r in enumerate(kept) if " chain" in str(r.get("subject", ""))), len(kept))
+        base[section] = kept[:at] + rows + kept[at:]
+        corpus = later.get("meta", {}).get("corpus", {})
+        if subject in corpus:
+            base.setdefault("meta", {}).setdefault("corpus", {})[subject] = corpus[subject]
     code = (later.get("meta", {}).get("code") or {}).get("measured") or {}
     state = f" (lmzfs commit {code.get('commit')}, source hash {code.get('source_sha256')})" if code else ""
     base.setdefault("meta", {}).setdefault("notes", []).append(args.note + state)
