@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmzfs.cli import main as lmz
-from lmzfs.formats import FileLayout, FormatError, Segment, parse_file, parse_onnx
+from lmzfs.formats import FileLayout, FormatError, Segment, parse_file, parse_onnx, parse_open_file
 from lmzfs.formats.bounds import tensor_limit
 from lmzfs.formats.onnx import MAX_NAME
 from lmzfs.reader import Archive
 from lmzfs.store.add import add_model
 from lmzfs.store.layout import StorePaths
-from lmzfs.testing.onnxfile import Initializer, field, onnx_bytes
+from lmzfs.testing.onnxfile import Initializer, external_data_model, field, onnx_bytes
 
 
 def parse_bytes(raw: bytes) -> FileLayout:
@@ -149,3 +149,59 @@ def test_inspect_lists_the_initializers_it_types(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert (report["format"], report["tensors"], report["ok"]) == ("onnx", len(ARRAYS), True)
     assert {k: v["tensors"] for k, v in report["dtypes"].items()} == {"F32": 1, "F16": 1, "I8": 1, "U8": 1, "I64": 1}
+
+
+# -- external data: a model over 2 GB keeps its initializers in files beside it ------------------
+
+def test_external_data_references_cut_the_data_file_into_its_tensors(tmp_path):
+    from lmzfs.formats import external_refs
+    arrays = {"w.f32": ARRAYS["w.f32"], "q.i8": ARRAYS["q.i8"], "w.f16": ARRAYS["w.f16"]}
+    model, data = external_data_model([Initializer(n, a) for n, a in arrays.items()], "model.onnx_data")
+    refs = external_refs("m.onnx", io.BytesIO(model), len(model))
+    assert [(r.location, r.name, r.dtype, r.shape) for r in refs] == [
+        ("model.onnx_data", n, d, a.shape) for (n, a), d in zip(arrays.items(), ("F32", "I8", "F16"))]
+    p = tmp_path / "model.onnx_data"
+    p.write_bytes(data)
+    with open(p, "rb") as f:
+        layout = parse_open_file(str(p), f, len(data), refs)
+    layout.check_tiling()
+    assert layout.format == "onnx-external-data"
+    for name, a in arrays.items():
+        s = tensors(layout)[name]
+        assert (data[s.offset:s.end], s.dtype is not None) == (a.tobytes(), True)
+    assert parse_file(p).format == "opaque"          # alone, it is plain bytes
+
+
+def test_references_past_the_file_or_overlapping_are_left_out():
+    from lmzfs.formats.onnx import ExternalRef, external_data_layout
+    refs = [ExternalRef("d", 0, 64, "a", "F32", (16,), 4), ExternalRef("d", 32, 64, "overlaps", "F32", (16,), 4),
+            ExternalRef("d", 96, 64, "past", "F32", (16,), 4), ExternalRef("d", 64, 32, "b", "I8", (32,), 1)]
+    layout = external_data_layout(128, refs)
+    layout.check_tiling()
+    assert [(s.name, s.offset, s.length) for s in layout.segments] == [("a", 0, 64), ("b", 64, 32), (None, 96, 32)]
+
+
+def test_an_add_of_a_model_with_external_data_codes_the_data_file_by_dtype(tmp_path, capsys):
+    weights = [Initializer(f"layer{i}.weight", RNG.normal(0, 0.02, (256, 512)).astype(np.float32)) for i in range(3)]
+    model, data = external_data_model(weights, "../escape/model.onnx_data", align=4096)   # refused: leads out
+    model_ok, _ = external_data_model(weights, "sub/model.onnx_data", align=4096)
+    for name, onnx in (("typed", model_ok), ("outside", model)):
+        (tmp_path / name / "sub").mkdir(parents=True)
+        (tmp_path / name / "model.onnx").write_bytes(onnx)
+        (tmp_path / name / "sub" / "model.onnx_data").write_bytes(data)
+    stored = {}
+    for model_name in ("typed", "outside"):     # a store each: the same bytes would be shared
+        store = StorePaths(tmp_path / f"store-{model_name}")
+        add_model(store, tmp_path / model_name, model_name)
+        assert lmz(["--store", str(store.root), "ls", model_name, "--json"]) == 0
+        stored[model_name] = {f["path"]: (f["format"], f["stored_bytes"]) for f in json.loads(capsys.readouterr().out)}
+        archive = Archive(store.root)
+        try:
+            for e in archive.files():
+                with archive.open(e) as r:
+                    assert r.pread(0, e.size) == (tmp_path / e.model / e.path).read_bytes()
+        finally:
+            archive.close()
+    typed, opaque = stored["typed"]["sub/model.onnx_data"], stored["outside"]["sub/model.onnx_data"]
+    assert (typed[0], opaque[0]) == ("onnx-external-data", "opaque")
+    assert typed[1] < 0.97 * opaque[1]

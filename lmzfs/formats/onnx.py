@@ -9,6 +9,12 @@ FLOAT or DOUBLE tensor, and holds exactly its dims' worth of its data type. Ever
 (nodes, names, dims, int32_data and int64_data, which hold varints, tensors of types without a
 fixed width, and data kept in an external file) stays header bytes, stored exactly as they are.
 
+Models over protobuf's 2 GB keep their initializers in external files (data_location =
+EXTERNAL, external_data: location, offset, length). external_refs lists them, and
+external_data_layout cuts such a file into those tensors, so that `lmz add` of the model's
+directory codes them by dtype too; a reference that leaves the file, overlaps another or
+disagrees with its dims is left out, and the bytes it names stay plain bytes.
+
 Bounds, as for the other containers (lmzfs.formats.bounds): at most MAX_FIELDS protobuf fields
 are walked, names are at most MAX_NAME bytes, dims at most MAX_RANK, and initializers within
 tensor_limit of the file's size; past them, or on a malformed message, FormatError (the file is
@@ -16,9 +22,10 @@ then stored as opaque bytes).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
-from .bounds import MAX_METADATA_ITEMS, too_many
+from .bounds import MAX_METADATA_ITEMS, tensor_limit, too_many
 from .segments import FileLayout, FormatError, Segment
 
 MAX_FIELDS = MAX_METADATA_ITEMS     # protobuf fields walked in all (nodes are skipped whole)
@@ -27,8 +34,10 @@ MAX_RANK = 64
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _GRAPH, _INITIALIZER = 7, 5                                  # ModelProto.graph, GraphProto.initializer
-_DIMS, _DATA_TYPE, _SEGMENT, _FLOAT_DATA, _NAME, _RAW_DATA, _DOUBLE_DATA, _DATA_LOCATION = 1, 2, 3, 4, 8, 9, 10, 14
+_DIMS, _DATA_TYPE, _SEGMENT, _FLOAT_DATA, _NAME, _RAW_DATA, _DOUBLE_DATA = 1, 2, 3, 4, 8, 9, 10
+_EXTERNAL_DATA, _DATA_LOCATION = 13, 14
 _EXTERNAL = 1
+_KEY, _VALUE = 1, 2                                          # StringStringEntryProto
 
 # TensorProto.DataType -> (dtype as the codecs spell it, bytes per element); types without a
 # fixed width (STRING, complex, 4-bit) are left as header bytes
@@ -95,42 +104,118 @@ class _Wire:
             pos += n
 
 
-def parse_onnx(path: str, f: BinaryIO, size: int) -> FileLayout:
-    wire = _Wire(path, f, size)
-    graphs = [(a, b) for number, w, a, b in wire.fields(0, size) if number == _GRAPH and w == _LEN]
+@dataclass(frozen=True)
+class ExternalRef:
+    """An initializer whose data lies in another file: `location` relative to the model's
+    directory, as the model names it; [offset, offset + length) in that file."""
+    location: str
+    offset: int
+    length: int
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class _Initializer:
+    name: str
+    dtype: str | None           # None: a data type without a fixed width
+    shape: tuple[int, ...] | None   # None: more than MAX_RANK dims
+    itemsize: int
+    data: tuple[int, int] | None    # in-file elements [a, b)
+    external: dict[str, str] | None
+
+
+def _initializers(wire: _Wire) -> Iterator[_Initializer]:
+    graphs = [(a, b) for number, w, a, b in wire.fields(0, wire.size) if number == _GRAPH and w == _LEN]
     if len(graphs) != 1:
-        raise FormatError(path, f"expected one graph, found {len(graphs)}")
-    tensors: list[Segment] = []
-    initializers = 0
+        raise FormatError(wire.path, f"expected one graph, found {len(graphs)}")
+    count = 0
     for number, w, a, b in wire.fields(*graphs[0]):
         if number == _INITIALIZER and w == _LEN:
-            initializers += 1
-            why = too_many(initializers, size, "initializers")
+            count += 1
+            why = too_many(count, wire.size, "initializers")
             if why:
-                raise FormatError(path, why)
-            t = _tensor(wire, a, b)
+                raise FormatError(wire.path, why)
+            t = _initializer(wire, a, b)
             if t is not None:
-                tensors.append(t)
+                yield t
+
+
+def parse_onnx(path: str, f: BinaryIO, size: int) -> FileLayout:
+    tensors = [Segment(t.data[0], t.data[1] - t.data[0], "tensor", t.name, t.dtype, t.shape, t.itemsize)
+               for t in _initializers(_Wire(path, f, size)) if t.data is not None and _whole(t, *t.data)]
     tensors.sort(key=lambda s: s.offset)
-    segments: list[Segment] = []
+    return FileLayout("onnx", size, tuple(_tiled(tensors, size)))
+
+
+def external_refs(path: str, f: BinaryIO, size: int) -> list[ExternalRef]:
+    """The initializers of the model in `f` whose data lies in another file (FormatError as
+    parse_onnx's)."""
+    out = []
+    for t in _initializers(_Wire(path, f, size)):
+        ext = t.external
+        if ext is None or t.dtype is None or t.shape is None or "location" not in ext:
+            continue
+        try:
+            offset = int(ext.get("offset", "0"))
+            length = int(ext["length"]) if "length" in ext else _numel(t.shape) * t.itemsize
+        except ValueError:
+            continue
+        if offset >= 0 and length > 0 and _numel(t.shape) * t.itemsize == length:
+            out.append(ExternalRef(ext["location"], offset, length, t.name, t.dtype, t.shape, t.itemsize))
+    return out
+
+
+def external_data_layout(size: int, refs: list[ExternalRef]) -> FileLayout:
+    """A file of `size` bytes that a model's external data references name, cut into those
+    tensors: each reference inside the file and clear of the ones before it (in offset order)
+    is a tensor segment; the rest, and what lies between, are plain bytes."""
+    tensors: list[Segment] = []
+    end = 0
+    for r in sorted(refs, key=lambda r: r.offset)[:tensor_limit(size)]:
+        if r.offset >= end and r.offset + r.length <= size:
+            tensors.append(Segment(r.offset, r.length, "tensor", r.name, r.dtype, r.shape, r.itemsize))
+            end = r.offset + r.length
+    return FileLayout("onnx-external-data", size, tuple(_tiled(tensors, size, kind="opaque")))
+
+
+def _tiled(tensors: list[Segment], size: int, kind: str = "header") -> list[Segment]:
+    """`tensors` (in offset order, not overlapping) with the bytes around them as `kind` segments."""
+    out: list[Segment] = []
     pos = 0
     for t in tensors:
         if t.offset > pos:
-            segments.append(Segment(pos, t.offset - pos, "header"))
-        segments.append(t)
+            out.append(Segment(pos, t.offset - pos, kind))
+        out.append(t)
         pos = t.end
     if pos < size:
-        segments.append(Segment(pos, size - pos, "header"))
-    return FileLayout("onnx", size, tuple(segments))
+        out.append(Segment(pos, size - pos, kind))
+    return out
 
 
-def _tensor(wire: _Wire, start: int, end: int) -> Segment | None:
-    """The data segment of one TensorProto, or None where its data is not its elements in place."""
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _whole(t: _Initializer, a: int, b: int) -> bool:
+    """The bytes [a, b) are exactly the tensor's elements."""
+    return t.dtype is not None and t.shape is not None and _numel(t.shape) * t.itemsize == b - a
+
+
+def _initializer(wire: _Wire, start: int, end: int) -> _Initializer | None:
+    """One TensorProto: its type, dims, and where its data lies; None where its data is not its
+    elements in one place (a segment of a split tensor, varint-packed values, two data fields)."""
     dims: list[int] = []
     dtype_id = 0
     name = ""
     data: dict[int, tuple[int, int]] = {}
-    external = False
+    external: dict[str, str] = {}
+    location = 0
     for number, w, a, b in wire.fields(start, end):
         if number == _DIMS and w == _VARINT:
             dims.append(a)
@@ -142,24 +227,31 @@ def _tensor(wire: _Wire, start: int, end: int) -> Segment | None:
         elif number == _DATA_TYPE and w == _VARINT:
             dtype_id = a
         elif number == _NAME and w == _LEN:
-            if b - a > MAX_NAME:
-                raise FormatError(wire.path, f"a tensor name of {b - a} bytes at offset {a} (at most {MAX_NAME})")
-            name = wire.read(a, b - a).decode("utf-8", errors="replace")
+            name = _text(wire, a, b, "a tensor name")
         elif number in (_RAW_DATA, _FLOAT_DATA, _DOUBLE_DATA) and w == _LEN and b > a:
             data[number] = (a, b)
+        elif number == _EXTERNAL_DATA and w == _LEN and len(external) < 16:
+            entry = {n: _text(wire, x, y, "an external data entry") for n, ww, x, y in wire.fields(a, b)
+                     if n in (_KEY, _VALUE) and ww == _LEN}
+            if _KEY in entry:
+                external[entry[_KEY]] = entry.get(_VALUE, "")
         elif number == _DATA_LOCATION and w == _VARINT:
-            external = a == _EXTERNAL
+            location = a
         elif number == _SEGMENT:
             return None                 # one part of a tensor split across several TensorProtos
-    if external or dtype_id not in DTYPES or len(dims) > MAX_RANK or len(data) != 1:
+    dtype, itemsize = DTYPES.get(dtype_id, (None, 0))
+    shape = tuple(dims) if len(dims) <= MAX_RANK else None
+    if location == _EXTERNAL:
+        return _Initializer(name, dtype, shape, itemsize, None, external)
+    if len(data) != 1:
         return None
-    dtype, itemsize = DTYPES[dtype_id]
-    (field, (a, b)), = data.items()
+    (field, span), = data.items()
     if (field == _FLOAT_DATA and dtype != "F32") or (field == _DOUBLE_DATA and dtype != "F64"):
         return None
-    numel = 1
-    for d in dims:
-        numel *= d
-    if numel * itemsize != b - a:
-        return None
-    return Segment(a, b - a, "tensor", name, dtype, tuple(dims), itemsize)
+    return _Initializer(name, dtype, shape, itemsize, span, None)
+
+
+def _text(wire: _Wire, a: int, b: int, what: str) -> str:
+    if b - a > MAX_NAME:
+        raise FormatError(wire.path, f"{what} of {b - a} bytes at offset {a} (at most {MAX_NAME})")
+    return wire.read(a, b - a).decode("utf-8", errors="replace")

@@ -47,7 +47,7 @@ class Segment:
 class FileLayout:
     """A file's format and its segments in offset order, covering [0, size) with no gap or overlap."""
 
-    format: str                    # "safetensors" | "gguf" | "pytorch-zip" | "onnx" | "opaque"
+    format: str                    # "safetensors" | "gguf" | "pytorch-zip" | "onnx" | "onnx-external-data" | "opaque"
     size: int
     segments: tuple[Segment, ...]
     error: str | None = field(default=None)   # why a recognised container fell back to opaque

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import sqlite3
 import time
 from collections import deque
@@ -26,7 +27,7 @@ from typing import BinaryIO, Callable
 import xxhash
 
 from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, plan_chunks
-from lmzfs.formats import parse_open_file
+from lmzfs.formats import ExternalRef, FormatError, external_refs, parse_open_file
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.chainrecode import ChainRecoder, RecodeTotals
 from lmzfs.store.delta_plan import BaseChoice, BaseIndex, NewTensor, choose_base
@@ -153,18 +154,44 @@ class _Chains:
     depth: int
 
 
-def _new_tensors(tree: SourceTree) -> list[NewTensor]:
+def external_data(tree: SourceTree) -> dict[str, list[ExternalRef]]:
+    """File (rel) -> the initializers that the tree's ONNX models keep in it: a model over 2 GB
+    keeps its weights in files beside it, named relative to its own directory. A location that
+    names no file of the tree (absolute, leading out of it, missing) is left out, as is a model
+    whose header is malformed (it is stored as opaque bytes)."""
+    present = {src.rel for src in tree.files}
+    out: dict[str, list[ExternalRef]] = {}
+    for src in tree.files:
+        if not src.rel.lower().endswith(".onnx"):
+            continue
+        with open(tree.open(src), "rb") as f:
+            try:
+                refs = external_refs(src.shown, f, os.fstat(f.fileno()).st_size)
+            except FormatError:
+                continue
+        for r in refs:
+            if r.location.startswith("/") or "\\" in r.location:
+                continue
+            rel = posixpath.normpath(posixpath.join(posixpath.dirname(src.rel), r.location))
+            if rel in present and rel != src.rel:
+                out.setdefault(rel, []).append(r)
+    return out
+
+
+def _new_tensors(tree: SourceTree, named: dict[str, list[ExternalRef]]) -> list[NewTensor]:
     """The tensors of the files to add, from their headers alone (a first, cheap pass)."""
     out = []
     for src in tree.files:
         with open(tree.open(src), "rb") as f:
-            out.extend(file_tensors(src.rel, src.shown, f, os.fstat(f.fileno()).st_size))
+            out.extend(file_tensors(src.rel, src.shown, f, os.fstat(f.fileno()).st_size, named.get(src.rel)))
     return out
 
 
-def file_tensors(rel: str, shown: str, f: BinaryIO, size: int) -> list[NewTensor]:
-    """The tensors of one file (`rel` in its model), from its header alone; none if it is malformed."""
-    layout = parse_open_file(shown, f, size)
+def file_tensors(rel: str, shown: str, f: BinaryIO, size: int,
+                 named_by: list[ExternalRef] | None = None) -> list[NewTensor]:
+    """The tensors of one file (`rel` in its model), from its header alone (or from the ONNX
+    model that keeps its external data there, `named_by`); none if it is malformed."""
+    layout = parse_open_file(shown, f, size, named_by)
     if layout.error is not None:
         return []
     return [NewTensor(rel, (t.name, t.dtype, t.shape), t.offset, t.size) for t in tensors_of(layout)]
@@ -181,7 +208,8 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
         try:
             check_name_free(catalog, name)
             result = AddResult(name, delta=chains.delta)
-            index = choose_base(catalog, name, _new_tensors(tree), chains.base) if chains.delta else None
+            named = external_data(tree)
+            index = choose_base(catalog, name, _new_tensors(tree, named), chains.base) if chains.delta else None
             result.base = index.choice if index is not None else None
             total = sum(s.size for s in sources)
             writer = PackWriter(store, *catalog.pack_ids())
@@ -197,7 +225,7 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                         for src in sources:
                             plan = _add_file(tree, src, catalog, writer, pool, 2 * workers + 2, fast, segments,
                                              chunk_size, new, result, lambda n: progress and progress(done + n, total),
-                                             index, recoder, siblings)
+                                             index, recoder, siblings, named.get(src.rel))
                             done += plan.size
                             plans.append(plan)
                         if recoder is not None:
@@ -237,7 +265,8 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
 def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor,
               limit: int, fast: bool, segments: bool, chunk_size: int, new: dict[bytes, _NewChunk],
               result: AddResult, progress: Callable[[int], None], index: BaseIndex | None,
-              recoder: ChainRecoder | None, siblings: SiblingIndex | None) -> _FilePlan:
+              recoder: ChainRecoder | None, siblings: SiblingIndex | None,
+              named_by: list[ExternalRef] | None) -> _FilePlan:
     # The one descriptor the walk's file is read through: parsing, hashing and chunking alike.
     with open(tree.open(src), "rb") as f:
         before = os.fstat(f.fileno())
@@ -247,7 +276,7 @@ def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackW
                            src.shown, catalog, writer, pool, limit, fast=fast, segments=segments,
                            chunk_size=chunk_size, new=new, result=result, progress=progress,
                            chain=FileChain(index, recoder, src.rel) if index is not None else None,
-                           siblings=siblings)
+                           siblings=siblings, named_by=named_by)
         plan.rel, plan.mtime = src.rel, before.st_mtime
         after = os.fstat(f.fileno())
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
@@ -267,15 +296,16 @@ def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, show
                 writer: PackWriter, pool: ThreadPoolExecutor, limit: int, *, fast: bool, segments: bool,
                 chunk_size: int, new: dict[bytes, _NewChunk], result: AddResult,
                 progress: Callable[[int], None], chain: FileChain | None = None,
-                siblings: SiblingIndex | None = None) -> _FilePlan:
+                siblings: SiblingIndex | None = None, named_by: list[ExternalRef] | None = None) -> _FilePlan:
     """Parse, chunk, hash and encode the `size` bytes that `f` (for the container parser) and
     `pread(length, offset)` read: what `lmz add` does to one file, and what a writable mount does
     to a file it commits. Chunks already stored (or in `new`) are reused; new ones are appended
     to `writer` and recorded in `new`; with `chain`, the base's paired chunks are offered to its
     recoder; with `siblings`, chunks that pair with an earlier file of the same add are coded
-    against it where that is smaller (and this file's are recorded for the files after it).
+    against it where that is smaller (and this file's are recorded for the files after it);
+    `named_by`: the initializers an ONNX model of the add keeps in this file (external data).
     The plan's rel and mtime are the caller's to set."""
-    layout = parse_open_file(shown, f, size)
+    layout = parse_open_file(shown, f, size, named_by)
     # A header that is malformed or claims more than the file holds buys its bytes the quick
     # codecs only: an input crafted to be slow to store gets no slow search.
     hostile = layout.error is not None

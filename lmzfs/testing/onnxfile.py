@@ -3,7 +3,8 @@
 A model holds one graph with a node or two and the given initializers; each initializer's data
 is written the way `data` says: "raw" (raw_data, as exporters write it), "float" (packed
 float_data), "int32" (packed int32_data: varints), or "external" (data_location = EXTERNAL,
-no data in the file).
+no data in the file; `external` gives location, offset and length). external_data_model writes
+a model and the file its initializers' data lies in, as exporters do for models over 2 GB.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class Initializer:
     array: np.ndarray
     data: str = "raw"           # "raw" | "float" | "int32" | "external"
     data_type: int | None = None    # TensorProto.DataType; default from the array's dtype
+    external: tuple[str, int, int] = ("weights.bin", 0, 0)    # location, offset, length
 
 
 def varint(n: int) -> bytes:
@@ -55,8 +57,25 @@ def tensor_proto(t: Initializer) -> bytes:
     if t.data == "raw":
         out += field(9, a.tobytes())
     elif t.data == "external":
-        out += field(13, field(1, b"location") + field(2, b"weights.bin")) + field(14, 1)
+        location, offset, length = t.external
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+            out += field(13, field(1, key.encode()) + field(2, value.encode()))
+        out += field(14, 1)
     return out
+
+
+def external_data_model(initializers: list[Initializer], location: str, *, align: int = 64,
+                        nodes: int = 2) -> tuple[bytes, bytes]:
+    """(the model, the file `location` names): every initializer's data in that file, each at an
+    offset aligned to `align`, the model naming where."""
+    data = bytearray()
+    named = []
+    for t in initializers:
+        data += bytes(-len(data) % align)
+        raw = np.ascontiguousarray(t.array).tobytes()
+        named.append(Initializer(t.name, t.array, "external", t.data_type, (location, len(data), len(raw))))
+        data += raw
+    return onnx_bytes(named, nodes=nodes), bytes(data)
 
 
 def onnx_bytes(initializers: list[Initializer], *, nodes: int = 2) -> bytes:
