@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lmzfs.cli import main as lmz
 from lmzfs.formats import FileLayout, FormatError, Segment, parse_file, parse_onnx, parse_open_file
 from lmzfs.formats.bounds import tensor_limit
-from lmzfs.formats.onnx import MAX_NAME
+from lmzfs.formats.onnx import MAX_NAME, field_limit
 from lmzfs.reader import Archive
 from lmzfs.store.add import add_model
 from lmzfs.store.layout import StorePaths
@@ -83,6 +83,7 @@ def test_a_tensor_whose_bytes_disagree_with_its_dims_or_type_stays_header():
     (field(1, 8) + bytes([0x00, 0x00]), "field number 0"),
     (field(7, field(5, field(8, b"n" * (MAX_NAME + 1)))), f"a tensor name of {MAX_NAME + 1} bytes"),
     (field(7, b"".join(field(5, field(2, 1)) for _ in range(tensor_limit(0) + 200))), "initializers exceed"),
+    (field(1, 8) + field(7, bytes([0x18, 0x01]) * field_limit(1 << 20)), "protobuf fields for"),   # tiny fields
 ])
 def test_a_malformed_or_hostile_onnx_file_is_stored_as_opaque_bytes(tmp_path, raw, reason):
     with pytest.raises(FormatError, match=reason) as excinfo:

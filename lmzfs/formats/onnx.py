@@ -15,8 +15,8 @@ external_data_layout cuts such a file into those tensors, so that `lmz add` of t
 directory codes them by dtype too; a reference that leaves the file, overlaps another or
 disagrees with its dims is left out, and the bytes it names stay plain bytes.
 
-Bounds, as for the other containers (lmzfs.formats.bounds): at most MAX_FIELDS protobuf fields
-are walked, names are at most MAX_NAME bytes, dims at most MAX_RANK, and initializers within
+Bounds, as for the other containers (lmzfs.formats.bounds): at most field_limit(size) protobuf
+fields are walked (a real model walks a few thousand: its nodes are skipped whole), names are at most MAX_NAME bytes, dims at most MAX_RANK, and initializers within
 tensor_limit of the file's size; past them, or on a malformed message, FormatError (the file is
 then stored as opaque bytes).
 """
@@ -29,6 +29,8 @@ from .bounds import MAX_METADATA_ITEMS, tensor_limit, too_many
 from .segments import FileLayout, FormatError, Segment
 
 MAX_FIELDS = MAX_METADATA_ITEMS     # protobuf fields walked in all (nodes are skipped whole)
+FREE_FIELDS = 1 << 16
+BYTES_PER_FIELD = 16                # past FREE_FIELDS, one field walked per this many bytes of file
 MAX_NAME = 4096
 MAX_RANK = 64
 
@@ -52,12 +54,19 @@ def looks_like_onnx(name: str, head: bytes) -> bool:
     return name.lower().endswith(".onnx") and len(head) > 0 and head[0] >= 0x08 and head[0] & 7 in (_VARINT, _LEN)
 
 
+def field_limit(size: int) -> int:
+    """The most protobuf fields a file of `size` bytes may make the parser walk: a file of tiny
+    fields crafted to be slow to parse is refused after a time that its size bounds."""
+    return min(MAX_FIELDS, FREE_FIELDS + size // BYTES_PER_FIELD)
+
+
 class _Wire:
-    """Protobuf fields read from a file at absolute offsets, counted against MAX_FIELDS."""
+    """Protobuf fields read from a file at absolute offsets, counted against field_limit."""
 
     def __init__(self, path: str, f: BinaryIO, size: int):
         self.path, self.f, self.size = path, f, size
         self.walked = 0
+        self.limit = field_limit(size)
 
     def read(self, offset: int, length: int) -> bytes:
         self.f.seek(offset)
@@ -82,8 +91,8 @@ class _Wire:
         pos = start
         while pos < end:
             self.walked += 1
-            if self.walked > MAX_FIELDS:
-                raise FormatError(self.path, f"more than {MAX_FIELDS} protobuf fields")
+            if self.walked > self.limit:
+                raise FormatError(self.path, f"more than {self.limit} protobuf fields for {self.size} bytes")
             key, pos = self.varint(pos, end)
             number, wire = key >> 3, key & 7
             if number == 0:
