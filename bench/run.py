@@ -54,7 +54,7 @@ from report import markdown  # noqa: E402
 from tools import Subject, ZipNNArchive, all_tools  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire", "smollm2-q4km", "quire-onnx"]
+SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire", "smollm2-q4km", "quire-onnx", "astra-pt"]
 WRITABLE = ("minilm", "astra")      # the first is also the mixed tree's model
 GGUF_MOUNT = ("smollm2-q4km", "smollm2")
 CHAIN = ("quire", "quire@0.3.1")

