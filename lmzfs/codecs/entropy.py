@@ -89,10 +89,7 @@ def _groups(S: int, g: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _compiled_symbols(a: np.ndarray | None) -> np.ndarray | None:
     """a as the compiled section passes read it: uint8 or int64, contiguous."""
-    if a is None:
-        return None
-    a = np.asarray(a)
-    return np.ascontiguousarray(a if a.dtype in (np.uint8, np.int64) else a.astype(np.int64))
+    return None if a is None else tans.compiled_ints(a, np.uint8)
 
 
 def _section_histograms(sym, S: int, ctx, K: int, lanes: int, D: int) -> tuple[np.ndarray, np.ndarray]:

@@ -52,6 +52,13 @@ _loop = _compiled_loop()
 _MASK = (np.int64(1) << np.arange(MAX_R + 1, dtype=np.int64)) - 1
 
 
+def compiled_ints(a: np.ndarray, narrow: type) -> np.ndarray:
+    """An integer array as the compiled loops read it, contiguous: as it is where its dtype is
+    `narrow` (uint8 contexts, uint16 symbols: a fraction of int64's bytes), else as int64."""
+    a = np.asarray(a)
+    return np.ascontiguousarray(a, dtype=narrow if a.dtype == narrow else np.int64)
+
+
 def quantize(counts: np.ndarray, R: int) -> np.ndarray:
     """Integer frequencies summing to 2**R, >= 1 wherever ``counts`` > 0. Deterministic, integer only.
 
@@ -240,9 +247,9 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     if _loop is not None:
         # the compiled rows read 16-bit symbols and 8-bit contexts as they are (a chunk's worth
         # of int64 copies was a large part of a float chunk's encode); anything else as int64
-        sym = np.ascontiguousarray(sym, dtype=np.uint16 if np.asarray(sym).dtype == np.uint16 else np.int64)
+        sym = compiled_ints(sym, np.uint16)
         if ctx is not None:
-            ctx = np.ascontiguousarray(ctx, dtype=np.uint8 if np.asarray(ctx).dtype == np.uint8 else np.int64)
+            ctx = compiled_ints(ctx, np.uint8)
         si_all = np.empty(n, dtype=row_dtype(fr.size))
         if not _loop.encode_rows(sym, n, ctx,
                                  None if dyn is None else np.ascontiguousarray(dyn[0], dtype=np.int64),
@@ -364,7 +371,7 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
             cg = _grid(ctx, n, T, Wp, interleaved) * L
             first += cg[0]
         else:     # the compiled loop checks every context; uint8 ones cost an eighth of the memory
-            ctx = np.ascontiguousarray(ctx, dtype=np.uint8 if ctx.dtype == np.uint8 else np.int64)
+            ctx = compiled_ints(ctx, np.uint8)
             c0 = (ctx[:Wp] if interleaved else ctx[::T]).astype(np.int64)
             if c0.min() < 0 or c0.max() >= tab.K:
                 raise CodecError("tans: context out of range")
