@@ -160,12 +160,11 @@ def catalog_error(path: Path, exc: sqlite3.Error) -> StoreError:
     text = str(exc)
     if is_damage(exc):
         return CatalogDamaged(path, text)
-    free = free_if_full(path)
     if _on_read_only_fs(path):
         if _wal_holds_frames(path):
             text += (f"; the file system holding it is read-only, and {path.name}-wal beside it holds "
                      f"commits not yet in the file: open the store once where it is writable")
-    elif free is not None:
+    elif (free := free_if_full(path)) is not None:
         text += (f"; the disk holding it is full ({free} bytes free), and SQLite needs room beside the "
                  f"catalog for its -shm and -wal files: free some space on that disk and try again")
     return StoreError(f"catalog {path} cannot be used: {text}")
