@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extents", type=int, default=100)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
-    from lmzfs.store.catalogcopies import content_digest, list_copies, write_copy
+    from lmzfs.store.catalog.copies import content_digest, list_copies, write_copy
 
     for models in (int(x) for x in args.models.split(",")):
         with tempfile.TemporaryDirectory(prefix="lmz-copy-cost-") as tmp:

@@ -28,9 +28,9 @@ from pathlib import Path
 def one_run(store: Path, model: str, path: str, threads: int) -> tuple[int, float, float]:
     """(plain bytes, wall seconds, process CPU seconds) of decoding the file's chunks once."""
     from lmzfs.store.catalog import Catalog
-    from lmzfs.store.chunkread import read_chunk
+    from lmzfs.store.read.chunkread import read_chunk
     from lmzfs.store.layout import StorePaths
-    from lmzfs.store.packfds import PackDescriptors
+    from lmzfs.store.read.packfds import PackDescriptors
 
     paths = StorePaths(store)
     catalog = Catalog(paths.catalog, readonly=True)

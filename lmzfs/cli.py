@@ -179,10 +179,10 @@ def cmd_gc(args) -> int:
 
 
 def cmd_rewrite(args) -> int:
-    from lmzfs.store.rewriteanchor import anchor_store
-    from lmzfs.store.rewritecompact import compact_store
-    from lmzfs.store.rewritedelta import delta_store
-    from lmzfs.store.rewriterecode import recode_store
+    from lmzfs.store.rewrite.anchor import anchor_store
+    from lmzfs.store.rewrite.compact import compact_store
+    from lmzfs.store.rewrite.delta import delta_store
+    from lmzfs.store.rewrite.recode import recode_store
     store = _store(args)
     progress = ProgressLine(f"rewrite {args.rewrite}")
     try:
@@ -225,7 +225,7 @@ def _before_after(before: int, after: int) -> str:
 
 
 def cmd_verify(args) -> int:
-    from lmzfs.store.verify import verify_store
+    from lmzfs.admin.verify import verify_store
     damaged_chunks = 0
     lost = False
     if args.repair:
@@ -256,7 +256,7 @@ def cmd_verify(args) -> int:
 
 def _repair(store: StorePaths) -> bool:
     """Print what `verify --repair` found and did; False if some model could not be recovered."""
-    from lmzfs.store.repair import repair_catalog
+    from lmzfs.store.catalog.repair import repair_catalog
     r = repair_catalog(store)
     if r.problem is None:
         print(f"catalog {store.catalog}: sound" + ("; wrote a copy of it beside it" if r.copy_written else ""))

@@ -140,7 +140,7 @@ def check_store(store: StorePaths, problems: list[str]) -> dict:
         problems.append(f"store format: {exc}")
         return out
     _check_modes(store, out, problems)
-    from lmzfs.store.catalogcheck import diagnose
+    from lmzfs.store.catalog.check import diagnose
     try:
         verdict = diagnose(store)
     except StoreError as exc:           # cannot be read now (a full disk): not damage

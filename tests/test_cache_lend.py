@@ -11,7 +11,7 @@ from lmzfs.codecs import REGISTRY, decode_chunk, encode_chunk, tans
 from lmzfs.codecs.base import ChunkHint
 from lmzfs.codecs.plainbytes import to_bytes
 from lmzfs.reader import Archive
-from lmzfs.store.chunkcache import ChunkCache
+from lmzfs.store.read.chunkcache import ChunkCache
 from lmzfs.store.add import add_model
 from lmzfs.store.layout import StorePaths
 

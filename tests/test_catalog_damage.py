@@ -17,12 +17,12 @@ from lmzfs.daemon.mount import check_store as check_store_for_mount
 from lmzfs.doctor import check_store as doctor_check_store
 from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog, CatalogDamaged
-from lmzfs.store.catalogcheck import diagnose, examine
-from lmzfs.store.catalogcopies import KEEP_COPIES, due_marker, generation_of, list_copies, write_copy
+from lmzfs.store.catalog.check import diagnose, examine
+from lmzfs.store.catalog.copies import KEEP_COPIES, due_marker, generation_of, list_copies, write_copy
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.remove import remove_models
-from lmzfs.store.verify import verify_store
+from lmzfs.admin.verify import verify_store
 from lmzfs.testing.catalogdamage import (PAGE, Damage, damage_file, file_digests, print_failures, random_damages,
                                          run_lmz, run_trial, summary_line)
 from lmzfs.testing.checkpoints import bf16_checkpoints
@@ -178,7 +178,7 @@ def test_an_older_copy_from_before_a_gc_finds_the_records_the_gc_moved(tmp_path)
     newest = list_copies(store.catalog)[0]
     damage_file(newest.path, Damage("flip-bit", newest.path.stat().st_size - 200, 0))   # the gc's own copy
     damage_file(store.catalog, Damage("zero-page", PAGE))
-    from lmzfs.store.repair import repair_catalog
+    from lmzfs.store.catalog.repair import repair_catalog
     report = repair_catalog(store)
     assert report.restored_from == store.catalog.with_name("catalog.sqlite.copy-0000000003")
     assert report.relocated_chunks > 0 and report.recovered
@@ -227,7 +227,7 @@ def test_a_copy_of_an_unknown_newer_version_is_not_restored(tmp_path):
 _COPY_LOOP = """
 import sqlite3, sys
 from pathlib import Path
-from lmzfs.store.catalogcopies import write_copy
+from lmzfs.store.catalog.copies import write_copy
 catalog = Path(sys.argv[1])
 db = sqlite3.connect(catalog, isolation_level=None)
 print("ready", flush=True)

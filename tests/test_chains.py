@@ -22,11 +22,11 @@ from lmzfs.errors import CorruptChunk
 from lmzfs.reader.archive import Archive
 from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog, CatalogDamaged
-from lmzfs.store.catalogcheck import examine
+from lmzfs.store.catalog.check import examine
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
-from lmzfs.store.verify import verify_store
+from lmzfs.admin.verify import verify_store
 from lmzfs.testing.mount import mounted
 from lmzfs.testing.storedigests import served_digests
 

@@ -11,7 +11,7 @@ import pytest
 from lmzfs.errors import CorruptChunk
 from lmzfs.reader import Archive
 from lmzfs.store.add import add_model
-from lmzfs.store.chunkcache import ChunkCache
+from lmzfs.store.read.chunkcache import ChunkCache
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.remove import remove_models

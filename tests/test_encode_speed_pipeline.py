@@ -17,24 +17,25 @@ from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StorePaths
-from lmzfs.store.verify import verify_store
+from lmzfs.admin.verify import verify_store
 from lmzfs.testing.killpoints import kill_at_marker
 from lmzfs.testing.synthetic import small_model
 
 # Prints HERE once two workers are encoding weight chunks at the same moment (a barrier holds the
 # first two until both have started), then lets the add go on until the kill lands: each encode
-# takes a tenth of a second longer, so that the workers are still at it after the kill's delay,
-# and the commit never comes.
+# takes a tenth of a second longer, so that the workers are still at it after the kill's delay;
+# the commit never comes (the kill point session-sealed holds it).
 PARALLEL_ADD = """
 import sys, threading, time
 from pathlib import Path
 import lmzfs.store.add as add
+import lmzfs.store.write.encodefile as encodefile
 from lmzfs.store.layout import StorePaths
-real_encode = add.encode_alone
+real_encode = encodefile.encode_alone
 both = threading.Barrier(2)
 said = threading.Event()
 def encode(*a, **k):
-    if len(a[0]) >= 1 << 20 and not said.is_set():
+    if len(a[1]) >= 1 << 20 and not said.is_set():
         try:
             if both.wait(timeout=30) == 0:
                 print("HERE", flush=True)
@@ -44,10 +45,7 @@ def encode(*a, **k):
     got = real_encode(*a, **k)
     time.sleep(0.1)
     return got
-def commit(*a, **k):
-    time.sleep(60)
-add.encode_alone = encode
-add._commit = commit
+encodefile.encode_alone = encode
 add.add_model(StorePaths(Path(sys.argv[1])), Path(sys.argv[2]), "victim", workers=2)
 print("DONE", flush=True)
 """
@@ -82,7 +80,8 @@ def test_kill_9_while_workers_encode_in_parallel_leaves_the_store_as_it_was(tmp_
     add_model(store, keep, "keep")
     before = _pack_bytes(store)
     victim = small_model(tmp_path / "victim", seed=22, mib=12)
-    kill_at_marker([sys.executable, "-c", PARALLEL_ADD, str(store.root), str(victim)], "HERE", delay=delay)
+    kill_at_marker([sys.executable, "-c", PARALLEL_ADD, str(store.root), str(victim)], "HERE", delay=delay,
+                   env={**os.environ, "LMZ_KILL_AT": "session-sealed"})
     assert _models(store) == ["keep"]
     assert verify_store(store).ok
     assert _read(store.root, "keep/model.safetensors") == (keep / "model.safetensors").read_bytes()

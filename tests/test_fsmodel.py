@@ -18,7 +18,7 @@ from lmzfs.store.catalog import Catalog
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
-from lmzfs.store.verify import verify_store
+from lmzfs.admin.verify import verify_store
 from lmzfs.testing.fspaths import PathDriver
 from lmzfs.testing.synthetic import small_model
 
@@ -482,7 +482,7 @@ def test_a_record_or_journal_of_an_unknown_version_is_refused_and_kept(store_dir
 
 
 def test_the_catalog_copy_follows_on_write_catalog_copy_and_at_close_not_at_every_commit(fs, p, store_dir):
-    from lmzfs.store.catalogcopies import list_copies
+    from lmzfs.store.catalog.copies import list_copies
     catalog_path = StorePaths(store_dir).catalog
     p.mkdir("m")
     before = [c.generation for c in list_copies(catalog_path)]
@@ -494,7 +494,7 @@ def test_the_catalog_copy_follows_on_write_catalog_copy_and_at_close_not_at_ever
     p.write_file("m/c", b"c")
     fs.close()
     assert list_copies(catalog_path)[0].generation > newest
-    from lmzfs.store.catalogcheck import diagnose
+    from lmzfs.store.catalog.check import diagnose
     assert diagnose(StorePaths(store_dir), check_packs=True).sound
 
 

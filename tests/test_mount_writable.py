@@ -16,7 +16,7 @@ import pytest
 from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StorePaths
-from lmzfs.store.verify import verify_store
+from lmzfs.admin.verify import verify_store
 from lmzfs.testing.mount import mounted
 
 

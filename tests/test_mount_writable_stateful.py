@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from lmzfs.store.layout import StorePaths
-from lmzfs.store.verify import verify_store
+from lmzfs.admin.verify import verify_store
 from lmzfs.testing.mount import mounted
 
 STEPS = 50

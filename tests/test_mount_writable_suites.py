@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lmzfs.store.layout import StorePaths
-from lmzfs.store.verify import verify_store
+from lmzfs.admin.verify import verify_store
 from lmzfs.testing.mount import mounted
 
 pytestmark = pytest.mark.skipif(os.environ.get("LMZ_RW_SUITES") != "1",

@@ -4,6 +4,7 @@ catalogs, read as they are and upgraded by the next writer)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 from pathlib import Path
 
@@ -17,10 +18,10 @@ from lmzfs.errors import CorruptChunk
 from lmzfs.reader import Archive
 from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog, Extent
-from lmzfs.store.chunkread import read_chunk
+from lmzfs.store.read.chunkread import read_chunk
 from lmzfs.store.layout import StoreError, StorePaths
-from lmzfs.store.packs import PackWriter
-from lmzfs.store.verify import verify_store
+from lmzfs.store.packbackend import LocalPacks
+from lmzfs.admin.verify import verify_store
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 
 
@@ -130,11 +131,13 @@ def test_bytes_that_match_the_read_checksum_but_not_the_id_are_refused_when_the_
     store.create()
     named, stored = b"the bytes the id names " * 100, b"some other bytes stored " * 100
     cid = hashlib.sha256(named).digest()
-    writer = PackWriter(store, None, 1)
+    packs = LocalPacks(store)
+    writer = packs.appender(None, 1)
     loc = writer.append(cid, encode_chunk(stored, ChunkHint()).payload)
-    writer.sync()
+    writer.seal()
+    writer.close()
     extent = Extent(0, len(stored), cid, "zstd", loc, xxhash.xxh3_128_digest(stored))
-    fd = writer._fd
+    fd = packs.open_read(loc.pack)
     try:
         assert read_chunk(fd, extent) == stored
         with pytest.raises(CorruptChunk, match="do not match"):
@@ -143,7 +146,7 @@ def test_bytes_that_match_the_read_checksum_but_not_the_id_are_refused_when_the_
         with pytest.raises(CorruptChunk, match="do not match"):
             read_chunk(fd, without)
     finally:
-        writer.close()
+        os.close(fd)
 
 
 def test_a_version_1_catalog_is_read_by_sha256_and_the_next_add_upgrades_it_and_fills_in_checksums(

@@ -29,13 +29,13 @@ from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
-from lmzfs.store.rewriteanchor import anchor_store
-from lmzfs.store.rewritecompact import compact_store
-from lmzfs.store.rewritedelta import delta_store
-from lmzfs.store.rewriterecode import recode_store
+from lmzfs.store.rewrite.anchor import anchor_store
+from lmzfs.store.rewrite.compact import compact_store
+from lmzfs.store.rewrite.delta import delta_store
+from lmzfs.store.rewrite.recode import recode_store
 from lmzfs.store.gc import collect_garbage
-from lmzfs.store.verify import verify_store
-from lmzfs.testing.killpoints import kill_at_marker
+from lmzfs.admin.verify import verify_store
+from lmzfs.testing.killpoints import kill_at_point
 from lmzfs.testing.mount import mounted
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 from lmzfs.testing.storedigests import served_digests
@@ -437,7 +437,7 @@ def tensor_extent(store: StorePaths, model: str, name: str) -> tuple[int, int]:
 def without_tensor_rows(store: StorePaths) -> None:
     """The store as if its models had been added before catalog version 3: no tensors table rows
     (and a copy of that catalog, as a writer of it would have left)."""
-    from lmzfs.store.catalogcopies import write_copy
+    from lmzfs.store.catalog.copies import write_copy
     db = sqlite3.connect(store.catalog, isolation_level=None)
     try:
         db.execute("DELETE FROM tensors")
@@ -492,36 +492,9 @@ def test_delta_chooses_its_base_without_reading_the_other_models_files(tmp_path,
 
 # -- kill -9 ---------------------------------------------------------------------------------------
 
-# Runs one pass through the CLI and stops it at a stage: after the Nth payload appended, inside
-# the commit's transaction before COMMIT, or right after COMMIT (compact: before it unlinks).
-KILL_SCRIPT = r"""
-import sys, time
-from lmzfs import cli
-from lmzfs.store import catalog, packs
-stage = sys.argv[2]
-appended = 0
-real_append = packs.PackWriter.append
-def append(self, *a):
-    global appended
-    loc = real_append(self, *a)
-    appended += 1
-    if stage == f"after-append-{appended}":
-        print("HERE", flush=True); time.sleep(60)
-    return loc
-packs.PackWriter.append = append
-real_exit = catalog._Transaction.__exit__
-def exit_(self, et, ev, tb):
-    if et is None and stage == "before-commit":
-        print("HERE", flush=True); time.sleep(60)
-    real_exit(self, et, ev, tb)
-    if et is None and stage == "after-commit":
-        print("HERE", flush=True); time.sleep(60)
-catalog._Transaction.__exit__ = exit_
-cli.main(["--store", sys.argv[1], "rewrite", *sys.argv[3:]])
-print("DONE", flush=True)
-"""
-
-
+# Where a pass is stopped: after its first payload is appended, inside the commit's transaction
+# before COMMIT, or right after COMMIT (compact: before it unlinks). lmzfs/killpoints.py names them.
+STAGES = {"after-append-1": "append:1", "before-commit": "session-commit", "after-commit": "session-committed"}
 def _fast_store_with_garbage(tmp_path: Path, store: StorePaths) -> dict[str, str]:
     """Two checkpoints of a run stored with the quick codecs, and the dead chunks of a removed model."""
     a, b = checkpoints(tmp_path / "run", 2, mib=3)
@@ -600,11 +573,11 @@ def kill_case(tmp_path_factory, request, tmp_path) -> tuple[StorePaths, _KillCas
 
 
 @pytest.mark.parametrize("name", PASSES)
-@pytest.mark.parametrize("stage", ["after-append-1", "before-commit", "after-commit"])
+@pytest.mark.parametrize("stage", STAGES)
 def test_a_pass_killed_at_a_stage_leaves_the_previous_or_the_new_state_and_a_rerun_completes(
         kill_case, name, stage):
     store, case = kill_case
-    kill_at_marker([sys.executable, "-c", KILL_SCRIPT, str(store.root), stage, *PASSES[name]], "HERE")
+    kill_at_point(_rewrite_command(store.root, name), STAGES[stage])
     _check_intact(store, case.want, (case.after,) if stage == "after-commit" else (case.before,))
     assert lmz(["--store", str(store.root), "rewrite", *PASSES[name]]) == 0
     _check_intact(store, case.want, (case.after,))

@@ -16,8 +16,9 @@ from lmzfs.store.catalog import Catalog
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.remove import remove_models
-from lmzfs.store.siblings import SiblingRef, encode_against
-from lmzfs.store.verify import verify_store
+from lmzfs.store.write.policy import EncodePolicy
+from lmzfs.store.write.siblings import SiblingRef, encode_against
+from lmzfs.admin.verify import verify_store
 from lmzfs.testing.mount import mounted
 from lmzfs.testing.storedigests import served_digests
 
@@ -145,8 +146,9 @@ def test_a_reference_whose_file_changed_since_it_was_read_gives_the_chunk_coded_
     import os
     fd = os.open(ref_file, os.O_RDONLY)
     try:
-        good = encode_against(data, hint, SiblingRef(hashlib.sha256(data).digest(), fd, 0, len(data)))
-        stale = encode_against(data, hint, SiblingRef(hashlib.sha256(b"what was read").digest(), fd, 0, len(data)))
+        good = encode_against(EncodePolicy(), data, hint, SiblingRef(hashlib.sha256(data).digest(), fd, 0, len(data)))
+        stale = encode_against(EncodePolicy(), data, hint,
+                               SiblingRef(hashlib.sha256(b"what was read").digest(), fd, 0, len(data)))
     finally:
         os.close(fd)
     assert good.base == hashlib.sha256(data).digest()
@@ -154,7 +156,7 @@ def test_a_reference_whose_file_changed_since_it_was_read_gives_the_chunk_coded_
 
 
 def test_a_directory_of_more_releases_than_kept_open_reads_back_and_leaves_no_descriptor_open(tmp_path):
-    from lmzfs.store.siblings import MAX_OPEN_FILES
+    from lmzfs.store.write.siblings import MAX_OPEN_FILES
     src = releases(tmp_path / "src", MAX_OPEN_FILES + 3, size=4096)
     store = StorePaths(tmp_path / "store")
     before = len(list(Path("/proc/self/fd").iterdir()))

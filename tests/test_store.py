@@ -19,8 +19,8 @@ from lmzfs.store.catalog import Catalog
 from lmzfs.store.gc import collect_garbage
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remove import remove_models
-from lmzfs.store.verify import verify_store
-from lmzfs.testing.killpoints import kill_at_marker
+from lmzfs.admin.verify import verify_store
+from lmzfs.testing.killpoints import kill_at_point
 from lmzfs.testing.smalldisk import fill, free_bytes
 from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 
@@ -230,39 +230,14 @@ def test_a_garbage_catalog_is_a_clear_error(tmp_path, store_dir, capsys):
     assert "catalog" in capsys.readouterr().err
 
 
-ADD_SCRIPT = """
-import sys, time
-from pathlib import Path
-import lmzfs.store.add as add
-from lmzfs.store.layout import StorePaths
-stage = sys.argv[3]
-real_append = add.PackWriter.append
-appended = 0
-def append(self, *a):
-    global appended
-    loc = real_append(self, *a)
-    appended += 1
-    if stage == f"after-append-{appended}":
-        print("HERE", flush=True); time.sleep(60)
-    return loc
-add.PackWriter.append = append
-def commit(*a, **k):
-    print("HERE", flush=True); time.sleep(60)
-if stage == "before-commit":
-    add._commit = commit
-add.add_model(StorePaths(Path(sys.argv[1])), Path(sys.argv[2]), "victim")
-print("DONE", flush=True)
-"""
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["after-append-1", "after-append-7", "before-commit"])
+@pytest.mark.parametrize("stage", ["append:1", "append:7", "session-sealed"])
 def test_kill_9_during_add_leaves_nothing_visible_and_the_add_then_succeeds(tmp_path, store_dir, stage):
     store = StorePaths(store_dir)
     keep = small_model(tmp_path / "keep", seed=9, mib=2)
     add_model(store, keep, "keep")
     victim = small_model(tmp_path / "victim", seed=10, mib=12)
-    kill_at_marker([sys.executable, "-c", ADD_SCRIPT, str(store_dir), str(victim), stage], "HERE")
+    kill_at_point(_add_command(store_dir, victim, "victim"), stage)
     assert model_names(store) == ["keep"]
     assert verify_store(store).ok
     add_model(store, victim, "victim")
@@ -386,22 +361,14 @@ def test_a_first_add_that_fills_the_disk_leaves_no_pack_and_the_space_free(tmp_p
     assert read_all(store.root)["after/model.safetensors"] == (after / "model.safetensors").read_bytes()
 
 
-KILLED_FIRST_ADD = """
-import sys, time
-from pathlib import Path
-import lmzfs.store.add as add
-from lmzfs.store.layout import StorePaths
-def commit(*a, **k):
-    print("HERE", flush=True); time.sleep(60)
-add._commit = commit
-add.add_model(StorePaths(Path(sys.argv[1])), Path(sys.argv[2]), "victim")
-"""
+def _add_command(store: Path, source: Path, name: str) -> list[str]:
+    return [sys.executable, "-m", "lmzfs", "--store", str(store), "add", str(source), "--name", name]
 
 
 def test_gc_on_a_full_disk_frees_what_a_killed_first_add_left(tmp_path, disk):
     victim = small_model(tmp_path / "victim", seed=33, mib=4)
     store = StorePaths(disk / "store")
-    kill_at_marker([sys.executable, "-c", KILLED_FIRST_ADD, str(store.root), str(victim)], "HERE")
+    kill_at_point(_add_command(store.root, victim, "victim"), "session-sealed")
     left = pack_bytes(store)
     assert left > 1 << 20
     fill(disk)
@@ -450,8 +417,8 @@ def test_a_store_whose_path_holds_uri_characters_is_added_read_verified_and_repa
 
 
 def test_an_add_larger_than_a_pack_spans_several_packs_and_reads_back(tmp_path, store_dir, monkeypatch):
-    from lmzfs.store import packs
-    monkeypatch.setattr(packs, "MAX_PACK_BYTES", 1 << 20)    # a real model crosses 1 GiB packs so
+    from lmzfs.store import packbackend
+    monkeypatch.setattr(packbackend, "MAX_PACK_BYTES", 1 << 20)    # a real model crosses 1 GiB packs so
     store = StorePaths(store_dir)
     src = tmp_path / "src"
     src.mkdir()
@@ -466,8 +433,8 @@ def test_an_add_larger_than_a_pack_spans_several_packs_and_reads_back(tmp_path, 
 
 
 def test_a_failed_add_spanning_several_packs_leaves_the_packs_as_they_were(tmp_path, store_dir, monkeypatch):
-    from lmzfs.store import packs
-    monkeypatch.setattr(packs, "MAX_PACK_BYTES", 1 << 20)
+    from lmzfs.store import packbackend
+    monkeypatch.setattr(packbackend, "MAX_PACK_BYTES", 1 << 20)
     store = StorePaths(store_dir)
     keep = small_model(tmp_path / "keep", seed=61, mib=1)
     add_model(store, keep, "keep")
@@ -520,21 +487,23 @@ def test_a_read_only_store_with_commits_left_in_its_log_says_how_to_open_it(tmp_
 
 
 def test_a_writer_cuts_nothing_the_catalog_names(tmp_path, store_dir):
-    from lmzfs.store.packs import PackWriter
+    from lmzfs.store.packbackend import LocalPacks
+    from lmzfs.store.write.session import PackSession
     store = StorePaths(store_dir)
     add_model(store, small_model(tmp_path / "a", seed=35, mib=1), "a")
     before = pack_bytes(store)
     catalog = Catalog(store.catalog)
     try:
-        writer = PackWriter(store, *catalog.pack_ids())
+        writer = LocalPacks(store).appender(*catalog.pack_ids())
         writer.append(b"\x01" * 32, b"payload")
-        writer.sync()
+        writer.seal()
         # as if its commit had gone through: the catalog names a record past where it began
         assert writer.discard(lambda pack: before + 1) is False
         assert pack_bytes(store) == before + 40 + len(b"payload")
-        writer = PackWriter(store, *catalog.pack_ids())
-        writer.append(b"\x02" * 32, b"more")
-        assert writer.discard(catalog.payload_end) is True     # back to where this writer began
+        with pytest.raises(KeyboardInterrupt):
+            with PackSession(store, catalog) as session:
+                session.append(b"\x02" * 32, b"more")
+                raise KeyboardInterrupt         # before its commit: back to where it began
         assert pack_bytes(store) == before + 40 + len(b"payload")
     finally:
         catalog.close()

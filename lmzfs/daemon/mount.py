@@ -57,7 +57,7 @@ def check_store(store_dir: Path) -> None:
     """Refuse a missing store, and a store whose catalog is damaged, in one line each."""
     if not store_dir.is_dir():
         raise MountError(f"no store at {store_dir}; add a model first with: lmz add")
-    from lmzfs.store.catalogcheck import diagnose
+    from lmzfs.store.catalog.check import diagnose
     from lmzfs.store.layout import StoreError, StorePaths
     store = StorePaths(store_dir)
     if store.exists():

@@ -2,7 +2,7 @@
 and what tests drive directly.
 
 The namespace lives in memory, loaded from the catalog (models, files, and the writable-mount
-tables of store/fscatalog.py) and kept in step with it:
+tables of fsmodel/catalogrows.py) and kept in step with it:
 
 - The root holds models (directories); a directory that is no model's root and holds none
   (`run1` above `run1/step-1000`) is a plain name in the tree. mkdir there creates a model, rmdir
@@ -12,7 +12,7 @@ tables of store/fscatalog.py) and kept in step with it:
   chown, utimes, xattrs) is one catalog transaction under the store's WriterLock before the
   call returns: durable when it returns.
 - A file's bytes are written to the spool (fsmodel/spool.py) and committed to the store
-  (store/fscommit.py, the `lmz add` machinery) on the last close, on commit_idle(), and at
+  (fsmodel/storecommit.py, the `lmz add` machinery) on the last close, on commit_idle(), and at
   unmount. A file's spool record is written (without fsync) when it gets its spool file and when
   it is renamed, and each write or truncate appends to its journal, so that what write() accepted
   survives a kill of the daemon; fsync makes it durable against a power loss too. A mount
@@ -42,11 +42,11 @@ from lmzfs.fsmodel.journal import FileState
 from lmzfs.fsmodel.spool import Spool, SpoolFile, SpoolRecord, boot_id
 from lmzfs.reader.filereader import FileReader
 from lmzfs.store.catalog import Catalog
-from lmzfs.store.chunksource import ChunkSource
-from lmzfs.store.fscatalog import (EntryMeta, delete_entry, delete_xattr, ensure_fs_schema,
+from lmzfs.store.read.chunksource import ChunkSource
+from lmzfs.fsmodel.catalogrows import (EntryMeta, delete_entry, delete_xattr, ensure_fs_schema,
                                    forget_spool_commits, load_entries, load_xattrs, model_id, move_subtree,
                                    put_entry, put_xattr, remove_file_row, remove_subtree, spool_commits)
-from lmzfs.store.fscommit import FileContent, commit_file
+from lmzfs.fsmodel.storecommit import FileContent, commit_file
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import RESERVED_TOP, validate_model_name

@@ -11,7 +11,7 @@ from lmzfs.reader.api import FileEntry, StoreTotals
 from lmzfs.reader.filereader import FileReader
 from lmzfs.reader.readahead import Prefetcher
 from lmzfs.store.catalog import Catalog
-from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StorePaths
 
 __all__ = ["Archive", "DEFAULT_CACHE_BYTES", "FileReader"]

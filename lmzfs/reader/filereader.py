@@ -16,7 +16,7 @@ from lmzfs.codecs.base import Buffer
 from lmzfs.errors import CorruptChunk
 from lmzfs.reader.readahead import Prefetcher
 from lmzfs.store.catalog import Extent
-from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.read.chunksource import ChunkSource
 
 # A read that starts within this of where the previous one ended continues it (the kernel's
 # requests arrive slightly out of order); any other read is lone.

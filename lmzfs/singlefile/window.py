@@ -6,18 +6,14 @@ in flight at once: memory stays bounded however long the stream is.
 """
 from __future__ import annotations
 
-import os
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
+
+from lmzfs.workpool import OrderedWindow, default_workers, window_limit, worker_pool
 
 T = TypeVar("T")
 
 WINDOW_BYTES = 32 << 20
-
-
-def default_workers() -> int:
-    return max(1, min(os.cpu_count() or 2, 16))
 
 
 def ordered_map(fn: Callable[..., T], jobs: Iterable[tuple[tuple, int]], *, workers: int | None = None,
@@ -28,21 +24,16 @@ def ordered_map(fn: Callable[..., T], jobs: Iterable[tuple[tuple, int]], *, work
     as it happens. Either way the jobs still queued are cancelled and running ones awaited.
     """
     workers = workers or default_workers()
-    max_jobs = 2 * workers + 2
-    window: deque[tuple[Future, int]] = deque()
-    in_flight = 0
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmz-pack") as pool:
+    ready: deque[T] = deque()
+    with worker_pool(workers, "lmz-pack") as pool:
+        window = OrderedWindow(pool, window_limit(workers), lambda _, got: ready.append(got), max_bytes=max_bytes)
         try:
             for args, weight in jobs:
-                window.append((pool.submit(fn, *args), weight))
-                in_flight += weight
-                while len(window) > max_jobs or (len(window) > 1 and in_flight > max_bytes):
-                    fut, w = window.popleft()
-                    in_flight -= w
-                    yield fut.result()
-            while window:
-                fut, _ = window.popleft()
-                yield fut.result()
+                window.submit(None, fn, *args, weight=weight)
+                while ready:
+                    yield ready.popleft()
+            window.drain()
+            while ready:
+                yield ready.popleft()
         finally:
-            for fut, _ in window:
-                fut.cancel()
+            window.cancel()

@@ -6,38 +6,36 @@ before that commit (a full disk, a file that changed under it) cuts what it appe
 killed before it leaves only dead bytes at the end of a pack, which `lmz gc` reclaims.
 
 Checkpoint chains: unless told not to (`--no-delta`), an add picks a stored model to pair with
-(`--base`, or store/delta_plan.py's choice), stores the new model's chunks coded alone and recodes
-the base's paired chunks as deltas against them (store/chainrecode.py) in the same transaction:
+(`--base`, or store/chains/plan.py's choice), stores the new model's chunks coded alone and recodes
+the base's paired chunks as deltas against them (store/chains/recode.py) in the same transaction:
 the newest checkpoint reads at full speed, older ones through their chain. After the commit the
 recoded chunks' old payloads are dropped from the packs that held them (gc.reclaim_packs).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import sqlite3
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Callable
 
-import xxhash
-
-from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, plan_chunks
-from lmzfs.formats import ExternalRef, FormatError, external_refs, parse_open_file
+from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from lmzfs.formats import ExternalRef, FormatError, external_refs
 from lmzfs.store.catalog import Catalog
-from lmzfs.store.chainrecode import ChainRecoder, RecodeTotals
-from lmzfs.store.delta_plan import BaseChoice, BaseIndex, NewTensor, choose_base
+from lmzfs.store.chains.plan import BaseChoice, NewTensor, choose_base
+from lmzfs.store.chains.recode import ChainRecoder, RecodedBefore, RecodeTotals, record_recoded
 from lmzfs.store.gc import GcResult, reclaim_packs
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import validate_model_name
-from lmzfs.store.packs import PackWriter
-from lmzfs.store.siblings import SiblingIndex, SiblingTotals, encode_against, encode_alone
-from lmzfs.store.sources import SourceFile, SourceTree
+from lmzfs.store.write.encodefile import (EncodeTotals, FileChain, FileContent, FileEncoder, FilePlan, add_refs,
+                                          file_tensors, insert_file_rows, insert_new_chunks)
+from lmzfs.store.write.policy import EncodePolicy
+from lmzfs.store.write.session import PackSession
+from lmzfs.store.write.siblings import SiblingIndex, SiblingTotals
+from lmzfs.store.write.sources import SourceFile, SourceTree
 
 Progress = Callable[[int, int], None]     # (bytes done, bytes total)
 
@@ -58,44 +56,12 @@ class AddResult:
     siblings: SiblingTotals = field(default_factory=SiblingTotals)  # deltas between this add's files
     reclaimed: GcResult | None = None      # the recode's dead payloads dropped after the commit
 
-
-@dataclass
-class _NewChunk:
-    chunk_id: bytes
-    size: int
-    codec: str
-    pack: int
-    offset: int
-    length: int
-    xxh3: bytes           # XXH3-128 of the plain bytes: what reads check
-    base: bytes | None = None   # the chunk of this add it is coded against (store/siblings.py)
-
-
-@dataclass(frozen=True)
-class _Tensor:
-    name: str
-    dtype: str
-    shape: str           # dimensions, comma-separated
-    offset: int          # of its data in the file
-    size: int
-
-
-def tensors_of(layout) -> list[_Tensor]:
-    """The named, typed tensors of a parsed file, as the catalog's tensors table keeps them."""
-    return [_Tensor(seg.name, seg.dtype, ",".join(str(d) for d in seg.shape or ()), seg.offset, seg.length)
-            for seg in layout.segments if seg.kind == "tensor" and seg.name is not None and seg.dtype]
-
-
-@dataclass
-class _FilePlan:
-    rel: str
-    size: int
-    mtime: float
-    sha256: str
-    format: str
-    extents: list[tuple[int, bytes]] = field(default_factory=list)   # (plain offset, chunk id)
-    checks: dict[bytes, bytes] = field(default_factory=dict)    # chunk id -> XXH3-128, of reused chunks
-    tensors: list[_Tensor] = field(default_factory=list)
+    def take(self, totals: EncodeTotals) -> None:
+        """What the add's encoding counted."""
+        self.files, self.logical_bytes = totals.files, totals.logical_bytes
+        self.new_chunks, self.new_payload_bytes = totals.new_chunks, totals.new_payload_bytes
+        self.reused_chunks = totals.reused_chunks
+        self.warnings.extend(totals.warnings)
 
 
 def default_model_name(source: Path) -> str:
@@ -143,7 +109,7 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
         raise StoreError("--base and --no-delta contradict each other")
     name = validate_model_name(default_model_name(source) if name is None else name)
     with SourceTree(source) as tree:
-        return _add_tree(store, tree, name, progress, workers, fast, chunk_size, segments,
+        return _add_tree(store, tree, name, progress, workers, EncodePolicy(fast, segments), chunk_size,
                          _Chains(base, delta, chain_depth))
 
 
@@ -187,18 +153,8 @@ def _new_tensors(tree: SourceTree, named: dict[str, list[ExternalRef]]) -> list[
     return out
 
 
-def file_tensors(rel: str, shown: str, f: BinaryIO, size: int,
-                 named_by: list[ExternalRef] | None = None) -> list[NewTensor]:
-    """The tensors of one file (`rel` in its model), from its header alone (or from the ONNX
-    model that keeps its external data there, `named_by`); none if it is malformed."""
-    layout = parse_open_file(shown, f, size, named_by)
-    if layout.error is not None:
-        return []
-    return [NewTensor(rel, (t.name, t.dtype, t.shape), t.offset, t.size) for t in tensors_of(layout)]
-
-
 def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress | None, workers: int | None,
-              fast: bool, chunk_size: int, segments: bool, chains: _Chains) -> AddResult:
+              policy: EncodePolicy, chunk_size: int, chains: _Chains) -> AddResult:
     sources = tree.files
     store.create()
     store.check_format()
@@ -212,187 +168,62 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
             index = choose_base(catalog, name, _new_tensors(tree, named), chains.base) if chains.delta else None
             result.base = index.choice if index is not None else None
             total = sum(s.size for s in sources)
-            writer = PackWriter(store, *catalog.pack_ids())
-            try:
-                new: dict[bytes, _NewChunk] = {}
-                plans: list[_FilePlan] = []
+            with PackSession(store, catalog, policy=policy, workers=workers) as session:
+                encoder = FileEncoder(session, chunk_size)
+                plans: list[FilePlan] = []
                 done = 0
-                workers = workers or os.cpu_count() or 2
                 siblings = SiblingIndex(chains.depth) if chains.delta else None
-                with ThreadPoolExecutor(max_workers=workers) as pool:
-                    recoder = ChainRecoder(store, catalog, writer, pool, chains.depth, fast) if index else None
-                    try:
-                        for src in sources:
-                            plan = _add_file(tree, src, catalog, writer, pool, 2 * workers + 2, fast, segments,
-                                             chunk_size, new, result, lambda n: progress and progress(done + n, total),
-                                             index, recoder, siblings, named.get(src.rel))
-                            done += plan.size
-                            plans.append(plan)
-                        if recoder is not None:
-                            recoder.drain(0)
-                            result.recoded = recoder.totals
-                            result.warnings.extend(recoder.warnings)
-                    finally:
-                        if recoder is not None:
-                            recoder.close()
-                        if siblings is not None:
-                            result.siblings = siblings.totals
-                            siblings.close()
-                writer.sync()
+                recoder = ChainRecoder(session, chains.depth) if index else None
                 try:
-                    old_packs = _commit(catalog, name, str(tree.resolved), plans, new, writer,
-                                        recoder.rows if recoder is not None else {})
+                    for src in sources:
+                        chain = FileChain(index, recoder, src.rel) if index is not None else None
+                        plan = _add_file(tree, src, encoder, lambda n: progress and progress(done + n, total),
+                                         chain, siblings, named.get(src.rel))
+                        done += plan.size
+                        plans.append(plan)
+                    result.take(encoder.totals)
+                    if recoder is not None:
+                        recoder.drain(0)
+                        result.recoded = recoder.totals
+                        result.warnings.extend(recoder.warnings)
+                finally:
+                    if recoder is not None:
+                        recoder.close()
+                    if siblings is not None:
+                        result.siblings = siblings.totals
+                        siblings.close()
+                recoded = recoder.rows if recoder is not None else {}
+                before = RecodedBefore.of(catalog, recoded)
+                try:
+                    session.commit(lambda tx: _record_model(tx, name, str(tree.resolved), plans, encoder, recoded,
+                                                            before))
                 except sqlite3.Error as exc:
                     # e.g. a full disk: the transaction rolled back, so nothing of this add is
-                    # visible, and its pack bytes are cut below
+                    # visible, and the session cuts its pack bytes
                     raise StoreError(f"could not record {name!r} in the catalog ({exc}); nothing was "
                                      f"added") from exc
-            except BaseException:
-                # nothing of this add was committed: what it appended goes, so that a failed add
-                # (a full disk above all) leaves the store's disk use as it found it
-                writer.discard(catalog.payload_end)
-                raise
-            finally:
-                writer.close()
-            if old_packs:
-                _reclaim(store, catalog, old_packs, result)
+            if before.packs:
+                _reclaim(store, catalog, before.packs, result)
         finally:
             catalog.close()
     result.seconds = time.monotonic() - started
     return result
 
 
-def _add_file(tree: SourceTree, src: SourceFile, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor,
-              limit: int, fast: bool, segments: bool, chunk_size: int, new: dict[bytes, _NewChunk],
-              result: AddResult, progress: Callable[[int], None], index: BaseIndex | None,
-              recoder: ChainRecoder | None, siblings: SiblingIndex | None,
-              named_by: list[ExternalRef] | None) -> _FilePlan:
+def _add_file(tree: SourceTree, src: SourceFile, encoder: FileEncoder, progress: Callable[[int], None],
+              chain: FileChain | None, siblings: SiblingIndex | None,
+              named_by: list[ExternalRef] | None) -> FilePlan:
     # The one descriptor the walk's file is read through: parsing, hashing and chunking alike.
     with open(tree.open(src), "rb") as f:
         before = os.fstat(f.fileno())
-        # Read with pread, not mmap: a file cut short under an mmap kills the process with SIGBUS,
-        # where a short read is an error that names the file.
-        plan = encode_file(f, lambda length, offset: os.pread(f.fileno(), length, offset), before.st_size,
-                           src.shown, catalog, writer, pool, limit, fast=fast, segments=segments,
-                           chunk_size=chunk_size, new=new, result=result, progress=progress,
-                           chain=FileChain(index, recoder, src.rel) if index is not None else None,
-                           siblings=siblings, named_by=named_by)
+        content = FileContent(f, lambda length, offset: os.pread(f.fileno(), length, offset), before.st_size)
+        plan = encoder.encode(content, src.shown, progress=progress, chain=chain, siblings=siblings,
+                              named_by=named_by)
         plan.rel, plan.mtime = src.rel, before.st_mtime
         after = os.fstat(f.fileno())
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
             raise StoreError(f"{src.shown} changed while being added; nothing was added, try again when it is stable")
     return plan
-
-
-@dataclass(frozen=True)
-class FileChain:
-    """What pairs a file's tensors with the base model's chunks, and recodes those as deltas."""
-    index: BaseIndex
-    recoder: ChainRecoder
-    rel: str            # the file's path in the model, which pairs it with the base's file
-
-
-def encode_file(f: BinaryIO, pread: Callable[[int, int], bytes], size: int, shown: str, catalog: Catalog,
-                writer: PackWriter, pool: ThreadPoolExecutor, limit: int, *, fast: bool, segments: bool,
-                chunk_size: int, new: dict[bytes, _NewChunk], result: AddResult,
-                progress: Callable[[int], None], chain: FileChain | None = None,
-                siblings: SiblingIndex | None = None, named_by: list[ExternalRef] | None = None) -> _FilePlan:
-    """Parse, chunk, hash and encode the `size` bytes that `f` (for the container parser) and
-    `pread(length, offset)` read: what `lmz add` does to one file, and what a writable mount does
-    to a file it commits. Chunks already stored (or in `new`) are reused; new ones are appended
-    to `writer` and recorded in `new`; with `chain`, the base's paired chunks are offered to its
-    recoder; with `siblings`, chunks that pair with an earlier file of the same add are coded
-    against it where that is smaller (and this file's are recorded for the files after it);
-    `named_by`: the initializers an ONNX model of the add keeps in this file (external data).
-    The plan's rel and mtime are the caller's to set."""
-    layout = parse_open_file(shown, f, size, named_by)
-    # A header that is malformed or claims more than the file holds buys its bytes the quick
-    # codecs only: an input crafted to be slow to store gets no slow search.
-    hostile = layout.error is not None
-    if hostile:
-        result.warnings.append(f"{layout.error}; stored as opaque bytes")
-    plan = _FilePlan("", size, 0.0, "", layout.format, tensors=[] if hostile else tensors_of(layout))
-    pairs = chain.index.pairs(catalog, chain.rel, [NewTensor(chain.rel, (t.name, t.dtype, t.shape), t.offset, t.size)
-                                                   for t in plan.tensors]) if chain is not None else {}
-    earlier = siblings.pairs(plan.tensors) if siblings is not None and not hostile else {}
-    whole = hashlib.sha256()
-    window: deque[tuple[bytes, int, Future]] = deque()
-    stored_here: list[bytes] = []
-
-    def drain(keep: int) -> None:
-        while len(window) > keep:
-            cid, size, check, fut = window.popleft()
-            coded = fut.result()
-            loc = writer.append(cid, coded.encoded.payload)
-            new[cid] = _NewChunk(cid, size, coded.encoded.codec, loc.pack, loc.offset, loc.length, check, coded.base)
-            stored_here.append(cid)
-            result.new_payload_bytes += loc.length
-            if siblings is not None:
-                siblings.landed(coded)
-
-    pending: set[bytes] = set()
-    for cp in plan_chunks(layout, chunk_size):
-        data = pread(cp.length, cp.offset)
-        if len(data) != cp.length:
-            raise StoreError(f"{shown} was cut short while being added; nothing was added, "
-                             "try again when it is stable")
-        whole.update(data)
-        cid = hashlib.sha256(data).digest()
-        check = xxhash.xxh3_128_digest(data)
-        plan.extents.append((cp.offset, cid))
-        offered = False
-        if chain is not None:
-            chain.recoder.saw(cid)
-            paired = pairs.get(cp.offset)
-            offered = paired is not None and paired.size == cp.length
-            if offered:
-                chain.recoder.offer(cid, data, cp.hint, paired)
-                chain.recoder.drain(limit)
-        if cid in new or cid in pending:
-            result.reused_chunks += 1
-        elif catalog.has_chunk(cid):
-            result.reused_chunks += 1
-            plan.checks[cid] = check    # fills in the checksum of a chunk stored without one
-        else:
-            pending.add(cid)
-            result.new_chunks += 1
-            options = dict(fast=fast or hostile, segments=segments, thorough=not hostile)
-            # a chunk offered to the cross-model chain stays coded alone (its recoder counts on it)
-            ref = None if offered else earlier.get(cp.offset)
-            if ref is not None and ref.length == cp.length:
-                job = pool.submit(encode_against, data, cp.hint, ref, **options)
-            else:
-                job = pool.submit(encode_alone, data, cp.hint, **options)
-            window.append((cid, cp.length, check, job))
-            drain(limit)
-        del data
-        progress(cp.offset + cp.length)
-    drain(0)
-    if siblings is not None and not hostile:
-        siblings.record(f.fileno(), plan.tensors, plan.extents, [new[c] for c in stored_here])
-    plan.sha256 = whole.hexdigest()
-    result.files += 1
-    result.logical_bytes += plan.size
-    return plan
-
-
-def insert_new_chunks(db: sqlite3.Connection, plans: list[_FilePlan], new: dict[bytes, _NewChunk]) -> None:
-    """Inside a write transaction: record the chunks encode_file appended (no extent refers to
-    them yet; a base counts the chunks coded against it) and the read checksums of reused
-    chunks stored without one."""
-    db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3, base) "
-                   "VALUES (?,?,?,?,?,?,0,?,?)",
-                   [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3, c.base) for c in new.values()])
-    # a base's refs count the chunks coded against it, as its extents do
-    db.executemany("UPDATE chunks SET refs = refs + 1 WHERE id = ?", [(c.base,) for c in new.values() if c.base])
-    db.executemany("UPDATE chunks SET xxh3 = ? WHERE id = ? AND xxh3 IS NULL",
-                   [(check, cid) for p in plans for cid, check in p.checks.items()])
-
-
-def insert_tensors(db: sqlite3.Connection, file_id: int, plan: _FilePlan) -> None:
-    """Inside a write transaction: the tensors table rows of a stored file (what chain pairing reads)."""
-    db.executemany("INSERT OR IGNORE INTO tensors (file, name, dtype, shape, offset, size) VALUES (?,?,?,?,?,?)",
-                   [(file_id, t.name, t.dtype, t.shape, t.offset, t.size) for t in plan.tensors])
 
 
 def _reclaim(store: StorePaths, catalog: Catalog, packs: set[int], result: AddResult) -> None:
@@ -405,53 +236,18 @@ def _reclaim(store: StorePaths, catalog: Catalog, packs: set[int], result: AddRe
                                f"`lmz gc` reclaims it")
 
 
-def _commit(catalog: Catalog, name: str, source: str, plans: list[_FilePlan],
-            new: dict[bytes, _NewChunk], writer: PackWriter, recoded: dict) -> set[int]:
-    """Make the model visible in one transaction; returns the packs that held the recoded
-    chunks' payloads before (their bytes there are dead from now on)."""
-    before = RecodedBefore.of(catalog, recoded)
-    with catalog.transaction() as db:
-        insert_new_chunks(db, plans, new)
-        model_id = db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
-                              (name, time.time(), source)).lastrowid
-        refs: dict[bytes, int] = {}
-        for p in plans:
-            file_id = db.execute("INSERT INTO files (model, path, size, mtime, sha256, format) VALUES (?,?,?,?,?,?)",
-                                 (model_id, p.rel, p.size, p.mtime, p.sha256, p.format)).lastrowid
-            db.executemany("INSERT INTO extents (file, seq, offset, chunk) VALUES (?,?,?,?)",
-                           [(file_id, i, off, cid) for i, (off, cid) in enumerate(p.extents)])
-            insert_tensors(db, file_id, p)
-            for _, cid in p.extents:
-                refs[cid] = refs.get(cid, 0) + 1
-        record_recoded(db, recoded, before, refs)
-        db.executemany("UPDATE chunks SET refs = refs + ? WHERE id = ?", [(n, cid) for cid, n in refs.items() if n])
-        Catalog.record_pack_ids(db, writer.pack_id, max(writer.touched))
-    return before.packs
-
-
-@dataclass(frozen=True)
-class RecodedBefore:
-    """What the catalog said of the recoded chunks before the commit that records their recode."""
-    bases: dict[bytes, bytes | None]       # chunk -> the base it was coded against
-    packs: set[int]                        # the packs that held their payloads
-
-    @classmethod
-    def of(cls, catalog: Catalog, recoded: dict) -> "RecodedBefore":
-        packs: set[int] = set()
-        for cid in recoded:
-            row = catalog.db.execute("SELECT pack FROM chunks WHERE id = ?", (cid,)).fetchone()
-            if row is not None:
-                packs.add(row[0])
-        return cls({cid: catalog.chunk_base(cid) for cid in recoded}, packs)
-
-
-def record_recoded(db: sqlite3.Connection, recoded: dict, before: RecodedBefore, refs: dict[bytes, int]) -> None:
-    """Inside a write transaction: the recoded chunks' new payloads and bases; `refs` gains the
-    reference changes (a base's refs count the chunks coded against it) for the caller to apply."""
-    db.executemany("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ?, base = ? WHERE id = ?",
-                   [(r.codec, r.pack, r.offset, r.length, r.base, r.chunk_id) for r in recoded.values()])
-    for cid, r in recoded.items():
-        if r.base is not None:
-            refs[r.base] = refs.get(r.base, 0) + 1
-        if before.bases[cid] is not None:
-            refs[before.bases[cid]] = refs.get(before.bases[cid], 0) - 1
+def _record_model(tx: sqlite3.Connection, name: str, source: str, plans: list[FilePlan], encoder: FileEncoder,
+                  recoded: dict, before: RecodedBefore) -> None:
+    """Inside the add's one transaction: the model, its files, extents and new chunks, and the
+    recoded chunks of its base."""
+    insert_new_chunks(tx, plans, encoder.new)
+    model_id = tx.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
+                          (name, time.time(), source)).lastrowid
+    refs: dict[bytes, int] = {}
+    for p in plans:
+        file_id = tx.execute("INSERT INTO files (model, path, size, mtime, sha256, format) VALUES (?,?,?,?,?,?)",
+                             (model_id, p.rel, p.size, p.mtime, p.sha256, p.format)).lastrowid
+        for cid, n in insert_file_rows(tx, file_id, p).items():
+            refs[cid] = refs.get(cid, 0) + n
+    record_recoded(tx, recoded, before, refs)
+    add_refs(tx, refs)

@@ -15,10 +15,10 @@ import xxhash
 
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Catalog, Extent
-from lmzfs.store.chunkread import read_chunk
+from lmzfs.store.read.chunkread import read_chunk
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.lock import WriterLock
-from lmzfs.store.packfds import PackDescriptors
+from lmzfs.store.read.packfds import PackDescriptors
 from lmzfs.store.packs import ChunkLocation
 
 BATCH = 256       # chunks per catalog transaction

@@ -12,17 +12,14 @@ dependant is collected with it.
 """
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
 
 from lmzfs.store.catalog import Catalog
-from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
+from lmzfs.store.layout import StorePaths
 from lmzfs.store.lock import WriterLock
-from lmzfs.store.packfds import packs_in_use
-from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation, PackDamaged, PackWriter, read_payload
-
-_PACK_NAME = re.compile(r"pack-(\d{8})\.lmzp$")
+from lmzfs.store.packbackend import LocalPacks
+from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation
+from lmzfs.store.write.session import PackSession
 
 
 @dataclass
@@ -38,15 +35,6 @@ class GcResult:
     @property
     def reclaimed(self) -> int:
         return self.bytes_before - self.bytes_after
-
-
-def _packs_on_disk(store: StorePaths) -> dict[int, int]:
-    out = {}
-    for p in store.packs.iterdir():
-        m = _PACK_NAME.match(p.name)
-        if m:
-            out[int(m.group(1))] = p.stat().st_size
-    return out
 
 
 def collect_garbage(store: StorePaths) -> GcResult:
@@ -80,14 +68,14 @@ def dead_chunks(db) -> tuple[set[bytes], dict[bytes, int]]:
 
 
 def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
-    on_disk = _packs_on_disk(store)
+    on_disk = LocalPacks(store).list_packs()
     db = catalog.db
     dead, lost = dead_chunks(db)
     _mark_dead(db, dead)
     live = {pid: _Live(n, used, end) for pid, n, used, end in db.execute(
         "SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks "
         "WHERE id NOT IN (SELECT id FROM gc_dead) GROUP BY pack")}
-    return _remedy(store, catalog, on_disk, live, len(dead), lost, packs_in_use(store), max(on_disk, default=0))
+    return _remedy(store, catalog, on_disk, live, len(dead), lost, LocalPacks(store).in_use())
 
 
 def reclaim_packs(store: StorePaths, catalog: Catalog, pack_ids: set[int]) -> GcResult:
@@ -97,11 +85,11 @@ def reclaim_packs(store: StorePaths, catalog: Catalog, pack_ids: set[int]) -> Gc
 
     The cost is that of the packs named: their live records are copied (or the pack is cut or
     deleted), nothing else in the store is read. Chunks with no reference are not collected
-    (that is `lmz gc`'s). While a reader has the packs open (packs_in_use) nothing is done, since
+    (that is `lmz gc`'s). While a reader has the packs open (LocalPacks.in_use) nothing is done, since
     an unlinked pack keeps its space until the reader lets go: the result's `left_for_gc` says how
     many bytes `lmz gc` will reclaim. Crash-safe as gc is: a kill at any point leaves the state
     before or after, plus a pack no catalog names, which the next gc removes."""
-    on_disk = {pid: size for pid, size in _packs_on_disk(store).items() if pid in pack_ids}
+    on_disk = {pid: size for pid, size in LocalPacks(store).list_packs().items() if pid in pack_ids}
     result = GcResult(bytes_before=sum(on_disk.values()), bytes_after=sum(on_disk.values()))
     if not on_disk:
         return result
@@ -110,12 +98,11 @@ def reclaim_packs(store: StorePaths, catalog: Catalog, pack_ids: set[int]) -> Gc
     live = {pid: _Live(n, used, end) for pid, n, used, end in db.execute(
         f"SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks WHERE pack IN ({marks}) "
         f"GROUP BY pack", sorted(on_disk))}
-    if packs_in_use(store):
+    if LocalPacks(store).in_use():
         result.left_for_gc = sum(max(0, size - live.get(pid, _Live()).bytes) for pid, size in on_disk.items())
         return result
     _mark_dead(db, set())
-    highest = max(_packs_on_disk(store), default=0)
-    return _remedy(store, catalog, on_disk, live, 0, {}, False, highest)
+    return _remedy(store, catalog, on_disk, live, 0, {}, False)
 
 
 @dataclass(frozen=True)
@@ -138,7 +125,7 @@ def _mark_dead(db, dead: set[bytes]) -> None:
 
 
 def _remedy(store: StorePaths, catalog: Catalog, on_disk: dict[int, int], live: dict[int, _Live], dropped: int,
-            lost: dict[bytes, int], in_use: bool, highest: int) -> GcResult:
+            lost: dict[bytes, int], in_use: bool) -> GcResult:
     """Cut, delete or rewrite each pack of `on_disk` (id -> size) so that it holds only its live
     records (`live`; the chunks in the temp table gc_dead are dropped), in one transaction."""
     db = catalog.db
@@ -168,61 +155,36 @@ def _remedy(store: StorePaths, catalog: Catalog, on_disk: dict[int, int], live: 
         result.bytes_after = result.bytes_before
         return result
 
-    last, next_new = catalog.pack_ids()
-    writer: PackWriter | None = None
+    last, _ = catalog.pack_ids()
     moves: list[tuple[int, int, int, bytes]] = []
-    try:
+    with PackSession(store, catalog, fresh_packs=True) as session:
         for pid in rewrite:
-            rows = db.execute("SELECT id, offset, length FROM chunks WHERE pack = ? AND id NOT IN "
-                              "(SELECT id FROM gc_dead) ORDER BY offset", (pid,)).fetchall()
-            fd = os.open(store.pack(pid), os.O_RDONLY)
-            try:
-                for cid, off, length in rows:
-                    try:
-                        payload = read_payload(fd, cid, ChunkLocation(pid, off, length))
-                    except PackDamaged as exc:
-                        raise StoreError(f"gc stopped, nothing changed: {exc}; run `lmz verify`") from exc
-                    if writer is None:
-                        writer = PackWriter(store, None, max(next_new, highest + 1))
-                    loc = writer.append(cid, payload)
-                    moves.append((loc.pack, loc.offset, loc.length, cid))
-            finally:
-                os.close(fd)
-        if writer is not None:
-            writer.sync()
+            rows = [(cid, ChunkLocation(pid, off, length)) for cid, off, length in db.execute(
+                "SELECT id, offset, length FROM chunks WHERE pack = ? AND id NOT IN "
+                "(SELECT id FROM gc_dead) ORDER BY offset", (pid,))]
+            for (cid, _), loc in zip(rows, session.copy_records(rows, "gc")):
+                moves.append((loc.pack, loc.offset, loc.length, cid))
+
         def record(tx) -> None:
             tx.executemany("UPDATE chunks SET pack = ?, offset = ?, length = ? WHERE id = ?", moves)
             tx.execute("DELETE FROM chunks WHERE id IN (SELECT id FROM gc_dead)")
             tx.executemany("UPDATE chunks SET refs = refs - ? WHERE id = ?", [(n, b) for b, n in lost.items()])
-            if writer is not None:
-                Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
-            elif last in delete or last in rewrite:
+            if not session.appended and (last in delete or last in rewrite):
                 Catalog.record_pack_ids(tx, None, 0)
         # Bytes no catalog row names (what a killed add appended) go without a transaction: on a
         # full disk a commit may find no room for its log, and these frees are what makes room.
         if moves or result.chunks_dropped or lost or last in delete or last in rewrite:
-            catalog.write_or_free_copies(record)
-    except BaseException:
-        if writer is not None:
-            writer.discard(catalog.payload_end)    # nothing moved: the copies go
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
+            session.commit(record, free_copies=True)
+    backend = session.backend
     # The catalog no longer points into any of these bytes.
     for pid, end in truncate.items():
-        fd = os.open(store.pack(pid), os.O_RDWR)
-        try:
-            os.ftruncate(fd, end)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        backend.truncate(pid, end)
     for pid in delete + rewrite:
-        os.unlink(store.pack(pid))
-    fsync_dir(store.packs)
+        backend.remove(pid)
+    backend.sync_listing()
     result.packs_deleted = len(delete) + len(rewrite)
     result.packs_truncated = len(truncate)
-    result.packs_rewritten = len(writer.touched) if writer is not None else 0
-    result.bytes_after = sum(size for pid, size in _packs_on_disk(store).items()
-                             if pid in on_disk or writer is not None and pid in writer.touched)
+    written = session.packs_written
+    result.packs_rewritten = len(written)
+    result.bytes_after = sum(size for pid, size in backend.list_packs().items() if pid in on_disk or pid in written)
     return result

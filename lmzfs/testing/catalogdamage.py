@@ -178,7 +178,7 @@ def run_trial(prepared: Path, work: Path, damage: Damage, expected: dict[str, st
         got = {}
         result.differing.append(f"(store unreadable: {type(exc).__name__}: {exc})")
     result.differing += sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
-    from lmzfs.store.catalogcheck import diagnose
+    from lmzfs.store.catalog.check import diagnose
     result.sound_after = diagnose(StorePaths(store)).sound
     return result
 

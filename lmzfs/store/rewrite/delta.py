@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from lmzfs.codecs import encode_delta_chunk
 from lmzfs.store.add import DEFAULT_CHAIN_DEPTH
 from lmzfs.store.catalog import MAX_CHAIN_HOPS, Catalog, Extent
-from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StoreError, StorePaths
-from lmzfs.store.rewrite import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
+from lmzfs.store.rewrite.run import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
                                  store_reader, writing)
-from lmzfs.store.rewritescan import StoredChunk, TensorChunks, chunks_of, scan_file, tensors_from_rows
+from lmzfs.store.rewrite.scan import StoredChunk, TensorChunks, chunks_of, scan_file, tensors_from_rows
 
 
 class ChainLimits:

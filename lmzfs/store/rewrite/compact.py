@@ -13,17 +13,17 @@ catalog names; after it, the old packs do not: either way the next compact delet
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 from lmzfs.store.catalog import Catalog
 # gc's own rule for what is garbage (cascading down chains), so that compact and gc agree on it
 from lmzfs.store.gc import dead_chunks
-from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
-from lmzfs.store.packfds import packs_in_use
-from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation, PackDamaged, PackWriter, read_payload
-from lmzfs.store.rewrite import Progress, RewriteResult, measure, packs_on_disk, writing
+from lmzfs.store.layout import StoreError, StorePaths
+from lmzfs.store.packbackend import LocalPacks
+from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation
+from lmzfs.store.rewrite.run import Progress, RewriteResult, measure, packs_on_disk, writing
+from lmzfs.store.write.session import PackSession
 
 DEFAULT_MIN_DEAD = 0.10     # rewrite a pack once more than this share of its bytes is dead
 UNLINK_GRACE_SECONDS = 1.0  # between the commit and unlinking old packs, while readers have packs open
@@ -85,62 +85,40 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
     copied = set(rewrite)
     moving = {cid: loc for cid, loc in rows.items() if loc.pack in copied}
     need = sum(live_bytes[pid] for pid in rewrite)
-    free = _free_bytes(store)
+    free = LocalPacks(store).free_bytes()
     if need > free:
         raise StoreError(f"compact needs {need} bytes free for the live chunks it copies, and "
                          f"{free} are; nothing changed (free some space, or raise --min-dead)")
-    last, next_new = catalog.pack_ids()
-    writer: PackWriter | None = None
+    last, _ = catalog.pack_ids()
     changes: list[_Move] = []
-    fds: dict[int, int] = {}
     total = sum(rows[cid].length for cid in moving)
     done = 0
-    try:
-        for cid in _locality_order(db, moving):
-            old = rows[cid]
-            fd = fds.get(old.pack)
-            if fd is None:
-                fd = fds[old.pack] = os.open(store.pack(old.pack), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                payload = read_payload(fd, cid, old)
-            except PackDamaged as exc:
-                raise StoreError(f"compact stopped and nothing changed: {exc}; run `lmz verify`") from exc
-            if writer is None:
-                writer = PackWriter(store, None, max([next_new, *(pid + 1 for pid in on_disk)]))
-            changes.append(_Move(cid, old, writer.append(cid, payload)))
-            done += old.length
+    with PackSession(store, catalog, fresh_packs=True) as session:
+        order = _locality_order(db, moving)
+        for cid, new in zip(order, session.copy_records(((cid, rows[cid]) for cid in order), "compact")):
+            changes.append(_Move(cid, rows[cid], new))
+            done += rows[cid].length
             if progress:
                 progress(done, total)
-        if writer is not None:
-            writer.sync()
-        with catalog.transaction() as tx:
+
+        def record(tx) -> None:
             _move_rows(tx, changes)
             tx.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in dead])
             tx.executemany("UPDATE chunks SET refs = refs - ? WHERE id = ?", [(n, b) for b, n in lost.items()])
-            if writer is not None:
-                Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
-            elif last in delete or last in rewrite:
+            if not session.appended and (last in delete or last in rewrite):
                 Catalog.record_pack_ids(tx, None, 0)
-    except BaseException:
-        if writer is not None:
-            writer.discard(catalog.payload_end)    # nothing moved: the copies go
-        raise
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-        if writer is not None:
-            writer.close()
+        session.commit(record)
     # The committed catalog names nothing in these packs any more. A reader that read a file's
     # extents just before the commit opens their packs a moment later: with readers about, give
     # it that moment (after it, its descriptors keep the unlinked packs readable).
-    if (delete or rewrite) and packs_in_use(store):
+    if (delete or rewrite) and session.backend.in_use():
         time.sleep(UNLINK_GRACE_SECONDS)
     for pid in delete + rewrite:
-        store.pack(pid).unlink(missing_ok=True)
-    fsync_dir(store.packs)
+        session.backend.remove(pid)
+    session.backend.sync_listing()
     result.chunks_changed = len(changes)
     result.chunks_dropped = len(dead)
-    result.packs_written = len(writer.touched) if writer is not None else 0
+    result.packs_written = len(session.packs_written)
     result.packs_deleted = len(delete) + len(rewrite)
 
 
@@ -152,8 +130,3 @@ def _move_rows(tx, changes: list[_Move]) -> None:
         if n != 1:
             raise StoreError(f"compact stopped and nothing changed: chunk {c.chunk_id.hex()[:16]} is no longer "
                              f"where it was read; run `lmz verify`")
-
-
-def _free_bytes(store: StorePaths) -> int:
-    st = os.statvfs(store.packs)
-    return st.f_bavail * st.f_frsize

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lmzfs.store.catalogcopies import (content_digest, generation_of, list_copies, mark_copy_due, recorded_digest,
+from lmzfs.store.catalog.copies import (content_digest, generation_of, list_copies, mark_copy_due, recorded_digest,
                                        write_copy)
 from lmzfs.store.layout import FILE_MODE, StoreError
 from lmzfs.store.packs import ChunkLocation
-from lmzfs.store.sqliteuri import sqlite_uri
+from lmzfs.store.catalog.uri import sqlite_uri
 
 CATALOG_VERSION = 3
 # 1: chunks have no xxh3 column; their reads are checked by SHA-256. 2: no chunk is coded against

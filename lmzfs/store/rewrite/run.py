@@ -18,11 +18,7 @@ reader holds); a file opened after reads the new ones.
 from __future__ import annotations
 
 import hashlib
-import os
-import re
 import sqlite3
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -30,15 +26,16 @@ from typing import Callable, Iterator
 from lmzfs.codecs import CodecError, decode_chunk
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Catalog, Extent
-from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
-from lmzfs.store.packs import ChunkLocation, PackWriter
-from lmzfs.store.rewritescan import StoredChunk
+from lmzfs.store.packbackend import LocalPacks
+from lmzfs.store.packs import ChunkLocation
+from lmzfs.store.rewrite.scan import StoredChunk
+from lmzfs.store.write.session import PackSession
 
 Progress = Callable[[int, int], None]     # (bytes done, bytes total)
 
-_PACK_NAME = re.compile(r"pack-(\d{8})\.lmzp$")
 # Decoded chunks the pass's own reader keeps: a reference several chunks are coded against is
 # decoded once while they are recoded one after another.
 READ_CACHE_BYTES = 64 << 20
@@ -67,15 +64,7 @@ class RewriteResult:
 
 def packs_on_disk(store: StorePaths) -> dict[int, int]:
     """pack id -> its size in bytes, for every pack file in the store."""
-    out: dict[int, int] = {}
-    for p in store.packs.iterdir():
-        m = _PACK_NAME.match(p.name)
-        if m:
-            try:
-                out[int(m.group(1))] = p.stat().st_size
-            except FileNotFoundError:
-                pass
-    return out
+    return LocalPacks(store).list_packs()
 
 
 def measure(store: StorePaths, catalog: Catalog) -> StoreBytes:
@@ -175,54 +164,38 @@ def recode_chunks(store: StorePaths, catalog: Catalog, source: ChunkSource, jobs
                   workers: int | None = None) -> None:
     """Run `encode` on every job (in parallel), append the payloads it returns, make them durable,
     then switch the chunks' rows to them in one transaction."""
-    workers = workers or os.cpu_count() or 2
     total = sum(j.chunk.extent.size for j in jobs)
     done = 0
-    writer: PackWriter | None = None
     changes: list[RowChange] = []
-    window: deque[Future] = deque()
+    with PackSession(store, catalog, workers=workers, name="lmz-rewrite") as session:
 
-    def drain(keep: int) -> None:
-        nonlocal writer, done
-        while len(window) > keep:
-            job, got = window.popleft().result()
+        def land(_, got: tuple[RecodeJob, Recoding | None]) -> None:
+            nonlocal done
+            job, recoding = got
             e = job.chunk.extent
             result.chunks_examined += 1
             done += e.size
             if progress:
                 progress(done, total)
-            if got is None:
-                continue
-            if writer is None:
-                writer = PackWriter(store, *catalog.pack_ids())
-            loc = writer.append(e.chunk_id, got.payload)
-            changes.append(RowChange(e.chunk_id, e.location, loc, got.codec,
+            if recoding is None:
+                return
+            loc = session.append(e.chunk_id, recoding.payload)
+            changes.append(RowChange(e.chunk_id, e.location, loc, recoding.codec,
                                      None if e.base is None else e.base.chunk_id,
-                                     None if got.base is None else got.base.chunk_id))
+                                     None if recoding.base is None else recoding.base.chunk_id))
 
-    try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmz-rewrite") as pool:
-            try:
-                for job in jobs:
-                    window.append(pool.submit(_checked, job, encode, source))
-                    drain(2 * workers + 2)
-                drain(0)
-            finally:
-                for fut in window:
-                    fut.cancel()
-        if writer is None:
+        window = session.window(land)
+        try:
+            for job in jobs:
+                window.submit(None, _checked, job, encode, source)
+            window.drain()
+        finally:
+            window.cancel()
+        if not session.appended:
             return
-        writer.sync()
-        commit_changes(catalog, changes, writer)
+        session.commit(lambda tx: switch_rows(tx, changes))
         result.chunks_changed = len(changes)
         result.packs_written = len({c.new.pack for c in changes})
-    except BaseException:
-        if writer is not None:
-            writer.discard(catalog.payload_end)    # the pass changed nothing: its payloads go
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
 
 
 def switch_rows(tx: sqlite3.Connection, changes: list[RowChange]) -> None:
@@ -246,10 +219,3 @@ def switch_rows(tx: sqlite3.Connection, changes: list[RowChange]) -> None:
         if step and tx.execute("UPDATE chunks SET refs = refs + ? WHERE id = ?", (step, base)).rowcount != 1:
             raise StoreError(f"the rewrite stopped and nothing changed: reference chunk {base.hex()[:16]} "
                              f"is not in the catalog; run `lmz verify`")
-
-
-def commit_changes(catalog: Catalog, changes: list[RowChange], writer: PackWriter) -> None:
-    with catalog.transaction() as tx:
-        switch_rows(tx, changes)
-        Catalog.record_pack_ids(tx, writer.pack_id, max(writer.touched))
-

@@ -2,8 +2,8 @@
 
 A ChunkSource belongs to one store and is shared by every open file of it. It owns what turns a
 catalog row (an Extent) into plain bytes: the pack descriptors (opened once, shared, released
-when no open file needs them), the decode (store/chunkread.py, which checks every byte it hands
-out), and the decoded-chunk cache (store/chunkcache.py), under which a chunk is decoded once
+when no open file needs them), the decode (store/read/chunkread.py, which checks every byte it hands
+out), and the decoded-chunk cache (store/read/chunkcache.py), under which a chunk is decoded once
 however many readers wait for it. Callers ask for a byte range of a chunk and say whether the
 read is lone (it continues no stream: then only the parts it touches are decoded, for a codec
 that decodes in parts, or its chunk is lent: the read is answered before the chunk is copied
@@ -29,10 +29,10 @@ from lmzfs.codecs.base import Buffer, Codec
 from lmzfs.counters import ReadCounters
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
-from lmzfs.store.chunkcache import ChunkCache
-from lmzfs.store.chunkread import chunk_parts, read_chunk, read_chunk_parts
+from lmzfs.store.read.chunkcache import ChunkCache
+from lmzfs.store.read.chunkread import chunk_parts, read_chunk, read_chunk_parts
 from lmzfs.store.layout import StorePaths
-from lmzfs.store.packfds import PackDescriptors
+from lmzfs.store.read.packfds import PackDescriptors
 
 
 class _NotInParts(Exception):

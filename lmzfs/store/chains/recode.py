@@ -7,24 +7,23 @@ kept only when its payload is smaller than the chunk's payload now. When the ste
 chain deeper than the cap, the chunks that would sit too deep are re-anchored in the same step:
 each becomes a delta against the new model's chunk, or is coded alone, whichever is smaller.
 
-Nothing here touches the catalog's rows: payloads go to the add's PackWriter (fsync'd with the
-rest before the commit) and the changes are handed to the add's one transaction (`rows`), so a
-process killed before it leaves the catalog as it was and the payloads as dead pack bytes.
+Nothing here writes the catalog's rows before the commit: payloads go to the add's pack session
+(sealed with the rest before the commit) and the changes are written in the add's one
+transaction (`record_recoded`), so a process killed before it leaves the catalog as it was and
+the payloads as dead pack bytes.
 """
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from collections import deque
+import sqlite3
+from dataclasses import dataclass, replace
 
-from lmzfs.codecs import EncodedChunk, encode_chunk, encode_delta_chunk
+from lmzfs.codecs import EncodedChunk, encode_delta_chunk
 from lmzfs.codecs.base import ChunkHint
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Catalog, Extent
-from lmzfs.store.chunksource import ChunkSource
-from lmzfs.store.delta_plan import ChainGraph
-from lmzfs.store.layout import StorePaths
-from lmzfs.store.packs import PackWriter
+from lmzfs.store.chains.plan import ChainGraph
+from lmzfs.store.read.chunksource import ChunkSource
+from lmzfs.store.write.session import PackSession
 
 # Decoded chunks of the base kept while recoding (a base chunk is read once; its own chain's
 # references are what this holds).
@@ -63,7 +62,6 @@ class _Job:
     new_id: bytes             # the new model's chunk
     paired: Extent            # the stored chunk to recode against it
     reanchor: list[Extent]    # chunks that would then sit too deep
-    outcome: Future
 
 
 @dataclass
@@ -79,19 +77,18 @@ class RecodeTotals:
 class ChainRecoder:
     """Used by one add, from its main thread; the encoding runs on the add's pool."""
 
-    def __init__(self, store: StorePaths, catalog: Catalog, writer: PackWriter, pool: ThreadPoolExecutor,
-                 depth_cap: int, fast: bool):
-        self.catalog = catalog
-        self.graph = ChainGraph(catalog, depth_cap)
+    def __init__(self, session: PackSession, depth_cap: int):
+        self.catalog = session.catalog
+        self.graph = ChainGraph(self.catalog, depth_cap)
         self.totals = RecodeTotals()
         self.warnings: list[str] = []
-        self._writer = writer
-        self._pool = pool
-        self._fast = fast
-        self._source = ChunkSource(store, _CACHE_BYTES)
+        self._session = session
+        # the base's chunks keep the segmented coding a default add gives them
+        self._policy = replace(session.policy, segments=True)
+        self._source = ChunkSource(session.store, _CACHE_BYTES)
         self._claimed: set[bytes] = set()         # base chunks a job was started for
         self._new: set[bytes] = set()             # chunks of the new model seen so far: never recoded
-        self._window: deque[_Job] = deque()
+        self._window = session.window(self._land)
         self.rows: dict[bytes, Recode] = {}       # chunk -> its final new row
 
     def saw(self, chunk_id: bytes) -> None:
@@ -112,15 +109,14 @@ class ChainRecoder:
         reanchor = [found[z] for z in deep if z in found and found[z].size == len(data)]
         if len(reanchor) != len(deep):
             return
-        self._window.append(_Job(new_id, paired, reanchor, self._pool.submit(self._measure, paired, reanchor, data, hint)))
+        self._window.submit(_Job(new_id, paired, reanchor), self._measure, paired, reanchor, data, hint)
 
     def drain(self, keep: int) -> None:
         """Land finished jobs, oldest first, until at most `keep` are outstanding."""
-        while len(self._window) > keep:
-            job = self._window.popleft()
-            self._land(job, job.outcome.result())
+        self._window.drain(keep)
 
     def close(self) -> None:
+        self._window.cancel()
         self._source.close()
 
     # -- on the pool ------------------------------------------------------------------------------
@@ -138,11 +134,8 @@ class ChainRecoder:
                 return _Outcome(None, {})
             out: dict[bytes, _Reanchor] = {}
             for z in reanchor:
-                plain = self._plain(z)
-                against = encode_delta_chunk(plain, data, hint)
-                alone = encode_chunk(plain, hint, fast=self._fast)
-                out[z.chunk_id] = _Reanchor(against, True) if against is not None and \
-                    len(against.payload) < len(alone.payload) else _Reanchor(alone, False)
+                got = self._policy.smaller(self._plain(z), hint, data)
+                out[z.chunk_id] = _Reanchor(got.encoded, got.against)
             return _Outcome(delta, out)
         except CorruptChunk as exc:
             return _Outcome(None, {}, exc.strerror)
@@ -174,6 +167,35 @@ class ChainRecoder:
             self.totals.reanchor_after += len(r.payload.payload)
 
     def _put(self, chunk_id: bytes, enc: EncodedChunk, base: bytes | None) -> None:
-        loc = self._writer.append(chunk_id, enc.payload)
+        loc = self._session.append(chunk_id, enc.payload)
         self.graph.set_base(chunk_id, base)
         self.rows[chunk_id] = Recode(chunk_id, enc.codec, loc.pack, loc.offset, loc.length, base)
+
+
+@dataclass(frozen=True)
+class RecodedBefore:
+    """What the catalog said of the recoded chunks before the commit that records their recode."""
+    bases: dict[bytes, bytes | None]       # chunk -> the base it was coded against
+    packs: set[int]                        # the packs that held their payloads
+
+    @classmethod
+    def of(cls, catalog: Catalog, recoded: dict[bytes, Recode]) -> "RecodedBefore":
+        packs: set[int] = set()
+        for cid in recoded:
+            row = catalog.db.execute("SELECT pack FROM chunks WHERE id = ?", (cid,)).fetchone()
+            if row is not None:
+                packs.add(row[0])
+        return cls({cid: catalog.chunk_base(cid) for cid in recoded}, packs)
+
+
+def record_recoded(db: sqlite3.Connection, recoded: dict[bytes, Recode], before: RecodedBefore,
+                   refs: dict[bytes, int]) -> None:
+    """Inside a write transaction: the recoded chunks' new payloads and bases; `refs` gains the
+    reference changes (a base's refs count the chunks coded against it) for the caller to apply."""
+    db.executemany("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ?, base = ? WHERE id = ?",
+                   [(r.codec, r.pack, r.offset, r.length, r.base, r.chunk_id) for r in recoded.values()])
+    for cid, r in recoded.items():
+        if r.base is not None:
+            refs[r.base] = refs.get(r.base, 0) + 1
+        if before.bases[cid] is not None:
+            refs[before.bases[cid]] = refs.get(before.bases[cid], 0) - 1

@@ -12,9 +12,9 @@ import time
 
 from lmzfs.codecs import encode_chunk
 from lmzfs.store.layout import StoreError, StorePaths
-from lmzfs.store.rewrite import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
+from lmzfs.store.rewrite.run import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
                                  store_reader, writing)
-from lmzfs.store.rewritescan import chunks_of, scan_models
+from lmzfs.store.rewrite.scan import chunks_of, scan_models
 
 
 def alone(job: RecodeJob, plain: bytes, ref: bytes | None) -> Recoding:

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmzfs.store.catalog import Catalog, free_if_full
-from lmzfs.store.catalogcheck import PackIndex, broken_models, diagnose, index_packs
-from lmzfs.store.catalogcopies import DIGEST_KEY, due_marker, write_copy
+from lmzfs.store.catalog.check import PackIndex, broken_models, diagnose, index_packs
+from lmzfs.store.catalog.copies import DIGEST_KEY, due_marker, write_copy
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
 from lmzfs.store.lock import WriterLock
-from lmzfs.store.payloadsearch import place_chunks, salvage_chunk_rows
-from lmzfs.store.sqliteuri import sqlite_uri
+from lmzfs.store.catalog.payloadsearch import place_chunks, salvage_chunk_rows
+from lmzfs.store.catalog.uri import sqlite_uri
 
 
 @dataclass

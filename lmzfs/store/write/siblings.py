@@ -1,7 +1,7 @@
 """Deltas between the files of one `lmz add`: two releases of a model in one directory.
 
 A directory often holds several checkpoints or releases of one network side by side
-(`model-v1.safetensors`, `model-v2.safetensors`). Across models, store/chainrecode.py pairs
+(`model-v1.safetensors`, `model-v2.safetensors`). Across models, store/chains/recode.py pairs
 tensors; within one add, this pairs a later file's tensor chunks with the same tensor's chunks
 in an earlier file of the same add (same name, dtype and shape, same offset inside it, same
 length), the most recent earlier file first. Each such chunk is coded alone and against its
@@ -18,9 +18,10 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 
-from lmzfs.codecs import EncodedChunk, encode_chunk, encode_delta_chunk
+from lmzfs.codecs import EncodedChunk
 from lmzfs.codecs.base import ChunkHint
-from lmzfs.store.delta_plan import TensorKey
+from lmzfs.store.chains.plan import TensorKey
+from lmzfs.store.write.policy import EncodePolicy
 
 # Earlier files whose descriptors an add keeps for re-reading references; past it the oldest
 # file's tensors stop being offered (a directory of many shards rarely repeats a tensor).
@@ -112,18 +113,16 @@ class SiblingIndex:
         self._chunks.clear()
 
 
-def encode_alone(data: bytes, hint: ChunkHint, **options) -> CodedChunk:
-    return CodedChunk(encode_chunk(data, hint, **options))
+def encode_alone(policy: EncodePolicy, data: bytes, hint: ChunkHint, hostile: bool = False) -> CodedChunk:
+    return CodedChunk(policy.alone(data, hint, hostile))
 
 
-def encode_against(data: bytes, hint: ChunkHint, ref: SiblingRef, **options) -> CodedChunk:
+def encode_against(policy: EncodePolicy, data: bytes, hint: ChunkHint, ref: SiblingRef,
+                   hostile: bool = False) -> CodedChunk:
     """The smaller of `data` coded alone and coded against `ref`'s plain bytes (read back from
     its file and checked against its id)."""
-    alone = encode_chunk(data, hint, **options)
     plain = os.pread(ref.fd, ref.length, ref.offset)
     if len(plain) != ref.length or hashlib.sha256(plain).digest() != ref.chunk_id:
-        return CodedChunk(alone)
-    delta = encode_delta_chunk(data, plain, hint)
-    if delta is None or len(delta.payload) >= len(alone.payload):
-        return CodedChunk(alone)
-    return CodedChunk(delta, ref.chunk_id, len(alone.payload))
+        return encode_alone(policy, data, hint, hostile)
+    got = policy.smaller(data, hint, plain, hostile)
+    return CodedChunk(got.encoded, ref.chunk_id if got.against else None, got.alone_bytes)

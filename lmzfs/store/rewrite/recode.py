@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import time
 
-from lmzfs.codecs import encode_chunk, encode_delta_chunk
 from lmzfs.codecs.floatsplit import FloatSplitCodec
 from lmzfs.store.layout import StoreError, StorePaths
-from lmzfs.store.rewrite import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
+from lmzfs.store.rewrite.run import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
                                  store_reader, writing)
-from lmzfs.store.rewritescan import StoredChunk, chunks_of, scan_models
+from lmzfs.store.rewrite.scan import StoredChunk, chunks_of, scan_models
+from lmzfs.store.write.policy import EncodePolicy
 
 
 def _in_parts(codec: str) -> bool:
@@ -31,13 +31,8 @@ def _in_parts(codec: str) -> bool:
 def smallest(job: RecodeJob, plain: bytes, ref: bytes | None) -> Recoding | None:
     """The chunk's smallest payload, alone or against the reference it has, if smaller than now."""
     chunk = job.chunk
-    alone = encode_chunk(plain, chunk.hint, fast=chunk.hostile, thorough=not chunk.hostile,
-                         segments=_in_parts(chunk.extent.codec))
-    best = Recoding(alone.payload, alone.codec)
-    if ref is not None:
-        delta = encode_delta_chunk(plain, ref, chunk.hint)
-        if delta is not None and len(delta.payload) < len(best.payload):
-            best = Recoding(delta.payload, delta.codec, job.reference)
+    got = EncodePolicy(segments=_in_parts(chunk.extent.codec)).smaller(plain, chunk.hint, ref, chunk.hostile)
+    best = Recoding(got.encoded.payload, got.encoded.codec, job.reference if got.against else None)
     return best if len(best.payload) < chunk.extent.location.length else None
 
 

@@ -19,7 +19,7 @@ from lmzfs.formats import parse_open_file
 from lmzfs.formats.segments import FileLayout, Segment
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Catalog, Extent, FileRow
-from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StoreError
 
 

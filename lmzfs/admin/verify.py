@@ -17,7 +17,7 @@ from typing import Callable
 from lmzfs.errors import CorruptChunk
 from lmzfs.reader.archive import Archive
 from lmzfs.store.catalog import Catalog, CatalogDamaged
-from lmzfs.store.catalogcheck import diagnose
+from lmzfs.store.catalog.check import diagnose
 from lmzfs.store.layout import StoreError, StorePaths
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmzfs.store.layout import FILE_MODE, fsync_dir
-from lmzfs.store.sqliteuri import sqlite_uri
+from lmzfs.store.catalog.uri import sqlite_uri
 
 KEEP_COPIES = 3
 COPY_PREFIX = ".copy-"

@@ -35,8 +35,8 @@ from typing import Iterator
 import xxhash
 
 from lmzfs.codecs import REGISTRY, Codec, CodecError, decode_chunk, parse_payload
-from lmzfs.store.catalogcheck import PackIndex
-from lmzfs.store.chainrecode import Recode
+from lmzfs.store.catalog.check import PackIndex
+from lmzfs.store.chains.recode import Recode
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.packs import ChunkLocation, PackDamaged, read_payload
 

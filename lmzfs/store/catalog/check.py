@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmzfs.store.catalog import READABLE_VERSIONS, catalog_error, is_damage, readonly_uri, tables_of
-from lmzfs.store.catalogcopies import DIGEST_KEY, CatalogCopy, content_digest, list_copies
+from lmzfs.store.catalog.copies import DIGEST_KEY, CatalogCopy, content_digest, list_copies
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.packs import PACK_HEADER, PACK_MAGIC, RECORD_HEADER, RECORD_MAGIC, ChunkLocation
 

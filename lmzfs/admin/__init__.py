@@ -1,0 +1,1 @@
+"""Commands above the store and reader: what needs both."""

@@ -1,0 +1,10 @@
+"""The catalog: the one place a store's SQL is written (db), with its checks (check), copies
+(copies) and repair (repair)."""
+from lmzfs.store.catalog.db import (CATALOG_VERSION, MAX_CHAIN_HOPS, READABLE_VERSIONS, SCHEMA, TABLES,
+                                    Catalog, CatalogDamaged, Extent, FileRow, ModelRow, ModelUsage,
+                                    StoredTensor, TensorRow, catalog_error, free_if_full, is_damage,
+                                    readonly_uri, tables_of)
+
+__all__ = ["CATALOG_VERSION", "MAX_CHAIN_HOPS", "READABLE_VERSIONS", "SCHEMA", "TABLES", "Catalog",
+           "CatalogDamaged", "Extent", "FileRow", "ModelRow", "ModelUsage", "StoredTensor", "TensorRow",
+           "catalog_error", "free_if_full", "is_damage", "readonly_uri", "tables_of"]

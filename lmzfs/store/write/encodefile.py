@@ -1,0 +1,222 @@
+"""One file into a pack session: parse, chunk, hash, deduplicate and encode, in a bounded window.
+
+What `lmz add` does to each file of a model and what a writable mount does to a file it commits.
+Chunks already stored (or appended earlier in the same session) are reused; new ones are coded
+on the session's pool by its encode policy and appended in order. The rows that make them
+visible are the caller's commit's (the insert_* helpers, inside its transaction).
+"""
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable
+
+import xxhash
+
+from lmzfs.chunker import plan_chunks
+from lmzfs.formats import ExternalRef, parse_open_file
+from lmzfs.store.catalog import Catalog
+from lmzfs.store.chains.plan import BaseIndex, NewTensor
+from lmzfs.store.chains.recode import ChainRecoder
+from lmzfs.store.layout import StoreError
+from lmzfs.store.write.session import PackSession
+from lmzfs.store.write.siblings import CodedChunk, SiblingIndex, encode_against, encode_alone
+
+
+@dataclass
+class EncodeTotals:
+    """What a session's encoding did, over every file it encoded."""
+    files: int = 0
+    logical_bytes: int = 0
+    new_chunks: int = 0
+    new_payload_bytes: int = 0
+    reused_chunks: int = 0
+    warnings: list[str] = field(default_factory=list)   # files stored as opaque bytes, and why
+
+
+@dataclass
+class NewChunk:
+    chunk_id: bytes
+    size: int
+    codec: str
+    pack: int
+    offset: int
+    length: int
+    xxh3: bytes           # XXH3-128 of the plain bytes: what reads check
+    base: bytes | None = None   # the chunk of this session it is coded against (write/siblings.py)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str
+    shape: str           # dimensions, comma-separated
+    offset: int          # of its data in the file
+    size: int
+
+
+def tensors_of(layout) -> list[Tensor]:
+    """The named, typed tensors of a parsed file, as the catalog's tensors table keeps them."""
+    return [Tensor(seg.name, seg.dtype, ",".join(str(d) for d in seg.shape or ()), seg.offset, seg.length)
+            for seg in layout.segments if seg.kind == "tensor" and seg.name is not None and seg.dtype]
+
+
+@dataclass
+class FilePlan:
+    rel: str
+    size: int
+    mtime: float
+    sha256: str
+    format: str
+    extents: list[tuple[int, bytes]] = field(default_factory=list)   # (plain offset, chunk id)
+    checks: dict[bytes, bytes] = field(default_factory=dict)    # chunk id -> XXH3-128, of reused chunks
+    tensors: list[Tensor] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FileContent:
+    """The bytes to encode, as the container parser (a file object) and the chunker (pread) read
+    them. Read with pread, not mmap: a file cut short under an mmap kills the process with
+    SIGBUS, where a short read is an error that names the file."""
+    file: BinaryIO
+    pread: Callable[[int, int], bytes]      # (length, offset) -> bytes
+    size: int
+
+
+@dataclass(frozen=True)
+class FileChain:
+    """What pairs a file's tensors with the base model's chunks, and recodes those as deltas."""
+    index: BaseIndex
+    recoder: ChainRecoder
+    rel: str            # the file's path in the model, which pairs it with the base's file
+
+
+def file_tensors(rel: str, shown: str, f: BinaryIO, size: int,
+                 named_by: list[ExternalRef] | None = None) -> list[NewTensor]:
+    """The tensors of one file (`rel` in its model), from its header alone (or from the ONNX
+    model that keeps its external data there, `named_by`); none if it is malformed."""
+    layout = parse_open_file(shown, f, size, named_by)
+    if layout.error is not None:
+        return []
+    return [NewTensor(rel, (t.name, t.dtype, t.shape), t.offset, t.size) for t in tensors_of(layout)]
+
+
+class FileEncoder:
+    """Encodes files into one session; `new` holds the chunks it appended, for the commit."""
+
+    def __init__(self, session: PackSession, chunk_size: int, totals: EncodeTotals | None = None):
+        self.session = session
+        self.chunk_size = chunk_size
+        self.totals = totals if totals is not None else EncodeTotals()
+        self.new: dict[bytes, NewChunk] = {}
+
+    def encode(self, content: FileContent, shown: str, *, progress: Callable[[int], None] | None = None,
+               chain: FileChain | None = None, siblings: SiblingIndex | None = None,
+               named_by: list[ExternalRef] | None = None) -> FilePlan:
+        """Parse, chunk, hash and encode `content`. With `chain`, the base's paired chunks are
+        offered to its recoder; with `siblings`, chunks that pair with an earlier file of the same
+        session are coded against it where that is smaller (and this file's are recorded for the
+        files after it); `named_by`: the initializers an ONNX model keeps in this file (external
+        data). The plan's rel and mtime are the caller's to set."""
+        session, catalog, totals, new = self.session, self.session.catalog, self.totals, self.new
+        layout = parse_open_file(shown, content.file, content.size, named_by)
+        # A header that is malformed or claims more than the file holds buys its bytes the quick
+        # codecs only (EncodePolicy): an input crafted to be slow to store gets no slow search.
+        hostile = layout.error is not None
+        if hostile:
+            totals.warnings.append(f"{layout.error}; stored as opaque bytes")
+        plan = FilePlan("", content.size, 0.0, "", layout.format, tensors=[] if hostile else tensors_of(layout))
+        pairs = chain.index.pairs(catalog, chain.rel, [NewTensor(chain.rel, (t.name, t.dtype, t.shape), t.offset, t.size)
+                                                       for t in plan.tensors]) if chain is not None else {}
+        earlier = siblings.pairs(plan.tensors) if siblings is not None and not hostile else {}
+        whole = hashlib.sha256()
+        stored_here: list[bytes] = []
+
+        def land(tag: tuple[bytes, int, bytes], coded: CodedChunk) -> None:
+            cid, size, check = tag
+            loc = session.append(cid, coded.encoded.payload)
+            new[cid] = NewChunk(cid, size, coded.encoded.codec, loc.pack, loc.offset, loc.length, check, coded.base)
+            stored_here.append(cid)
+            totals.new_payload_bytes += loc.length
+            if siblings is not None:
+                siblings.landed(coded)
+
+        window = session.window(land)
+        pending: set[bytes] = set()
+        try:
+            for cp in plan_chunks(layout, self.chunk_size):
+                data = content.pread(cp.length, cp.offset)
+                if len(data) != cp.length:
+                    raise StoreError(f"{shown} was cut short while being added; nothing was added, "
+                                     "try again when it is stable")
+                whole.update(data)
+                cid = hashlib.sha256(data).digest()
+                check = xxhash.xxh3_128_digest(data)
+                plan.extents.append((cp.offset, cid))
+                offered = False
+                if chain is not None:
+                    chain.recoder.saw(cid)
+                    paired = pairs.get(cp.offset)
+                    offered = paired is not None and paired.size == cp.length
+                    if offered:
+                        chain.recoder.offer(cid, data, cp.hint, paired)
+                        chain.recoder.drain(session.limit)
+                if cid in new or cid in pending:
+                    totals.reused_chunks += 1
+                elif catalog.has_chunk(cid):
+                    totals.reused_chunks += 1
+                    plan.checks[cid] = check    # fills in the checksum of a chunk stored without one
+                else:
+                    pending.add(cid)
+                    totals.new_chunks += 1
+                    # a chunk offered to the cross-model chain stays coded alone (its recoder counts on it)
+                    ref = None if offered else earlier.get(cp.offset)
+                    if ref is not None and ref.length == cp.length:
+                        window.submit((cid, cp.length, check), encode_against, session.policy, data, cp.hint, ref,
+                                      hostile)
+                    else:
+                        window.submit((cid, cp.length, check), encode_alone, session.policy, data, cp.hint, hostile)
+                del data
+                if progress is not None:
+                    progress(cp.offset + cp.length)
+            window.drain()
+        finally:
+            window.cancel()
+        if siblings is not None and not hostile:
+            siblings.record(content.file.fileno(), plan.tensors, plan.extents, [new[c] for c in stored_here])
+        plan.sha256 = whole.hexdigest()
+        totals.files += 1
+        totals.logical_bytes += plan.size
+        return plan
+
+
+def insert_new_chunks(db: sqlite3.Connection, plans: list[FilePlan], new: dict[bytes, NewChunk]) -> None:
+    """Inside a write transaction: record the chunks a FileEncoder appended (no extent refers to
+    them yet; a base counts the chunks coded against it) and the read checksums of reused
+    chunks stored without one."""
+    db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3, base) "
+                   "VALUES (?,?,?,?,?,?,0,?,?)",
+                   [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3, c.base) for c in new.values()])
+    # a base's refs count the chunks coded against it, as its extents do
+    db.executemany("UPDATE chunks SET refs = refs + 1 WHERE id = ?", [(c.base,) for c in new.values() if c.base])
+    db.executemany("UPDATE chunks SET xxh3 = ? WHERE id = ? AND xxh3 IS NULL",
+                   [(check, cid) for p in plans for cid, check in p.checks.items()])
+
+
+def insert_file_rows(db: sqlite3.Connection, file_id: int, plan: FilePlan) -> dict[bytes, int]:
+    """Inside a write transaction: a stored file's extents and tensors rows (what chain pairing
+    reads); returns the references its extents add to each chunk, for the caller to apply."""
+    db.executemany("INSERT INTO extents (file, seq, offset, chunk) VALUES (?,?,?,?)",
+                   [(file_id, i, off, cid) for i, (off, cid) in enumerate(plan.extents)])
+    db.executemany("INSERT OR IGNORE INTO tensors (file, name, dtype, shape, offset, size) VALUES (?,?,?,?,?,?)",
+                   [(file_id, t.name, t.dtype, t.shape, t.offset, t.size) for t in plan.tensors])
+    refs: dict[bytes, int] = {}
+    for _, cid in plan.extents:
+        refs[cid] = refs.get(cid, 0) + 1
+    return refs
+
+
+def add_refs(db: sqlite3.Connection, refs: dict[bytes, int]) -> None:
+    """Inside a write transaction: apply reference count changes."""
+    db.executemany("UPDATE chunks SET refs = refs + ? WHERE id = ?", [(n, cid) for cid, n in refs.items() if n])
