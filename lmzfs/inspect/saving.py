@@ -13,12 +13,12 @@ import bisect
 import itertools
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from lmzfs.chunker import ChunkPlan, plan_chunks
 from lmzfs.codecs import encode_chunk
 from lmzfs.formats import FileLayout, Segment
+from lmzfs.workpool import default_workers, worker_pool
 
 SAMPLE_BYTES = 8 << 20
 
@@ -54,7 +54,7 @@ def predict(path: str | os.PathLike, layout: FileLayout, sample_bytes: int = SAM
     for seg in layout.segments:
         by_group.setdefault(group_of(seg), []).append(seg)
     out = []
-    with open(path, "rb") as f, ThreadPoolExecutor(max_workers=workers or min(os.cpu_count() or 2, 8)) as pool:
+    with open(path, "rb") as f, worker_pool(workers or min(default_workers(), 8), "lmz-inspect") as pool:
         for name, segs in by_group.items():
             # The chunker only walks the segments it is given, so this plans one group's chunks
             # with the same cuts and hints as planning the whole file would.

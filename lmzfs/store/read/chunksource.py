@@ -32,7 +32,7 @@ from lmzfs.store.catalog import Extent
 from lmzfs.store.read.chunkcache import ChunkCache
 from lmzfs.store.read.chunkread import chunk_parts, read_chunk, read_chunk_parts
 from lmzfs.store.layout import StorePaths
-from lmzfs.store.read.packfds import PackDescriptors
+from lmzfs.store.packbackend import LocalPacks
 
 
 class _NotInParts(Exception):
@@ -74,7 +74,7 @@ class ChunkSource:
         self.cache = ChunkCache(cache_bytes)
         self.counters = counters if counters is not None else ReadCounters()
         self._check_ids = check_ids
-        self._packs = PackDescriptors(store)
+        self._packs = LocalPacks(store).descriptors()
         # copies lent chunks into the cache once their reads are answered (see _lent)
         self._settler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmz-settle")
 
