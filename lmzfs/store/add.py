@@ -40,28 +40,15 @@ from lmzfs.store.write.sources import SourceFile, SourceTree
 Progress = Callable[[int, int], None]     # (bytes done, bytes total)
 
 
-@dataclass
-class AddResult:
+@dataclass(kw_only=True)
+class AddResult(EncodeTotals):
     name: str
-    files: int = 0
-    logical_bytes: int = 0
-    new_chunks: int = 0
-    new_payload_bytes: int = 0
-    reused_chunks: int = 0
     seconds: float = 0.0
-    warnings: list[str] = field(default_factory=list)   # files stored as opaque bytes, and why
     base: BaseChoice | None = None          # the model paired with, if any
     delta: bool = True                      # False: --no-delta
     recoded: RecodeTotals = field(default_factory=RecodeTotals)
     siblings: SiblingTotals = field(default_factory=SiblingTotals)  # deltas between this add's files
     reclaimed: GcResult | None = None      # the recode's dead payloads dropped after the commit
-
-    def take(self, totals: EncodeTotals) -> None:
-        """What the add's encoding counted."""
-        self.files, self.logical_bytes = totals.files, totals.logical_bytes
-        self.new_chunks, self.new_payload_bytes = totals.new_chunks, totals.new_payload_bytes
-        self.reused_chunks = totals.reused_chunks
-        self.warnings.extend(totals.warnings)
 
 
 def default_model_name(source: Path) -> str:
@@ -163,13 +150,13 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
         catalog = Catalog(store.catalog)
         try:
             check_name_free(catalog, name)
-            result = AddResult(name, delta=chains.delta)
+            result = AddResult(name=name, delta=chains.delta)
             named = external_data(tree)
             index = choose_base(catalog, name, _new_tensors(tree, named), chains.base) if chains.delta else None
             result.base = index.choice if index is not None else None
             total = sum(s.size for s in sources)
             with PackSession(store, catalog, policy=policy, workers=workers) as session:
-                encoder = FileEncoder(session, chunk_size)
+                encoder = FileEncoder(session, chunk_size, result)
                 plans: list[FilePlan] = []
                 done = 0
                 siblings = SiblingIndex(chains.depth) if chains.delta else None
@@ -181,7 +168,6 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                                          chain, siblings, named.get(src.rel))
                         done += plan.size
                         plans.append(plan)
-                    result.take(encoder.totals)
                     if recoder is not None:
                         recoder.drain(0)
                         result.recoded = recoder.totals
