@@ -349,17 +349,9 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         data.f_namemax = 255
         return data
 
-    # -- everything that would change something -------------------------------------------------
 
-    setattr = _read_only(pyfuse3.Operations.setattr)
-    write = _read_only(pyfuse3.Operations.write)
-    create = _read_only(pyfuse3.Operations.create)
-    mknod = _read_only(pyfuse3.Operations.mknod)
-    mkdir = _read_only(pyfuse3.Operations.mkdir)
-    unlink = _read_only(pyfuse3.Operations.unlink)
-    rmdir = _read_only(pyfuse3.Operations.rmdir)
-    rename = _read_only(pyfuse3.Operations.rename)
-    link = _read_only(pyfuse3.Operations.link)
-    symlink = _read_only(pyfuse3.Operations.symlink)
-    setxattr = _read_only(pyfuse3.Operations.setxattr)
-    removexattr = _read_only(pyfuse3.Operations.removexattr)
+# Everything that would change something answers EROFS.
+for _op in ("setattr", "write", "create", "mknod", "mkdir", "unlink", "rmdir", "rename", "link", "symlink",
+            "setxattr", "removexattr"):
+    setattr(LmzOperations, _op, _read_only(getattr(pyfuse3.Operations, _op)))
+del _op

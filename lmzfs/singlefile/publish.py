@@ -10,7 +10,9 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from lmzfs.store.layout import fsync_dir
 
@@ -90,3 +92,15 @@ def _rename_no_clobber(tmp: Path, dest: Path) -> None:
         os.rename(tmp, dest)
         return
     os.unlink(tmp)
+
+
+@contextmanager
+def published(dest: Path, overwrite: bool) -> Iterator[PendingOutput]:
+    """A PendingOutput for `dest`, published when the block ends, discarded if it raises."""
+    out = PendingOutput(dest)
+    try:
+        yield out
+        out.publish(overwrite)
+    except BaseException:
+        out.discard()
+        raise

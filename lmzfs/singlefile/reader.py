@@ -19,7 +19,7 @@ from lmzfs.codecs import CodecError, decode_chunk
 from .errors import InvalidArchive, OutputLimitExceeded
 from .format import (HEADER_SIZE, RECORD_HEADER_SIZE, TRAILER_MAGIC, TRAILER_SIZE, Header, RecordHeader, Trailer,
                      crc32, read_exact)
-from .publish import PendingOutput, check_destination, check_source
+from .publish import PendingOutput, check_destination, check_source, published
 from .report import UnpackReport, write_report
 from .window import ordered_map
 
@@ -55,13 +55,8 @@ def unpack_file(src: str | os.PathLike, dest: str | os.PathLike, *, max_output_b
         if header.plain_size > max_output_bytes:
             raise OutputLimitExceeded(f"{src} unpacks to {header.plain_size} bytes, more than --max-output-bytes "
                                       f"{max_output_bytes}; nothing was written")
-        out = PendingOutput(dest)
-        try:
+        with published(dest, overwrite) as out:
             _unpack_records(f, header, out, max_output_bytes, result, progress, workers)
-            out.publish(overwrite)
-        except BaseException:
-            out.discard()
-            raise
     result.seconds = time.monotonic() - started
     if report is not None:
         write_report(report, result)

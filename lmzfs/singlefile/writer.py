@@ -19,7 +19,7 @@ from lmzfs.formats import parse_file
 
 from .errors import SingleFileError, SourceChanged
 from .format import MAX_CHUNK_BYTES, MAX_PAYLOAD_OVERHEAD, Header, RecordHeader, Trailer, crc32
-from .publish import PendingOutput, check_destination, check_source
+from .publish import PendingOutput, check_destination, check_source, published
 from .report import CodecUse, PackReport, write_report
 from .window import ordered_map
 
@@ -45,16 +45,11 @@ def pack_file(src: str | os.PathLike, dest: str | os.PathLike, *, overwrite: boo
         if layout.size != before.st_size:
             raise SourceChanged(f"{src} changed size while being packed")
         result.format, result.plain_bytes = layout.format, layout.size
-        out = PendingOutput(dest)
-        try:
+        with published(dest, overwrite) as out:
             _write_archive(f.fileno(), plan_chunks(layout), layout.size, out, result, progress, workers)
             after = os.fstat(f.fileno())
             if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
                 raise SourceChanged(f"{src} changed while being packed; pack it again when it is stable")
-            out.publish(overwrite)
-        except BaseException:
-            out.discard()
-            raise
     result.seconds = time.monotonic() - started
     if report is not None:
         write_report(report, result)
