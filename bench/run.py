@@ -42,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import against  # noqa: E402
 import chains_table  # noqa: E402
 import common  # noqa: E402
 import compress_table  # noqa: E402
@@ -141,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-chains", action="store_true", help="leave out the checkpoint-chain table")
     ap.add_argument("--skip-writable", action="store_true", help="leave out the writable-mount table")
     ap.add_argument("--skip-gguf-mount", action="store_true", help="leave out the GGUF-through-the-mount table")
+    ap.add_argument("--against", metavar="REV",
+                    help="also add and read through the mount with the lmzfs of git revision REV, beside this "
+                         "checkout, in the same run (bench/against.py): for a change that should cost no speed")
     ap.add_argument("--tmpdir", type=Path, help="where stores, archives and mounts go (default: system temp)")
     ap.add_argument("--no-freeze", action="store_true",
                     help="run the working tree's lmzfs as it is at each moment, instead of a copy frozen at the "
@@ -231,6 +235,8 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         need.update([*CHAIN, "minilm"])
     if not args.skip_mount:
         need.update(["astra", "smollm2"])
+    if args.against:
+        need.update(against.SUBJECTS)
     if not args.skip_writable:
         need.update(WRITABLE)
     if not args.skip_gguf_mount:
@@ -285,6 +291,12 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         if not args.skip_gguf_mount:
             res["gguf_mount"] = gguf_mount.measure({n: paths.get(n, RuntimeError(f"{n} is not available"))
                                                     for n in GGUF_MOUNT}, args.runs, Path(tmp) / "gguf-mount")
+            save()
+        if args.against:
+            try:
+                res["against"] = against.measure(args.against, common.LMZFS_CLI, paths, args.runs, Path(tmp))
+            except Exception as exc:
+                res["against"] = {"error": describe(exc)}
             save()
         if not args.skip_mount:
             work = Path(tmp) / "mount"
