@@ -178,6 +178,25 @@ def test_a_reader_opened_before_rm_and_gc_keeps_reading_until_closed(tmp_path, s
         archive.close()
 
 
+def test_a_pack_whose_reserved_header_field_is_not_zero_is_refused_on_read_and_by_verify(tmp_path, store_dir,
+                                                                                       capsys):
+    store = StorePaths(store_dir)
+    add_model(store, small_model(tmp_path / "a", seed=7, mib=1), "a")
+    (pack,) = store.packs.glob("pack-*.lmzp")
+    with open(pack, "r+b") as f:
+        f.seek(12)
+        f.write((1).to_bytes(4, "little"))          # "LMZPACK\0" | version | reserved
+    archive = Archive(store_dir)
+    try:
+        with pytest.raises(CorruptChunk, match="reserved field is 0x1, not 0"):
+            with archive.open(archive.entry("a", "model.safetensors")) as r:
+                r.pread(0, 4096)
+    finally:
+        archive.close()
+    assert lmz(["--store", str(store_dir), "verify"]) == 1
+    assert "DAMAGED a/model.safetensors" in capsys.readouterr().out
+
+
 def test_a_flipped_byte_in_a_pack_is_named_by_verify_and_raises_on_read(tmp_path, store_dir, capsys):
     store = StorePaths(store_dir)
     a = small_model(tmp_path / "a", seed=5)

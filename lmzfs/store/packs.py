@@ -43,9 +43,13 @@ def check_pack_header(fd: int, path: Path) -> None:
     head = os.pread(fd, len(PACK_HEADER), 0)
     if head[:8] != PACK_MAGIC:
         raise PackDamaged(f"{path}: not an lmzfs pack file")
-    version = struct.unpack("<I", head[8:12])[0] if len(head) >= 12 else -1
+    if len(head) < len(PACK_HEADER):
+        raise PackDamaged(f"{path}: pack header is cut short")
+    version, reserved = struct.unpack("<II", head[8:16])
     if version != PACK_VERSION:
         raise PackDamaged(f"{path}: pack version {version} is not supported")
+    if reserved != 0:
+        raise PackDamaged(f"{path}: pack header's reserved field is {reserved:#x}, not 0")
 
 
 def read_payload(fd: int, chunk_id: bytes, loc: ChunkLocation) -> memoryview:
