@@ -40,6 +40,7 @@ from typing import Iterator
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.journal import FileState
 from lmzfs.fsmodel.spool import Spool, SpoolFile, SpoolRecord, boot_id
+from lmzfs.hostresources import usable_cpus
 from lmzfs.reader.filereader import FileReader
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.chunksource import ChunkSource
@@ -164,7 +165,7 @@ class Filesystem:
         self._reads = Catalog(self.store.catalog, readonly=True)
         self._reads_lock = threading.Lock()
         self.source = ChunkSource(self.store, cache_bytes)
-        self._workers = workers or os.cpu_count() or 2
+        self._workers = workers or usable_cpus()
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="lmz-encode")
         self._uid = os.getuid() if uid is None else uid
         self._gid = os.getgid() if gid is None else gid
