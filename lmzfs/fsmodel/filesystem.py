@@ -33,12 +33,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.journal import FileState
+from lmzfs.fsmodel.nodes import (DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE,
+                                 ROOT_INODE, Attributes, Node, StatFs)
+from lmzfs.fsmodel.nodes import fs_error as _error
 from lmzfs.fsmodel.spool import Spool, SpoolFile, SpoolRecord, boot_id
 from lmzfs.hostresources import usable_cpus
 from lmzfs.reader.filereader import FileReader
@@ -54,66 +57,8 @@ from lmzfs.store.names import RESERVED_TOP, validate_model_name
 
 log = logging.getLogger(__name__)
 
-ROOT_INODE = 1
-NAME_MAX = 255
 XATTR_NAMESPACE = b"user."
 XATTR_VALUE_MAX = 64 << 10
-DEFAULT_DIR_MODE = 0o755
-DEFAULT_FILE_MODE = 0o644
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
-_TYPE_BITS = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "symlink": stat.S_IFLNK}
-
-
-def _error(code: int, what: str = "") -> OSError:
-    return OSError(code, os.strerror(code) + (f": {what}" if what else ""))
-
-
-@dataclass(frozen=True)
-class Attributes:
-    inode: int
-    mode: int                 # type and permission bits
-    nlink: int
-    uid: int
-    gid: int
-    size: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-
-
-@dataclass(eq=False)
-class Node:
-    inode: int
-    kind: str                                    # "dir", "file" or "symlink"
-    name: str
-    parent: "Node | None"
-    mode: int
-    uid: int
-    gid: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-    target: bytes | None = None                  # a symlink's
-    children: dict[str, "Node"] = field(default_factory=dict)
-    model: str | None = None                     # a model's root directory: the model's name
-    file_id: int | None = None                   # the stored version of a file
-    size: int = 0                                # of a file with no FileData
-    data: FileData | None = None                 # a file that is open or has uncommitted bytes
-    opens: int = 0
-    lookups: int = 0
-    linked: bool = True
-    xattrs: dict[bytes, bytes] = field(default_factory=dict)
-
-    def meta(self) -> EntryMeta:
-        return EntryMeta(self.kind, self.mode, self.uid, self.gid, self.atime_ns, self.mtime_ns, self.ctime_ns,
-                         self.target)
-
-    @property
-    def current_size(self) -> int:
-        if self.kind == "symlink":
-            return len(self.target or b"")
-        return self.data.size if self.data is not None else self.size
 
 
 @dataclass
@@ -129,15 +74,6 @@ class ReplayedState:
     """A spooled file as a mount replays it, and how many journal entries that includes."""
     state: FileState
     journal_entries: int
-
-
-@dataclass(frozen=True)
-class StatFs:
-    block_size: int
-    blocks: int
-    blocks_free: int
-    files: int
-    name_max: int = NAME_MAX
 
 
 class Filesystem:
@@ -258,7 +194,7 @@ class Filesystem:
         info = wanted[parts][1]
         directory.model = info.get("model")
         if "meta" in info:
-            self._apply_meta(directory, info["meta"])
+            directory.apply_meta(info["meta"])
         directory.xattrs = dict(info.get("xattrs", {}))
         names = below.get(parts, set())
         for name in list(directory.children):
@@ -283,15 +219,8 @@ class Filesystem:
                 self._reconcile(child, parts + (name,), wanted, below)
             else:
                 if "meta" in cinfo and child.data is None:
-                    self._apply_meta(child, cinfo["meta"])
+                    child.apply_meta(cinfo["meta"])
                 child.xattrs = dict(cinfo.get("xattrs", {}))
-
-    @staticmethod
-    def _apply_meta(node: Node, meta: EntryMeta) -> None:
-        node.mode, node.uid, node.gid = meta.mode, meta.uid, meta.gid
-        node.atime_ns, node.mtime_ns, node.ctime_ns = meta.atime_ns, meta.mtime_ns, meta.ctime_ns
-        if node.kind == "symlink":
-            node.target = meta.target
 
     def _detach(self, node: Node) -> None:
         """The node left the tree (removed here or by another process): it lives on while open or known."""
@@ -441,11 +370,9 @@ class Filesystem:
         except UnicodeEncodeError:
             raise _error(errno.EILSEQ, "names are stored as UTF-8") from None
 
-    def attributes(self, node: Node) -> Attributes:
-        nlink = 0 if not node.linked else (
-            2 + sum(1 for c in node.children.values() if c.kind == "dir") if node.kind == "dir" else 1)
-        return Attributes(node.inode, _TYPE_BITS[node.kind] | node.mode, nlink, node.uid, node.gid,
-                          node.current_size, node.atime_ns, node.mtime_ns, node.ctime_ns)
+    @staticmethod
+    def attributes(node: Node) -> Attributes:
+        return node.attributes()
 
     # -- queries ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -518,9 +445,6 @@ class Filesystem:
         return StatFs(st.f_frsize, st.f_blocks, st.f_bavail, files)
 
     # -- directories, symlinks -------------------------------------------------------------------
-    def _touch_dir(self, directory: Node, now: int) -> None:
-        directory.mtime_ns = directory.ctime_ns = now
-
     def _store_dir_meta(self, db, directory: Node) -> None:
         where = self._where(directory)
         if where is not None:
@@ -538,7 +462,7 @@ class Filesystem:
         """One transaction: the entry `name` in `directory` (at `where`), and the directory's new times."""
         with self.catalog.transaction() as db:
             put_entry(db, model_id(db, where[0]), self._join(where[1], name), meta)
-            self._touch_dir(directory, meta.mtime_ns)
+            directory.touch(meta.mtime_ns)
             self._store_dir_meta(db, directory)
 
     def _attach_new(self, directory: Node, kind: str, name: str, meta: EntryMeta, **kw) -> Attributes:
@@ -546,7 +470,7 @@ class Filesystem:
         with self._lock:
             node = self._new_node(kind, name, directory, meta, **kw)
             directory.children[name] = node
-            self._touch_dir(directory, meta.mtime_ns)
+            directory.touch(meta.mtime_ns)
             node.lookups += 1
             return self.attributes(node)
 
@@ -602,10 +526,10 @@ class Filesystem:
                 with self.catalog.transaction() as db:
                     mid = model_id(db, where[0])
                     delete_entry(db, mid, where[1])
-                    self._touch_dir(directory, now)
+                    directory.touch(now)
                     self._store_dir_meta(db, directory)
             with self._lock:
-                self._touch_dir(directory, now)
+                directory.touch(now)
                 self._detach(node)
 
     def symlink(self, parent: int, name: str, target: bytes, uid: int, gid: int) -> Attributes:
@@ -631,7 +555,7 @@ class Filesystem:
                     raise _error(errno.EISDIR)
                 model, path = self._in_model(directory)
             now = time.time_ns()
-            self._touch_dir(directory, now)
+            directory.touch(now)
             # A file never committed has nothing in the catalog to remove (its directory's times
             # are stored with the next change): unlinking it needs no disk space, which is what
             # frees a full disk of the spool's bytes.
@@ -695,8 +619,8 @@ class Filesystem:
                             self._remove_stored(db, victim, new_mid, new_path)
                     move_subtree(db, old_mid, old_where[1], new_mid, new_path)
                     node.ctime_ns = now
-                    self._touch_dir(source_dir, now)
-                    self._touch_dir(target_dir, now)
+                    source_dir.touch(now)
+                    target_dir.touch(now)
                     self._store_dir_meta(db, source_dir)
                     self._store_dir_meta(db, target_dir)
                     if node.kind != "file" or node.file_id is not None:
@@ -707,8 +631,8 @@ class Filesystem:
                 del source_dir.children[name]
                 node.name, node.parent = new_name, target_dir
                 target_dir.children[new_name] = node
-                self._touch_dir(source_dir, now)
-                self._touch_dir(target_dir, now)
+                source_dir.touch(now)
+                target_dir.touch(now)
             self._rerecord_below(node)
 
     def _rename_models(self, node: Node, source_dir: Node, target_dir: Node, new_name: str,
@@ -898,7 +822,7 @@ class Filesystem:
                 node.data = self._new_data(node, None, 0)
                 node.data.dirty = True                # a new file is committed even if empty
                 directory.children[name] = node
-                self._touch_dir(directory, now)
+                directory.touch(now)
                 node.lookups += 1
                 existing = None
         if existing is None:
@@ -1086,7 +1010,7 @@ class Filesystem:
             state = replayed.state
             node.data = self._new_data(node, base, state.size, spool_file=spool_file,
                                        base_len=state.base_len if base is not None else 0, ranges=state.ranges)
-            self._apply_meta(node, record.meta)
+            node.apply_meta(record.meta)
             if self.commit(node):
                 done += 1
             elif node.data is not None and node.data.dirty:
