@@ -39,21 +39,24 @@ from typing import Iterator
 
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.journal import FileState
-from lmzfs.fsmodel.nodes import (DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE,
-                                 ROOT_INODE, Attributes, Node, StatFs)
+from lmzfs.fsmodel.namespace import Namespace
+from lmzfs.fsmodel.nodes import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, Node, StatFs
 from lmzfs.fsmodel.nodes import fs_error as _error
+from lmzfs.fsmodel.reconcile import reload
 from lmzfs.fsmodel.spool import Spool, SpoolFile, SpoolRecord, boot_id
 from lmzfs.hostresources import usable_cpus
 from lmzfs.reader.filereader import FileReader
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.chunksource import ChunkSource
 from lmzfs.store.fscatalog import (EntryMeta, delete_entry, delete_xattr, ensure_fs_schema,
-                                   forget_spool_commits, load_entries, load_xattrs, model_id, move_subtree,
+                                   forget_spool_commits, model_id, move_subtree,
                                    put_entry, put_xattr, remove_file_row, remove_subtree, spool_commits)
 from lmzfs.store.fscommit import FileContent, commit_file
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import RESERVED_TOP, validate_model_name
+
+__all__ = ["Attributes", "Filesystem", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "ROOT_INODE", "StatFs"]
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +108,11 @@ class Filesystem:
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="lmz-encode")
         self._uid = os.getuid() if uid is None else uid
         self._gid = os.getgid() if gid is None else gid
-        self._lock = threading.RLock()          # the in-memory namespace
+        self._ns = Namespace(self._uid, self._gid)
+        self.root = self._ns.root
         self._store_lock = threading.RLock()    # changes to the store, one at a time
-        self._inodes: dict[int, Node] = {}
-        self._next_inode = ROOT_INODE + 1
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
-        self._to_close: list[FileData] = []
-        now = time.time_ns()
-        self.root = Node(ROOT_INODE, "dir", "", None, DEFAULT_DIR_MODE, self._uid, self._gid, now, now, now)
-        self.root.parent = self.root
-        self._inodes[ROOT_INODE] = self.root
         self._closed = False
         with self._store_lock:
             self._seen_version = self.catalog.data_version()
@@ -127,137 +124,8 @@ class Filesystem:
             raise
 
     # -- loading and following the catalog -------------------------------------------------------
-    def _new_node(self, kind: str, name: str, parent: Node, meta: EntryMeta | None = None, **kw) -> Node:
-        now = time.time_ns()
-        if meta is None:
-            mode = DEFAULT_DIR_MODE if kind == "dir" else DEFAULT_FILE_MODE
-            meta = EntryMeta(kind, mode, self._uid, self._gid, now, now, now)
-        node = Node(self._next_inode, kind, name, parent, meta.mode, meta.uid, meta.gid, meta.atime_ns,
-                    meta.mtime_ns, meta.ctime_ns, meta.target, **kw)
-        self._next_inode += 1
-        self._inodes[node.inode] = node
-        return node
-
     def _reload(self) -> None:
-        """Bring the tree in step with the catalog (at open, and after another process committed):
-        nodes that still stand keep their inode numbers; files not yet committed keep their place."""
-        db = self.catalog.db
-        wanted: dict[tuple[str, ...], tuple[str, dict]] = {(): ("dir", {})}
-
-        def ensure_dirs(parts: tuple[str, ...], model: str | None = None) -> None:
-            for depth in range(1, len(parts) + 1):
-                key = parts[:depth]
-                kind, info = wanted.setdefault(key, ("dir", {}))
-                if kind != "dir":
-                    return
-            if model is not None:
-                wanted[parts][1]["model"] = model
-
-        for m in self.catalog.models():
-            parts = tuple(m.name.split("/"))
-            ensure_dirs(parts, m.name)
-            secs = int(m.added * 1e9)
-            wanted[parts][1].setdefault("meta", EntryMeta("dir", DEFAULT_DIR_MODE, self._uid, self._gid, secs, secs, secs))
-        for f in self.catalog.files():
-            parts = tuple(f.model.split("/")) + tuple(f.path.split("/"))
-            ensure_dirs(parts[:-1])
-            ns = int(f.mtime * 1e9)
-            wanted[parts] = ("file", {"file_id": f.id, "size": f.size,
-                                      "meta": EntryMeta("file", DEFAULT_FILE_MODE, self._uid, self._gid, ns, ns, ns)})
-        for row in load_entries(db):
-            parts = tuple(row.model.split("/")) + (tuple(row.path.split("/")) if row.path else ())
-            if row.meta.kind == "file":
-                if parts in wanted and wanted[parts][0] == "file":
-                    wanted[parts][1]["meta"] = row.meta
-                continue
-            if row.meta.kind == "dir":
-                ensure_dirs(parts)
-            else:
-                ensure_dirs(parts[:-1])
-                wanted[parts] = ("symlink", {})
-            if wanted.get(parts, ("", {}))[0] == row.meta.kind:
-                wanted[parts][1]["meta"] = row.meta
-        for x in load_xattrs(db):
-            parts = tuple(x.model.split("/")) + (tuple(x.path.split("/")) if x.path else ())
-            if parts in wanted:
-                wanted[parts][1].setdefault("xattrs", {})[bytes(x.name)] = bytes(x.value)
-        with self._lock:
-            self._reconcile(self.root, (), wanted)
-
-    def _reconcile(self, directory: Node, parts: tuple[str, ...], wanted: dict,
-                   below: dict[tuple[str, ...], set[str]] | None = None) -> None:
-        if below is None:
-            below = {}
-            for key in wanted:
-                if key:
-                    below.setdefault(key[:-1], set()).add(key[-1])
-        info = wanted[parts][1]
-        directory.model = info.get("model")
-        if "meta" in info:
-            directory.apply_meta(info["meta"])
-        directory.xattrs = dict(info.get("xattrs", {}))
-        names = below.get(parts, set())
-        for name in list(directory.children):
-            child = directory.children[name]
-            if name in names:
-                kind, cinfo = wanted[parts + (name,)]
-                if child.kind == kind and (kind != "file" or child.file_id == cinfo.get("file_id")):
-                    continue
-            elif child.kind == "file" and child.file_id is None:
-                continue                    # not committed yet: the catalog cannot know it
-            self._detach(child)
-        for name in sorted(names):
-            kind, cinfo = wanted[parts + (name,)]
-            child = directory.children.get(name)
-            if child is None:
-                child = self._new_node(kind, name, directory, cinfo.get("meta"),
-                                       file_id=cinfo.get("file_id"), size=cinfo.get("size", 0))
-                directory.children[name] = child
-            elif kind == "file" and child.data is None:
-                child.size = cinfo["size"]
-            if kind == "dir":
-                self._reconcile(child, parts + (name,), wanted, below)
-            else:
-                if "meta" in cinfo and child.data is None:
-                    child.apply_meta(cinfo["meta"])
-                child.xattrs = dict(cinfo.get("xattrs", {}))
-
-    def _detach(self, node: Node) -> None:
-        """The node left the tree (removed here or by another process): it lives on while open or known."""
-        if node.parent is not None and node.parent.children.get(node.name) is node:
-            del node.parent.children[node.name]
-        node.linked = False
-        for child in list(node.children.values()):
-            self._detach(child)
-        if node.data is not None and node.data.spool_file is not None:
-            node.data.spool_file.forget_record()
-        self._maybe_drop(node)
-
-    def _maybe_drop(self, node: Node) -> None:
-        if node.linked or node.opens or node.inode == ROOT_INODE:
-            return
-        # No name and no open file reach its data any more (the kernel's remaining lookups hold
-        # only the inode number), so its spool's bytes go now: an unlink frees a full disk at
-        # once, not whenever the kernel forgets the inode.
-        self._close_later(node)
-        if node.lookups == 0:
-            self._inodes.pop(node.inode, None)
-
-    def _close_later(self, node: Node) -> None:
-        """Under the namespace lock: the node's data is to be closed, by _close_deferred. A file's
-        lock is never taken while the namespace lock is held (a commit holds its file's lock and
-        then takes the namespace lock), so the close waits until the namespace lock is released."""
-        if node.data is not None:
-            self._to_close.append(node.data)
-            node.data = None
-
-    def _close_deferred(self) -> None:
-        while True:
-            with self._lock:
-                if not self._to_close:
-                    return
-                data = self._to_close.pop()
-            data.close()
+        reload(self._ns, self.catalog)
 
     def refresh(self) -> bool:
         """Follow changes another process committed (lmz add, rm, gc); True if there were any."""
@@ -266,7 +134,7 @@ class Filesystem:
         try:
             return self._follow_others()
         finally:
-            self._close_deferred()
+            self._ns.close_deferred()
             self._store_lock.release()
 
     def write_catalog_copy(self) -> bool:
@@ -314,178 +182,79 @@ class Filesystem:
                 finally:
                     # our own commits do not move data_version; a copy written meanwhile might
                     self._seen_version = self.catalog.data_version()
-                    self._close_deferred()
+                    self._ns.close_deferred()
 
-    # -- where things are ------------------------------------------------------------------------
-    def _node(self, inode: int) -> Node:
-        node = self._inodes.get(inode)
-        if node is None:
-            raise _error(errno.ENOENT)
-        return node
-
-    def _dir(self, inode: int) -> Node:
-        node = self._node(inode)
-        if node.kind != "dir":
-            raise _error(errno.ENOTDIR)
-        if not node.linked:
-            raise _error(errno.ENOENT)
-        return node
-
-    @staticmethod
-    def _where(node: Node) -> tuple[str, str] | None:
-        """(model, path inside it) of a node in a model; None at the root and above models."""
-        parts: list[str] = []
-        while node.model is None:
-            if node.parent is node or node.parent is None:
-                return None
-            parts.append(node.name)
-            node = node.parent
-        return node.model, "/".join(reversed(parts))
-
-    def _path_parts(self, node: Node) -> list[str]:
-        parts = []
-        while node.parent is not node and node.parent is not None:
-            parts.append(node.name)
-            node = node.parent
-        return list(reversed(parts))
-
-    def _in_model(self, directory: Node) -> tuple[str, str]:
-        where = self._where(directory)
-        if where is None:
-            raise _error(errno.EPERM, "only directories (models) at the top of a writable mount")
-        return where
-
-    @staticmethod
-    def _join(path: str, name: str) -> str:
-        return f"{path}/{name}" if path else name
-
-    @staticmethod
-    def _check_name(name: str) -> None:
-        if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
-            raise _error(errno.ENAMETOOLONG)
-        if "/" in name or name in ("", ".", ".."):
-            raise _error(errno.EINVAL)
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _error(errno.EILSEQ, "names are stored as UTF-8") from None
-
+    # -- queries ---------------------------------------------------------------------------------
     @staticmethod
     def attributes(node: Node) -> Attributes:
         return node.attributes()
 
-    # -- queries ---------------------------------------------------------------------------------
     def __len__(self) -> int:
         """Inodes known (in the tree, or unlinked but still open or known to the kernel)."""
-        return len(self._inodes)
+        return len(self._ns)
 
     def model_count(self) -> int:
-        with self._lock:
-            stack, count = [self.root], 0
-            while stack:
-                node = stack.pop()
-                if node.model is not None:
-                    count += 1
-                else:
-                    stack.extend(c for c in node.children.values() if c.kind == "dir")
-            return count
+        return self._ns.model_count()
 
     def generation(self) -> int:
         """Changes whenever another process commits to the catalog (what the service status follows)."""
         return self._seen_version
 
     def lookup(self, parent: int, name: str) -> Attributes:
-        with self._lock:
-            directory = self._dir(parent)
-            if name == ".":
-                node = directory
-            elif name == "..":
-                node = directory.parent
-            else:
-                node = directory.children.get(name)
-            if node is None:
-                raise _error(errno.ENOENT)
-            node.lookups += 1
-            return self.attributes(node)
+        return self._ns.lookup(parent, name)
 
     def remember(self, inode: int) -> None:
         """The kernel got a reference other than by lookup (an entry of readdirplus)."""
-        with self._lock:
-            node = self._inodes.get(inode)
-            if node is not None:
-                node.lookups += 1
+        self._ns.remember(inode)
 
     def forget(self, inode: int, count: int) -> None:
-        with self._lock:
-            node = self._inodes.get(inode)
-            if node is not None:
-                node.lookups = max(0, node.lookups - count)
-                self._maybe_drop(node)
-        self._close_deferred()
+        self._ns.forget(inode, count)
 
     def getattr(self, inode: int) -> Attributes:
-        with self._lock:
-            return self.attributes(self._node(inode))
+        return self._ns.getattr(inode)
 
     def readdir(self, inode: int) -> list[tuple[str, Attributes]]:
-        with self._lock:
-            directory = self._dir(inode)
-            return [(name, self.attributes(directory.children[name])) for name in sorted(directory.children)]
+        return self._ns.readdir(inode)
 
     def readlink(self, inode: int) -> bytes:
-        node = self._node(inode)
-        if node.kind != "symlink":
-            raise _error(errno.EINVAL)
-        return node.target or b""
+        return self._ns.readlink(inode)
 
     def statfs(self) -> StatFs:
         st = os.statvfs(self.store.root)
-        with self._lock:
-            files = len(self._inodes)
+        with self._ns.lock:
+            files = len(self._ns.inodes)
         return StatFs(st.f_frsize, st.f_blocks, st.f_bavail, files)
 
     # -- directories, symlinks -------------------------------------------------------------------
     def _store_dir_meta(self, db, directory: Node) -> None:
-        where = self._where(directory)
+        where = self._ns.where(directory)
         if where is not None:
             put_entry(db, model_id(db, where[0]), where[1], directory.meta())
-
-    def _free_name_in(self, parent: int, name: str) -> Node:
-        """The directory `parent`, where a new entry `name` is to be made (EEXIST if one is there).
-        Called inside _changing(), under the namespace lock."""
-        directory = self._dir(parent)
-        if name in directory.children:
-            raise _error(errno.EEXIST)
-        return directory
 
     def _store_new_entry(self, directory: Node, where: tuple[str, str], name: str, meta: EntryMeta) -> None:
         """One transaction: the entry `name` in `directory` (at `where`), and the directory's new times."""
         with self.catalog.transaction() as db:
-            put_entry(db, model_id(db, where[0]), self._join(where[1], name), meta)
+            put_entry(db, model_id(db, where[0]), self._ns.join(where[1], name), meta)
             directory.touch(meta.mtime_ns)
             self._store_dir_meta(db, directory)
 
     def _attach_new(self, directory: Node, kind: str, name: str, meta: EntryMeta, **kw) -> Attributes:
         """The new entry, stored, joins the tree (known to the kernel: one lookup)."""
-        with self._lock:
-            node = self._new_node(kind, name, directory, meta, **kw)
-            directory.children[name] = node
-            directory.touch(meta.mtime_ns)
-            node.lookups += 1
-            return self.attributes(node)
+        with self._ns.lock:
+            return self._ns.attach(directory, kind, name, meta, **kw).attributes()
 
     def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Attributes:
-        self._check_name(name)
+        self._ns.check_name(name)
         with self._changing():
-            with self._lock:
-                directory = self._free_name_in(parent, name)
-                where = self._where(directory)
+            with self._ns.lock:
+                directory = self._ns.free_name_in(parent, name)
+                where = self._ns.where(directory)
             now = time.time_ns()
             meta = EntryMeta("dir", stat.S_IMODE(mode), uid, gid, now, now, now)
             if where is not None:
                 self._store_new_entry(directory, where, name, meta)
                 return self._attach_new(directory, "dir", name, meta)
-            model = "/".join(self._path_parts(directory) + [name])
+            model = "/".join(self._ns.path_parts(directory) + [name])
             self._create_model(model, meta)
             return self._attach_new(directory, "dir", name, meta, model=model)
 
@@ -506,8 +275,8 @@ class Filesystem:
 
     def rmdir(self, parent: int, name: str) -> None:
         with self._changing():
-            with self._lock:
-                directory = self._dir(parent)
+            with self._ns.lock:
+                directory = self._ns.dir(parent)
                 node = directory.children.get(name)
                 if node is None:
                     raise _error(errno.ENOENT)
@@ -515,7 +284,7 @@ class Filesystem:
                     raise _error(errno.ENOTDIR)
                 if node.children:
                     raise _error(errno.ENOTEMPTY)
-                where = self._where(node)
+                where = self._ns.where(node)
             now = time.time_ns()
             if node.model is not None:
                 with self.catalog.transaction() as db:
@@ -528,16 +297,16 @@ class Filesystem:
                     delete_entry(db, mid, where[1])
                     directory.touch(now)
                     self._store_dir_meta(db, directory)
-            with self._lock:
+            with self._ns.lock:
                 directory.touch(now)
-                self._detach(node)
+                self._ns.detach(node)
 
     def symlink(self, parent: int, name: str, target: bytes, uid: int, gid: int) -> Attributes:
-        self._check_name(name)
+        self._ns.check_name(name)
         with self._changing():
-            with self._lock:
-                directory = self._free_name_in(parent, name)
-                where = self._in_model(directory)
+            with self._ns.lock:
+                directory = self._ns.free_name_in(parent, name)
+                where = self._ns.in_model(directory)
             now = time.time_ns()
             meta = EntryMeta("symlink", 0o777, uid, gid, now, now, now, bytes(target))
             self._store_new_entry(directory, where, name, meta)
@@ -546,14 +315,14 @@ class Filesystem:
     # -- removing and renaming -------------------------------------------------------------------
     def unlink(self, parent: int, name: str) -> None:
         with self._changing():
-            with self._lock:
-                directory = self._dir(parent)
+            with self._ns.lock:
+                directory = self._ns.dir(parent)
                 node = directory.children.get(name)
                 if node is None:
                     raise _error(errno.ENOENT)
                 if node.kind == "dir":
                     raise _error(errno.EISDIR)
-                model, path = self._in_model(directory)
+                model, path = self._ns.in_model(directory)
             now = time.time_ns()
             directory.touch(now)
             # A file never committed has nothing in the catalog to remove (its directory's times
@@ -561,11 +330,11 @@ class Filesystem:
             # frees a full disk of the spool's bytes.
             if node.kind != "file" or node.file_id is not None or node.xattrs:
                 with self.catalog.transaction() as db:
-                    self._remove_stored(db, node, model_id(db, model), self._join(path, name))
+                    self._remove_stored(db, node, model_id(db, model), self._ns.join(path, name))
                     self._store_dir_meta(db, directory)
-            with self._lock:
+            with self._ns.lock:
                 node.ctime_ns = now
-                self._detach(node)
+                self._ns.detach(node)
 
     def _remove_stored(self, db, node: Node, mid: int, path: str) -> None:
         if node.file_id is not None:
@@ -574,42 +343,23 @@ class Filesystem:
         delete_entry(db, mid, path)
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0) -> None:
-        self._check_name(new_name)
+        self._ns.check_name(new_name)
         if flags & RENAME_EXCHANGE:
             raise _error(errno.EINVAL, "RENAME_EXCHANGE is not supported")
         with self._changing():
-            with self._lock:
-                source_dir, target_dir = self._dir(parent), self._dir(new_parent)
-                node = source_dir.children.get(name)
-                if node is None:
-                    raise _error(errno.ENOENT)
-                if source_dir is target_dir and name == new_name:
+            with self._ns.lock:
+                nodes = self._ns.rename_nodes(parent, name, new_parent, new_name, flags)
+                if nodes is None:
                     return
-                ancestor = target_dir
-                while True:
-                    if ancestor is node:
-                        raise _error(errno.EINVAL, "a directory cannot move into itself")
-                    if ancestor.parent is ancestor:
-                        break
-                    ancestor = ancestor.parent
-                victim = target_dir.children.get(new_name)
-                if victim is not None:
-                    if flags & RENAME_NOREPLACE:
-                        raise _error(errno.EEXIST)
-                    if node.kind == "dir" and victim.kind != "dir":
-                        raise _error(errno.ENOTDIR)
-                    if node.kind != "dir" and victim.kind == "dir":
-                        raise _error(errno.EISDIR)
-                    if victim.kind == "dir" and victim.children:
-                        raise _error(errno.ENOTEMPTY)
-                old_where, new_dir_where = self._where(node), self._where(target_dir)
+                source_dir, target_dir, node, victim = nodes
+                old_where, new_dir_where = self._ns.where(node), self._ns.where(target_dir)
             now = time.time_ns()
             if node.model is not None or (old_where is None and node.kind == "dir"):
                 self._rename_models(node, source_dir, target_dir, new_name, victim, new_dir_where)
             else:
                 if old_where is None or new_dir_where is None:
                     raise _error(errno.EXDEV, "entries move between models or to the top level by copying")
-                new_path = self._join(new_dir_where[1], new_name)
+                new_path = self._ns.join(new_dir_where[1], new_name)
                 with self.catalog.transaction() as db:
                     old_mid, new_mid = model_id(db, old_where[0]), model_id(db, new_dir_where[0])
                     if victim is not None:
@@ -625,14 +375,7 @@ class Filesystem:
                     self._store_dir_meta(db, target_dir)
                     if node.kind != "file" or node.file_id is not None:
                         put_entry(db, new_mid, new_path, node.meta())
-            with self._lock:
-                if victim is not None:
-                    self._detach(victim)
-                del source_dir.children[name]
-                node.name, node.parent = new_name, target_dir
-                target_dir.children[new_name] = node
-                source_dir.touch(now)
-                target_dir.touch(now)
+            self._ns.move(node, source_dir, target_dir, new_name, victim, now)
             self._rerecord_below(node)
 
     def _rename_models(self, node: Node, source_dir: Node, target_dir: Node, new_name: str,
@@ -640,8 +383,8 @@ class Filesystem:
         """Rename a model, or a directory above models: the models' names change."""
         if new_dir_where is not None:
             raise _error(errno.EXDEV, "a model cannot move inside another model")
-        old_prefix = "/".join(self._path_parts(node))
-        new_prefix = "/".join(self._path_parts(target_dir) + [new_name])
+        old_prefix = "/".join(self._ns.path_parts(node))
+        new_prefix = "/".join(self._ns.path_parts(target_dir) + [new_name])
         with self.catalog.transaction() as db:
             if victim is not None:
                 if victim.model is not None:
@@ -654,14 +397,7 @@ class Filesystem:
                     except StoreError as exc:
                         raise _error(errno.EINVAL, str(exc)) from None
                     db.execute("UPDATE models SET name = ? WHERE id = ?", (renamed, mid))
-        with self._lock:
-            stack = [node]
-            while stack:
-                n = stack.pop()
-                if n.model is not None:
-                    n.model = new_prefix + n.model[len(old_prefix):]
-                elif self._where(n) is None:
-                    stack.extend(c for c in n.children.values() if c.kind == "dir")
+        self._ns.rename_models(node, old_prefix, new_prefix)
 
     def _rerecord_below(self, node: Node) -> None:
         """Spool records of uncommitted files name their path: rewrite those a rename moved."""
@@ -679,7 +415,7 @@ class Filesystem:
                 size: int | None = None, atime_ns: int | None = None, mtime_ns: int | None = None,
                 fh: int | None = None) -> Attributes:
         """`fh`: the handle a size change came through (ftruncate), whose flush commits it."""
-        node = self._node(inode)
+        node = self._ns.node(inode)
         if fh is not None and size is not None and fh in self._handles:
             self._handles[fh].changed = True
         now = time.time_ns()
@@ -693,7 +429,7 @@ class Filesystem:
                     node.mtime_ns = now
             finally:
                 self._release_data(node)
-        with self._lock:
+        with self._ns.lock:
             if mode is not None:
                 node.mode = stat.S_IMODE(mode)
             if uid is not None:
@@ -705,7 +441,7 @@ class Filesystem:
             if mtime_ns is not None:
                 node.mtime_ns = mtime_ns
             node.ctime_ns = now
-            where = self._where(node) if node.linked else None
+            where = self._ns.where(node) if node.linked else None
             stored = node.kind != "file" or node.file_id is not None
         changed_meta = (mode, uid, gid, atime_ns, mtime_ns) != (None,) * 5
         if where is not None and stored and changed_meta:
@@ -721,14 +457,14 @@ class Filesystem:
         return self.getattr(inode)
 
     def getxattr(self, inode: int, name: bytes) -> bytes:
-        node = self._node(inode)
+        node = self._ns.node(inode)
         value = node.xattrs.get(name)
         if value is None:
             raise _error(errno.ENODATA)
         return value
 
     def listxattr(self, inode: int) -> list[bytes]:
-        return sorted(self._node(inode).xattrs)
+        return sorted(self._ns.node(inode).xattrs)
 
     def setxattr(self, inode: int, name: bytes, value: bytes) -> None:
         if not name.startswith(XATTR_NAMESPACE) or len(name) == len(XATTR_NAMESPACE):
@@ -736,27 +472,27 @@ class Filesystem:
         if len(value) > XATTR_VALUE_MAX:
             raise _error(errno.E2BIG)
         with self._changing():
-            node = self._node(inode)
-            where = self._where(node) if node.linked else None
+            node = self._ns.node(inode)
+            where = self._ns.where(node) if node.linked else None
             if where is None and node.linked:
                 raise _error(errno.EPERM, "attributes live inside models")
             if where is not None:
                 with self.catalog.transaction() as db:
                     put_xattr(db, model_id(db, where[0]), where[1], name, value)
-            with self._lock:
+            with self._ns.lock:
                 node.xattrs[name] = bytes(value)
                 node.ctime_ns = time.time_ns()
 
     def removexattr(self, inode: int, name: bytes) -> None:
         with self._changing():
-            node = self._node(inode)
+            node = self._ns.node(inode)
             if name not in node.xattrs:
                 raise _error(errno.ENODATA)
-            where = self._where(node) if node.linked else None
+            where = self._ns.where(node) if node.linked else None
             if where is not None:
                 with self.catalog.transaction() as db:
                     delete_xattr(db, model_id(db, where[0]), where[1], name)
-            with self._lock:
+            with self._ns.lock:
                 del node.xattrs[name]
 
     # -- files -----------------------------------------------------------------------------------
@@ -772,17 +508,17 @@ class Filesystem:
 
     def _data(self, node: Node) -> FileData:
         """The node's FileData, made if need be, held (one open) until _release_data."""
-        with self._lock:
+        with self._ns.lock:
             node.opens += 1
             if node.data is not None:
                 return node.data
         try:
             base = self._base_reader(node)
         except BaseException:
-            with self._lock:
+            with self._ns.lock:
                 node.opens -= 1
             raise
-        with self._lock:
+        with self._ns.lock:
             if node.data is None:
                 node.data = self._new_data(node, base, node.size)
             elif base is not None:
@@ -790,25 +526,25 @@ class Filesystem:
             return node.data
 
     def _release_data(self, node: Node) -> None:
-        with self._lock:
+        with self._ns.lock:
             node.opens -= 1
             last = node.opens == 0
         if not last:
             return
         if node.data is not None and node.data.dirty and node.linked:
             self.commit(node)
-        with self._lock:
+        with self._ns.lock:
             # an unlinked file's bytes go with its last close; a commit that failed keeps them
             if node.opens == 0 and node.data is not None and (not node.data.dirty or not node.linked):
-                self._close_later(node)
-            self._maybe_drop(node)
-        self._close_deferred()
+                self._ns.close_later(node)
+            self._ns.maybe_drop(node)
+        self._ns.close_deferred()
 
     def create(self, parent: int, name: str, mode: int, uid: int, gid: int, flags: int) -> tuple[int, Attributes]:
-        self._check_name(name)
-        with self._lock:
-            directory = self._dir(parent)
-            self._in_model(directory)
+        self._ns.check_name(name)
+        with self._ns.lock:
+            directory = self._ns.dir(parent)
+            self._ns.in_model(directory)
             existing = directory.children.get(name)
             if existing is not None:
                 if flags & os.O_EXCL:
@@ -818,7 +554,7 @@ class Filesystem:
             else:
                 now = time.time_ns()
                 meta = EntryMeta("file", stat.S_IMODE(mode), uid, gid, now, now, now)
-                node = self._new_node("file", name, directory, meta)
+                node = self._ns.new_node("file", name, directory, meta)
                 node.data = self._new_data(node, None, 0)
                 node.data.dirty = True                # a new file is committed even if empty
                 directory.children[name] = node
@@ -832,7 +568,7 @@ class Filesystem:
         return fh, self.getattr(node.inode)
 
     def open(self, inode: int, flags: int) -> int:
-        node = self._node(inode)
+        node = self._ns.node(inode)
         if node.kind == "dir":
             raise _error(errno.EISDIR)
         if node.kind != "file":
@@ -844,7 +580,7 @@ class Filesystem:
             data.truncate(0)
             node.mtime_ns = node.ctime_ns = time.time_ns()
             changed = True
-        with self._lock:
+        with self._ns.lock:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = Handle(node, bool(flags & os.O_APPEND), writable, changed)
@@ -891,7 +627,7 @@ class Filesystem:
             self.commit(handle.node)
 
     def release(self, fh: int) -> None:
-        with self._lock:
+        with self._ns.lock:
             handle = self._handles.pop(fh, None)
         if handle is not None:
             self._release_data(handle.node)
@@ -913,7 +649,7 @@ class Filesystem:
         data = node.data
         # read without the namespace lock (a file's lock is never held while waiting for it): a
         # rename that races this records the file again once this returns (_rerecord_below)
-        where = self._where(node)
+        where = self._ns.where(node)
         meta = node.meta()
         if where is None or not node.linked:
             return None
@@ -948,10 +684,10 @@ class Filesystem:
         with self._changing(), data.lock:
             if not data.dirty or node.data is not data:
                 return False
-            with self._lock:
+            with self._ns.lock:
                 if not node.linked:
                     return False
-                where = self._where(node)
+                where = self._ns.where(node)
                 meta = node.meta()
                 replaces = node.file_id
             if where is None:
@@ -964,7 +700,7 @@ class Filesystem:
                                spool_id=spool_id, chunk_size=self._chunk_size)
             for warning in done.warnings:
                 log.info("%s/%s: %s", where[0], where[1], warning)
-            with self._lock:
+            with self._ns.lock:
                 node.file_id = done.file_id
                 node.size = done.size
             # the record's id stays in fs_spool_commits until a mount finds the record gone (_replay)
@@ -974,15 +710,15 @@ class Filesystem:
     def commit_idle(self, idle_seconds: float) -> int:
         """Commit files unchanged for idle_seconds; how many were committed."""
         now = time.monotonic()
-        with self._lock:
-            nodes = [n for n in self._inodes.values()
+        with self._ns.lock:
+            nodes = [n for n in self._ns.inodes.values()
                      if n.data is not None and n.data.dirty and n.linked and now - n.data.last_change >= idle_seconds]
         done = 0
         for node in nodes:
             try:
                 done += self.commit(node)
             except OSError as exc:
-                log.error("committing %s: %s", "/".join(self._path_parts(node)), exc)
+                log.error("committing %s: %s", "/".join(self._ns.path_parts(node)), exc)
         return done
 
     def _replay(self) -> int:
@@ -1016,10 +752,10 @@ class Filesystem:
             elif node.data is not None and node.data.dirty:
                 with node.data.lock:
                     self._note(node, spool_file)            # a record of this boot for what it holds
-            with self._lock:
+            with self._ns.lock:
                 if node.opens == 0 and node.data is not None and not node.data.dirty:
-                    self._close_later(node)
-            self._close_deferred()
+                    self._ns.close_later(node)
+            self._ns.close_deferred()
         # ids of records now gone: removed durably first, so no record can come back to meet no row
         with self._store_lock:
             self.spool.sync_removals()
@@ -1052,9 +788,9 @@ class Filesystem:
         return ReplayedState(recorded, record.journal_entries)
 
     def _node_for_record(self, record: SpoolRecord) -> Node:
-        with self._lock:
+        with self._ns.lock:
             if record.file_id is not None:
-                for node in self._inodes.values():
+                for node in self._ns.inodes.values():
                     if node.file_id == record.file_id:
                         with self._reads_lock:
                             row = self._reads.file_by_id(record.file_id)
@@ -1068,15 +804,15 @@ class Filesystem:
             for part in parts[:-1]:
                 child = directory.children.get(part)
                 if child is None:
-                    child = self._new_node("dir", part, directory)
+                    child = self._ns.new_node("dir", part, directory)
                     directory.children[part] = child
                 directory = child
-            if self._where(directory) is None:
+            if self._ns.where(directory) is None:
                 raise StoreError(f"spool record {record.spool_id}: model {record.model!r} is gone; it is kept "
                                  f"in {self.spool.dir}")
             node = directory.children.get(parts[-1])
             if node is None or node.kind != "file":
-                node = self._new_node("file", parts[-1], directory, record.meta)
+                node = self._ns.new_node("file", parts[-1], directory, record.meta)
                 directory.children[parts[-1]] = node
             return node
 
@@ -1085,8 +821,8 @@ class Filesystem:
         """Commit what is uncommitted (what cannot be is kept in the spool), and release the store."""
         if self._closed:
             return
-        with self._lock:
-            nodes = [n for n in self._inodes.values() if n.data is not None]
+        with self._ns.lock:
+            nodes = [n for n in self._ns.inodes.values() if n.data is not None]
         for node in nodes:
             if node.data is not None and node.data.dirty and node.linked:
                 try:
@@ -1094,7 +830,7 @@ class Filesystem:
                         self._record(node)          # durable first, whatever the commit does
                     self.commit(node)
                 except (OSError, StoreError) as exc:
-                    log.error("%s stays in the spool: %s", "/".join(self._path_parts(node)), exc)
+                    log.error("%s stays in the spool: %s", "/".join(self._ns.path_parts(node)), exc)
         with self._store_lock:
             self._closed = True
         for node in nodes:
