@@ -27,28 +27,22 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import sqlite3
 import stat
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
+from lmzfs.fsmodel.catalogsync import CatalogSync, open_catalog
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.journal import FileState
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, Node, StatFs
 from lmzfs.fsmodel.nodes import fs_error as _error
-from lmzfs.fsmodel.reconcile import reload
 from lmzfs.fsmodel.spool import Spool, SpoolFile, SpoolRecord, boot_id
+from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.hostresources import usable_cpus
-from lmzfs.reader.filereader import FileReader
-from lmzfs.store.catalog import Catalog
-from lmzfs.store.chunksource import ChunkSource
-from lmzfs.store.fscatalog import (EntryMeta, delete_entry, delete_xattr, ensure_fs_schema,
+from lmzfs.store.fscatalog import (EntryMeta, delete_entry, delete_xattr,
                                    forget_spool_commits, model_id, move_subtree,
                                    put_entry, put_xattr, remove_file_row, remove_subtree, spool_commits)
 from lmzfs.store.fscommit import FileContent, commit_file
@@ -88,35 +82,23 @@ class Filesystem:
         self.spool = Spool(self.store.root)
         self.spool.lock_for_mount()
         try:
-            with WriterLock(self.store.lock):
-                self.catalog = Catalog(self.store.catalog)
-                self.catalog.copy_after_commit = False      # write_catalog_copy() writes them
-                try:
-                    ensure_fs_schema(self.catalog.db)
-                except BaseException:
-                    self.catalog.close()
-                    raise
+            self.catalog = open_catalog(self.store)
         except BaseException:
             self.spool.unlock()
             raise
         from lmzfs.chunker import CHUNK_SIZE
         self._chunk_size = chunk_size or CHUNK_SIZE
-        self._reads = Catalog(self.store.catalog, readonly=True)
-        self._reads_lock = threading.Lock()
-        self.source = ChunkSource(self.store, cache_bytes)
+        self._stored = StoredFiles(self.store, cache_bytes)
+        self.source = self._stored.source
         self._workers = workers or usable_cpus()
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="lmz-encode")
         self._uid = os.getuid() if uid is None else uid
         self._gid = os.getgid() if gid is None else gid
         self._ns = Namespace(self._uid, self._gid)
         self.root = self._ns.root
-        self._store_lock = threading.RLock()    # changes to the store, one at a time
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
-        self._closed = False
-        with self._store_lock:
-            self._seen_version = self.catalog.data_version()
-            self._reload()
+        self._sync = CatalogSync(self.store, self.catalog, self._ns)
         try:
             self.replayed = self._replay()
         except BaseException:
@@ -124,65 +106,13 @@ class Filesystem:
             raise
 
     # -- loading and following the catalog -------------------------------------------------------
-    def _reload(self) -> None:
-        reload(self._ns, self.catalog)
-
     def refresh(self) -> bool:
         """Follow changes another process committed (lmz add, rm, gc); True if there were any."""
-        if not self._store_lock.acquire(blocking=False):
-            return False                # a change of ours is running; it looks before it writes
-        try:
-            return self._follow_others()
-        finally:
-            self._ns.close_deferred()
-            self._store_lock.release()
+        return self._sync.refresh()
 
     def write_catalog_copy(self) -> bool:
-        """Copy the catalog beside it if a commit since the last copy is not in one (catalogcopies.py);
-        every commit would cost a copy of the whole catalog, so the mount writes one now and then
-        (the daemon: every few seconds) and at close. True if one was written."""
-        with self._store_lock:
-            if not self.catalog.copy_due or self._closed:
-                return False
-            with WriterLock(self.store.lock):
-                self.catalog.write_copy(final=False)
-                self._seen_version = self.catalog.data_version()
-            return not self.catalog.copy_due
-
-    def _follow_others(self) -> bool:
-        version = self.catalog.data_version()
-        if version == self._seen_version:
-            return False
-        self._seen_version = version
-        self._reload()
-        return True
-
-    @contextmanager
-    def _changing(self) -> Iterator:
-        """One change to the store: ours alone (in this process and across processes), made on
-        the catalog as it is now."""
-        with self._store_lock:
-            if self._closed:
-                raise _error(errno.EROFS, "the file system is closing")
-            with WriterLock(self.store.lock):
-                self._follow_others()
-                try:
-                    yield
-                except StoreError as exc:
-                    log.error("%s", exc)
-                    cause = exc.__cause__
-                    code = cause.errno if isinstance(cause, OSError) and cause.errno else errno.EIO
-                    if isinstance(cause, sqlite3.Error) and getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-                        code = errno.ENOSPC
-                    raise _error(code, str(exc)) from None
-                except sqlite3.Error as exc:
-                    log.error("catalog: %s", exc)
-                    raise _error(errno.ENOSPC if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-                                 else errno.EIO, str(exc)) from None
-                finally:
-                    # our own commits do not move data_version; a copy written meanwhile might
-                    self._seen_version = self.catalog.data_version()
-                    self._ns.close_deferred()
+        """Copy the catalog beside it if one is due (the daemon: every few seconds); True if written."""
+        return self._sync.write_catalog_copy()
 
     # -- queries ---------------------------------------------------------------------------------
     @staticmethod
@@ -198,7 +128,7 @@ class Filesystem:
 
     def generation(self) -> int:
         """Changes whenever another process commits to the catalog (what the service status follows)."""
-        return self._seen_version
+        return self._sync.seen_version
 
     def lookup(self, parent: int, name: str) -> Attributes:
         return self._ns.lookup(parent, name)
@@ -245,7 +175,7 @@ class Filesystem:
 
     def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Attributes:
         self._ns.check_name(name)
-        with self._changing():
+        with self._sync.changing():
             with self._ns.lock:
                 directory = self._ns.free_name_in(parent, name)
                 where = self._ns.where(directory)
@@ -274,7 +204,7 @@ class Filesystem:
             put_entry(db, mid, "", meta)
 
     def rmdir(self, parent: int, name: str) -> None:
-        with self._changing():
+        with self._sync.changing():
             with self._ns.lock:
                 directory = self._ns.dir(parent)
                 node = directory.children.get(name)
@@ -303,7 +233,7 @@ class Filesystem:
 
     def symlink(self, parent: int, name: str, target: bytes, uid: int, gid: int) -> Attributes:
         self._ns.check_name(name)
-        with self._changing():
+        with self._sync.changing():
             with self._ns.lock:
                 directory = self._ns.free_name_in(parent, name)
                 where = self._ns.in_model(directory)
@@ -314,7 +244,7 @@ class Filesystem:
 
     # -- removing and renaming -------------------------------------------------------------------
     def unlink(self, parent: int, name: str) -> None:
-        with self._changing():
+        with self._sync.changing():
             with self._ns.lock:
                 directory = self._ns.dir(parent)
                 node = directory.children.get(name)
@@ -346,7 +276,7 @@ class Filesystem:
         self._ns.check_name(new_name)
         if flags & RENAME_EXCHANGE:
             raise _error(errno.EINVAL, "RENAME_EXCHANGE is not supported")
-        with self._changing():
+        with self._sync.changing():
             with self._ns.lock:
                 nodes = self._ns.rename_nodes(parent, name, new_parent, new_name, flags)
                 if nodes is None:
@@ -445,7 +375,7 @@ class Filesystem:
             stored = node.kind != "file" or node.file_id is not None
         changed_meta = (mode, uid, gid, atime_ns, mtime_ns) != (None,) * 5
         if where is not None and stored and changed_meta:
-            with self._changing():
+            with self._sync.changing():
                 with self.catalog.transaction() as db:
                     put_entry(db, model_id(db, where[0]), where[1], node.meta())
         data = node.data
@@ -471,7 +401,7 @@ class Filesystem:
             raise _error(errno.EOPNOTSUPP, "only user.* attributes")
         if len(value) > XATTR_VALUE_MAX:
             raise _error(errno.E2BIG)
-        with self._changing():
+        with self._sync.changing():
             node = self._ns.node(inode)
             where = self._ns.where(node) if node.linked else None
             if where is None and node.linked:
@@ -484,7 +414,7 @@ class Filesystem:
                 node.ctime_ns = time.time_ns()
 
     def removexattr(self, inode: int, name: bytes) -> None:
-        with self._changing():
+        with self._sync.changing():
             node = self._ns.node(inode)
             if name not in node.xattrs:
                 raise _error(errno.ENODATA)
@@ -496,16 +426,6 @@ class Filesystem:
                 del node.xattrs[name]
 
     # -- files -----------------------------------------------------------------------------------
-    def _base_reader(self, node: Node) -> FileReader | None:
-        if node.file_id is None:
-            return None
-        with self._reads_lock:
-            row = self._reads.file_by_id(node.file_id)
-            if row is None:
-                raise _error(errno.ENOENT, "the file was removed from the store")
-            extents = self._reads.extents(node.file_id)
-        return FileReader(self.source, None, f"{row.model}/{row.path}", row.size, extents)
-
     def _data(self, node: Node) -> FileData:
         """The node's FileData, made if need be, held (one open) until _release_data."""
         with self._ns.lock:
@@ -513,7 +433,7 @@ class Filesystem:
             if node.data is not None:
                 return node.data
         try:
-            base = self._base_reader(node)
+            base = self._stored.reader(node.file_id)
         except BaseException:
             with self._ns.lock:
                 node.opens -= 1
@@ -653,11 +573,7 @@ class Filesystem:
         meta = node.meta()
         if where is None or not node.linked:
             return None
-        base_sha = None
-        if node.file_id is not None:
-            with self._reads_lock:
-                row = self._reads.file_by_id(node.file_id)
-            base_sha = row.sha256 if row is not None else None
+        base_sha = self._stored.sha256(node.file_id) if node.file_id is not None else None
         return SpoolRecord(spool_file.spool_id, where[0], where[1], node.file_id, base_sha,
                            data.base_len, data.size, data.ranges.as_list(), meta)
 
@@ -681,7 +597,7 @@ class Filesystem:
         if data is None or not data.dirty:
             return False
         # The store lock before the file's: a removal holding the store lock may close the file's data.
-        with self._changing(), data.lock:
+        with self._sync.changing(), data.lock:
             if not data.dirty or node.data is not data:
                 return False
             with self._ns.lock:
@@ -704,7 +620,7 @@ class Filesystem:
                 node.file_id = done.file_id
                 node.size = done.size
             # the record's id stays in fs_spool_commits until a mount finds the record gone (_replay)
-            data.rebase(self._base_reader(node), done.size)
+            data.rebase(self._stored.reader(node.file_id), done.size)
             return True
 
     def commit_idle(self, idle_seconds: float) -> int:
@@ -726,7 +642,7 @@ class Filesystem:
         records = self.spool.records()
         for path in self.spool.leftover_data():
             log.info("keeping %s: a spool file with no record to replay", path)
-        with self._store_lock:
+        with self._sync.lock:
             committed = spool_commits(self.catalog.db)
         done = 0
         for record in records:
@@ -742,7 +658,7 @@ class Filesystem:
                 log.error("%s", exc)
                 continue
             spool_file = self.spool.reopen(record, replayed.journal_entries)
-            base = self._base_reader(node) if node.file_id is not None else None
+            base = self._stored.reader(node.file_id)
             state = replayed.state
             node.data = self._new_data(node, base, state.size, spool_file=spool_file,
                                        base_len=state.base_len if base is not None else 0, ranges=state.ranges)
@@ -757,7 +673,7 @@ class Filesystem:
                     self._ns.close_later(node)
             self._ns.close_deferred()
         # ids of records now gone: removed durably first, so no record can come back to meet no row
-        with self._store_lock:
+        with self._sync.lock:
             self.spool.sync_removals()
             gone = committed - self.spool.record_ids()
             if gone:
@@ -792,9 +708,8 @@ class Filesystem:
             if record.file_id is not None:
                 for node in self._ns.inodes.values():
                     if node.file_id == record.file_id:
-                        with self._reads_lock:
-                            row = self._reads.file_by_id(record.file_id)
-                        if row is not None and row.sha256 == record.base_sha256:
+                        stored_sha = self._stored.sha256(record.file_id)
+                        if stored_sha is not None and stored_sha == record.base_sha256:
                             return node
                         raise StoreError(f"spool record {record.spool_id} changes a version of {record.model}/"
                                          f"{record.path} that is no longer stored; it is kept in {self.spool.dir}")
@@ -819,7 +734,7 @@ class Filesystem:
     # -- the end ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Commit what is uncommitted (what cannot be is kept in the spool), and release the store."""
-        if self._closed:
+        if self._sync.closed:
             return
         with self._ns.lock:
             nodes = [n for n in self._ns.inodes.values() if n.data is not None]
@@ -831,19 +746,14 @@ class Filesystem:
                     self.commit(node)
                 except (OSError, StoreError) as exc:
                     log.error("%s stays in the spool: %s", "/".join(self._ns.path_parts(node)), exc)
-        with self._store_lock:
-            self._closed = True
+        self._sync.set_closed()
         for node in nodes:
             if node.data is not None:
                 node.data.close(keep_spool=node.data.dirty and node.linked)
                 node.data = None
         self._pool.shutdown(wait=True)
-        self.source.close()
-        self._reads.close()
+        self._stored.close()
         try:
-            with WriterLock(self.store.lock):
-                self.catalog.close()                # writes the catalog's copy if one is due
-        except StoreError as exc:
-            log.error("%s", exc)
+            self._sync.close()                  # writes the catalog's copy if one is due
         finally:
             self.spool.unlock()
