@@ -34,29 +34,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmzfs.fsmodel.catalogsync import CatalogSync, open_catalog
+from lmzfs.fsmodel.entries import Entries
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.journal import FileState
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, Node, StatFs
 from lmzfs.fsmodel.nodes import fs_error as _error
-from lmzfs.fsmodel.spool import Spool, SpoolFile, SpoolRecord, boot_id
+from lmzfs.fsmodel.records import SpoolRecords
+from lmzfs.fsmodel.spool import Spool, SpoolRecord, boot_id
 from lmzfs.fsmodel.stored import StoredFiles
+from lmzfs.fsmodel.xattrs import XATTR_NAMESPACE, XATTR_VALUE_MAX, Xattrs
 from lmzfs.hostresources import usable_cpus
-from lmzfs.store.fscatalog import (EntryMeta, delete_entry, delete_xattr,
-                                   forget_spool_commits, model_id, move_subtree,
-                                   put_entry, put_xattr, remove_file_row, remove_subtree, spool_commits)
+from lmzfs.store.fscatalog import EntryMeta, forget_spool_commits, spool_commits
 from lmzfs.store.fscommit import FileContent, commit_file
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
-from lmzfs.store.names import RESERVED_TOP, validate_model_name
 
-__all__ = ["Attributes", "Filesystem", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "ROOT_INODE", "StatFs"]
+__all__ = ["Attributes", "Filesystem", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "ROOT_INODE", "StatFs", "XATTR_NAMESPACE",
+           "XATTR_VALUE_MAX"]
 
 log = logging.getLogger(__name__)
-
-XATTR_NAMESPACE = b"user."
-XATTR_VALUE_MAX = 64 << 10
-
 
 @dataclass
 class Handle:
@@ -99,6 +96,9 @@ class Filesystem:
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._sync = CatalogSync(self.store, self.catalog, self._ns)
+        self._records = SpoolRecords(self.spool, self._ns, self._stored)
+        self._entries = Entries(self._sync, self._ns, self._records)
+        self._xattrs = Xattrs(self._sync, self._ns)
         try:
             self.replayed = self._replay()
         except BaseException:
@@ -155,192 +155,22 @@ class Filesystem:
             files = len(self._ns.inodes)
         return StatFs(st.f_frsize, st.f_blocks, st.f_bavail, files)
 
-    # -- directories, symlinks -------------------------------------------------------------------
-    def _store_dir_meta(self, db, directory: Node) -> None:
-        where = self._ns.where(directory)
-        if where is not None:
-            put_entry(db, model_id(db, where[0]), where[1], directory.meta())
-
-    def _store_new_entry(self, directory: Node, where: tuple[str, str], name: str, meta: EntryMeta) -> None:
-        """One transaction: the entry `name` in `directory` (at `where`), and the directory's new times."""
-        with self.catalog.transaction() as db:
-            put_entry(db, model_id(db, where[0]), self._ns.join(where[1], name), meta)
-            directory.touch(meta.mtime_ns)
-            self._store_dir_meta(db, directory)
-
-    def _attach_new(self, directory: Node, kind: str, name: str, meta: EntryMeta, **kw) -> Attributes:
-        """The new entry, stored, joins the tree (known to the kernel: one lookup)."""
-        with self._ns.lock:
-            return self._ns.attach(directory, kind, name, meta, **kw).attributes()
-
+    # -- the namespace and metadata --------------------------------------------------------------
     def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Attributes:
-        self._ns.check_name(name)
-        with self._sync.changing():
-            with self._ns.lock:
-                directory = self._ns.free_name_in(parent, name)
-                where = self._ns.where(directory)
-            now = time.time_ns()
-            meta = EntryMeta("dir", stat.S_IMODE(mode), uid, gid, now, now, now)
-            if where is not None:
-                self._store_new_entry(directory, where, name, meta)
-                return self._attach_new(directory, "dir", name, meta)
-            model = "/".join(self._ns.path_parts(directory) + [name])
-            self._create_model(model, meta)
-            return self._attach_new(directory, "dir", name, meta, model=model)
-
-    def _create_model(self, model: str, meta: EntryMeta) -> None:
-        try:
-            validate_model_name(model)
-        except StoreError as exc:
-            raise _error(errno.EINVAL, str(exc)) from None
-        if model.split("/")[0] in RESERVED_TOP:
-            raise _error(errno.EINVAL)
-        with self.catalog.transaction() as db:
-            for (other,) in db.execute("SELECT name FROM models"):
-                if other == model or other.startswith(model + "/") or model.startswith(other + "/"):
-                    raise _error(errno.EEXIST, f"model {other!r} is in the way")
-            mid = db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
-                             (model, meta.mtime_ns / 1e9, "writable mount")).lastrowid
-            put_entry(db, mid, "", meta)
+        return self._entries.mkdir(parent, name, mode, uid, gid)
 
     def rmdir(self, parent: int, name: str) -> None:
-        with self._sync.changing():
-            with self._ns.lock:
-                directory = self._ns.dir(parent)
-                node = directory.children.get(name)
-                if node is None:
-                    raise _error(errno.ENOENT)
-                if node.kind != "dir":
-                    raise _error(errno.ENOTDIR)
-                if node.children:
-                    raise _error(errno.ENOTEMPTY)
-                where = self._ns.where(node)
-            now = time.time_ns()
-            if node.model is not None:
-                with self.catalog.transaction() as db:
-                    mid = model_id(db, node.model)
-                    remove_subtree(db, mid, "")
-                    db.execute("DELETE FROM models WHERE id = ?", (mid,))
-            elif where is not None:
-                with self.catalog.transaction() as db:
-                    mid = model_id(db, where[0])
-                    delete_entry(db, mid, where[1])
-                    directory.touch(now)
-                    self._store_dir_meta(db, directory)
-            with self._ns.lock:
-                directory.touch(now)
-                self._ns.detach(node)
+        self._entries.rmdir(parent, name)
 
     def symlink(self, parent: int, name: str, target: bytes, uid: int, gid: int) -> Attributes:
-        self._ns.check_name(name)
-        with self._sync.changing():
-            with self._ns.lock:
-                directory = self._ns.free_name_in(parent, name)
-                where = self._ns.in_model(directory)
-            now = time.time_ns()
-            meta = EntryMeta("symlink", 0o777, uid, gid, now, now, now, bytes(target))
-            self._store_new_entry(directory, where, name, meta)
-            return self._attach_new(directory, "symlink", name, meta)
+        return self._entries.symlink(parent, name, target, uid, gid)
 
-    # -- removing and renaming -------------------------------------------------------------------
     def unlink(self, parent: int, name: str) -> None:
-        with self._sync.changing():
-            with self._ns.lock:
-                directory = self._ns.dir(parent)
-                node = directory.children.get(name)
-                if node is None:
-                    raise _error(errno.ENOENT)
-                if node.kind == "dir":
-                    raise _error(errno.EISDIR)
-                model, path = self._ns.in_model(directory)
-            now = time.time_ns()
-            directory.touch(now)
-            # A file never committed has nothing in the catalog to remove (its directory's times
-            # are stored with the next change): unlinking it needs no disk space, which is what
-            # frees a full disk of the spool's bytes.
-            if node.kind != "file" or node.file_id is not None or node.xattrs:
-                with self.catalog.transaction() as db:
-                    self._remove_stored(db, node, model_id(db, model), self._ns.join(path, name))
-                    self._store_dir_meta(db, directory)
-            with self._ns.lock:
-                node.ctime_ns = now
-                self._ns.detach(node)
-
-    def _remove_stored(self, db, node: Node, mid: int, path: str) -> None:
-        if node.file_id is not None:
-            remove_file_row(db, node.file_id)
-            node.file_id = None
-        delete_entry(db, mid, path)
+        self._entries.unlink(parent, name)
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0) -> None:
-        self._ns.check_name(new_name)
-        if flags & RENAME_EXCHANGE:
-            raise _error(errno.EINVAL, "RENAME_EXCHANGE is not supported")
-        with self._sync.changing():
-            with self._ns.lock:
-                nodes = self._ns.rename_nodes(parent, name, new_parent, new_name, flags)
-                if nodes is None:
-                    return
-                source_dir, target_dir, node, victim = nodes
-                old_where, new_dir_where = self._ns.where(node), self._ns.where(target_dir)
-            now = time.time_ns()
-            if node.model is not None or (old_where is None and node.kind == "dir"):
-                self._rename_models(node, source_dir, target_dir, new_name, victim, new_dir_where)
-            else:
-                if old_where is None or new_dir_where is None:
-                    raise _error(errno.EXDEV, "entries move between models or to the top level by copying")
-                new_path = self._ns.join(new_dir_where[1], new_name)
-                with self.catalog.transaction() as db:
-                    old_mid, new_mid = model_id(db, old_where[0]), model_id(db, new_dir_where[0])
-                    if victim is not None:
-                        if victim.kind == "dir":
-                            remove_subtree(db, new_mid, new_path)
-                        else:
-                            self._remove_stored(db, victim, new_mid, new_path)
-                    move_subtree(db, old_mid, old_where[1], new_mid, new_path)
-                    node.ctime_ns = now
-                    source_dir.touch(now)
-                    target_dir.touch(now)
-                    self._store_dir_meta(db, source_dir)
-                    self._store_dir_meta(db, target_dir)
-                    if node.kind != "file" or node.file_id is not None:
-                        put_entry(db, new_mid, new_path, node.meta())
-            self._ns.move(node, source_dir, target_dir, new_name, victim, now)
-            self._rerecord_below(node)
+        self._entries.rename(parent, name, new_parent, new_name, flags)
 
-    def _rename_models(self, node: Node, source_dir: Node, target_dir: Node, new_name: str,
-                       victim: Node | None, new_dir_where) -> None:
-        """Rename a model, or a directory above models: the models' names change."""
-        if new_dir_where is not None:
-            raise _error(errno.EXDEV, "a model cannot move inside another model")
-        old_prefix = "/".join(self._ns.path_parts(node))
-        new_prefix = "/".join(self._ns.path_parts(target_dir) + [new_name])
-        with self.catalog.transaction() as db:
-            if victim is not None:
-                if victim.model is not None:
-                    db.execute("DELETE FROM models WHERE name = ?", (victim.model,))
-            for mid, model in db.execute("SELECT id, name FROM models").fetchall():
-                if model == old_prefix or model.startswith(old_prefix + "/"):
-                    renamed = new_prefix + model[len(old_prefix):]
-                    try:
-                        validate_model_name(renamed)
-                    except StoreError as exc:
-                        raise _error(errno.EINVAL, str(exc)) from None
-                    db.execute("UPDATE models SET name = ? WHERE id = ?", (renamed, mid))
-        self._ns.rename_models(node, old_prefix, new_prefix)
-
-    def _rerecord_below(self, node: Node) -> None:
-        """Spool records of uncommitted files name their path: rewrite those a rename moved."""
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            stack.extend(n.children.values())
-            if n.kind == "file" and n.data is not None and n.data.spool_file is not None:
-                with n.data.lock:
-                    if n.data.spool_file is not None:
-                        self._note(n, n.data.spool_file)
-
-    # -- attributes ------------------------------------------------------------------------------
     def setattr(self, inode: int, *, mode: int | None = None, uid: int | None = None, gid: int | None = None,
                 size: int | None = None, atime_ns: int | None = None, mtime_ns: int | None = None,
                 fh: int | None = None) -> Attributes:
@@ -359,71 +189,20 @@ class Filesystem:
                     node.mtime_ns = now
             finally:
                 self._release_data(node)
-        with self._ns.lock:
-            if mode is not None:
-                node.mode = stat.S_IMODE(mode)
-            if uid is not None:
-                node.uid = uid
-            if gid is not None:
-                node.gid = gid
-            if atime_ns is not None:
-                node.atime_ns = atime_ns
-            if mtime_ns is not None:
-                node.mtime_ns = mtime_ns
-            node.ctime_ns = now
-            where = self._ns.where(node) if node.linked else None
-            stored = node.kind != "file" or node.file_id is not None
-        changed_meta = (mode, uid, gid, atime_ns, mtime_ns) != (None,) * 5
-        if where is not None and stored and changed_meta:
-            with self._sync.changing():
-                with self.catalog.transaction() as db:
-                    put_entry(db, model_id(db, where[0]), where[1], node.meta())
-        data = node.data
-        if changed_meta and data is not None and data.spool_file is not None:
-            # a replay applies the record's metadata: it must not bring back the old one
-            with data.lock:
-                if data.spool_file is not None:
-                    self._note(node, data.spool_file)
+        self._entries.set_meta(node, now, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns)
         return self.getattr(inode)
 
     def getxattr(self, inode: int, name: bytes) -> bytes:
-        node = self._ns.node(inode)
-        value = node.xattrs.get(name)
-        if value is None:
-            raise _error(errno.ENODATA)
-        return value
+        return self._xattrs.get(inode, name)
 
     def listxattr(self, inode: int) -> list[bytes]:
-        return sorted(self._ns.node(inode).xattrs)
+        return self._xattrs.list(inode)
 
     def setxattr(self, inode: int, name: bytes, value: bytes) -> None:
-        if not name.startswith(XATTR_NAMESPACE) or len(name) == len(XATTR_NAMESPACE):
-            raise _error(errno.EOPNOTSUPP, "only user.* attributes")
-        if len(value) > XATTR_VALUE_MAX:
-            raise _error(errno.E2BIG)
-        with self._sync.changing():
-            node = self._ns.node(inode)
-            where = self._ns.where(node) if node.linked else None
-            if where is None and node.linked:
-                raise _error(errno.EPERM, "attributes live inside models")
-            if where is not None:
-                with self.catalog.transaction() as db:
-                    put_xattr(db, model_id(db, where[0]), where[1], name, value)
-            with self._ns.lock:
-                node.xattrs[name] = bytes(value)
-                node.ctime_ns = time.time_ns()
+        self._xattrs.set(inode, name, value)
 
     def removexattr(self, inode: int, name: bytes) -> None:
-        with self._sync.changing():
-            node = self._ns.node(inode)
-            if name not in node.xattrs:
-                raise _error(errno.ENODATA)
-            where = self._ns.where(node) if node.linked else None
-            if where is not None:
-                with self.catalog.transaction() as db:
-                    delete_xattr(db, model_id(db, where[0]), where[1], name)
-            with self._ns.lock:
-                del node.xattrs[name]
+        self._xattrs.remove(inode, name)
 
     # -- files -----------------------------------------------------------------------------------
     def _data(self, node: Node) -> FileData:
@@ -440,7 +219,7 @@ class Filesystem:
             raise
         with self._ns.lock:
             if node.data is None:
-                node.data = self._new_data(node, base, node.size)
+                node.data = self._records.new_data(node, base, node.size)
             elif base is not None:
                 base.close()
             return node.data
@@ -475,7 +254,7 @@ class Filesystem:
                 now = time.time_ns()
                 meta = EntryMeta("file", stat.S_IMODE(mode), uid, gid, now, now, now)
                 node = self._ns.new_node("file", name, directory, meta)
-                node.data = self._new_data(node, None, 0)
+                node.data = self._records.new_data(node, None, 0)
                 node.data.dirty = True                # a new file is committed even if empty
                 directory.children[name] = node
                 directory.touch(now)
@@ -557,38 +336,7 @@ class Filesystem:
         node = self._handle(fh).node
         with node.data.lock:
             if node.data.dirty and node.linked:
-                self._record(node)
-
-    def _new_data(self, node: Node, base, size: int, **kw) -> FileData:
-        return FileData(self.spool, base, size, on_new_spool_file=lambda spool_file: self._note(node, spool_file),
-                        **kw)
-
-    def _record_of(self, node: Node, spool_file: SpoolFile) -> SpoolRecord | None:
-        """The node's spool record as it stands (None: it is in no model, or unlinked, so no replay
-        may bring it back). Called with its data's lock held."""
-        data = node.data
-        # read without the namespace lock (a file's lock is never held while waiting for it): a
-        # rename that races this records the file again once this returns (_rerecord_below)
-        where = self._ns.where(node)
-        meta = node.meta()
-        if where is None or not node.linked:
-            return None
-        base_sha = self._stored.sha256(node.file_id) if node.file_id is not None else None
-        return SpoolRecord(spool_file.spool_id, where[0], where[1], node.file_id, base_sha,
-                           data.base_len, data.size, data.ranges.as_list(), meta)
-
-    def _note(self, node: Node, spool_file: SpoolFile) -> None:
-        """Write the node's spool record without fsync (durably once it was fsync'd)."""
-        record = self._record_of(node, spool_file)
-        if record is not None:
-            spool_file.note(record)
-
-    def _record(self, node: Node) -> None:
-        """Write the node's spool record durably (its bytes first): called with its data's lock held."""
-        spool_file = node.data.ensure_spool_file()
-        record = self._record_of(node, spool_file)
-        if record is not None:
-            spool_file.record(record)
+                self._records.record(node)
 
     # -- commits ---------------------------------------------------------------------------------
     def commit(self, node: Node) -> bool:
@@ -660,14 +408,14 @@ class Filesystem:
             spool_file = self.spool.reopen(record, replayed.journal_entries)
             base = self._stored.reader(node.file_id)
             state = replayed.state
-            node.data = self._new_data(node, base, state.size, spool_file=spool_file,
+            node.data = self._records.new_data(node, base, state.size, spool_file=spool_file,
                                        base_len=state.base_len if base is not None else 0, ranges=state.ranges)
             node.apply_meta(record.meta)
             if self.commit(node):
                 done += 1
             elif node.data is not None and node.data.dirty:
                 with node.data.lock:
-                    self._note(node, spool_file)            # a record of this boot for what it holds
+                    self._records.note(node, spool_file)            # a record of this boot for what it holds
             with self._ns.lock:
                 if node.opens == 0 and node.data is not None and not node.data.dirty:
                     self._ns.close_later(node)
@@ -742,7 +490,7 @@ class Filesystem:
             if node.data is not None and node.data.dirty and node.linked:
                 try:
                     with node.data.lock:
-                        self._record(node)          # durable first, whatever the commit does
+                        self._records.record(node)          # durable first, whatever the commit does
                     self.commit(node)
                 except (OSError, StoreError) as exc:
                     log.error("%s stays in the spool: %s", "/".join(self._ns.path_parts(node)), exc)
