@@ -134,7 +134,9 @@ class Namespace:
             elif name == "..":
                 node = directory.parent
             else:
-                node = self.child(directory, name)
+                node = directory.children.get(name)
+            if node is None:
+                raise fs_error(errno.ENOENT)
             node.lookups += 1
             return node.attributes()
 
