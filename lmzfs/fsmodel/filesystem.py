@@ -21,1168 +21,223 @@ tables of fsmodel/catalogrows.py) and kept in step with it:
 Errors are OSError with the errno the caller passes on (ENOENT, EEXIST, ENOTEMPTY, EXDEV...).
 Thread-safe: in-memory state under one lock; changes to the store serialised by a second one
 (and the store's WriterLock), so the event loop can answer lookups while a commit runs.
+
+This class is the facade; the parts live beside it:
+
+    namespace.py    the tree in memory: inodes, names, lookups, the rules of rename(2)
+    reconcile.py    the tree loaded from the catalog, and kept in step with other processes
+    catalogsync.py  one change to the store at a time, under the store's WriterLock
+    entries.py      mkdir, rmdir, unlink, rename, symlink, chmod/chown/utimes, stored
+    xattrs.py       user.* extended attributes
+    handles.py      open files, their data and spool files
+    records.py      spool records: what a replay needs to find spooled bytes a home
+    commit.py       when and what is committed to the store
+    replay.py       the spool a previous mount left, committed at start-up
+    stored.py       the stored versions of files, read through the store's chunk source
 """
 from __future__ import annotations
 
-import errno
-import logging
 import os
-import sqlite3
-import stat
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
-from lmzfs.fsmodel.filedata import FileData
-from lmzfs.fsmodel.journal import FileState
-from lmzfs.fsmodel.spool import Spool, SpoolFile, SpoolRecord, boot_id
-from lmzfs.reader.filereader import FileReader
-from lmzfs.store.catalog import Catalog
-from lmzfs.store.read.chunksource import ChunkSource
-from lmzfs.fsmodel.catalogrows import (EntryMeta, delete_entry, delete_xattr, ensure_fs_schema,
-                                   forget_spool_commits, load_entries, load_xattrs, model_id, move_subtree,
-                                   put_entry, put_xattr, remove_file_row, remove_subtree, spool_commits)
-from lmzfs.fsmodel.storecommit import FileContent, commit_file
-from lmzfs.store.layout import StoreError, StorePaths
-from lmzfs.store.lock import WriterLock
-from lmzfs.store.names import RESERVED_TOP, validate_model_name
+from lmzfs.fsmodel.catalogsync import CatalogSync, open_catalog
+from lmzfs.fsmodel.commit import Committer
+from lmzfs.fsmodel.entries import Entries
+from lmzfs.fsmodel.handles import Handles
+from lmzfs.fsmodel.namespace import Namespace
+from lmzfs.fsmodel.nodes import (NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, Node,
+                                 StatFs)
+from lmzfs.fsmodel.records import SpoolRecords
+from lmzfs.fsmodel.replay import Replay
+from lmzfs.fsmodel.spool import Spool
+from lmzfs.fsmodel.stored import StoredFiles
+from lmzfs.fsmodel.xattrs import XATTR_NAMESPACE, XATTR_VALUE_MAX, Xattrs
+from lmzfs.store.layout import StorePaths
 
-log = logging.getLogger(__name__)
-
-ROOT_INODE = 1
-NAME_MAX = 255
-XATTR_NAMESPACE = b"user."
-XATTR_VALUE_MAX = 64 << 10
-DEFAULT_DIR_MODE = 0o755
-DEFAULT_FILE_MODE = 0o644
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
-_TYPE_BITS = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "symlink": stat.S_IFLNK}
-
-
-def _error(code: int, what: str = "") -> OSError:
-    return OSError(code, os.strerror(code) + (f": {what}" if what else ""))
-
-
-@dataclass(frozen=True)
-class Attributes:
-    inode: int
-    mode: int                 # type and permission bits
-    nlink: int
-    uid: int
-    gid: int
-    size: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-
-
-@dataclass(eq=False)
-class Node:
-    inode: int
-    kind: str                                    # "dir", "file" or "symlink"
-    name: str
-    parent: "Node | None"
-    mode: int
-    uid: int
-    gid: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-    target: bytes | None = None                  # a symlink's
-    children: dict[str, "Node"] = field(default_factory=dict)
-    model: str | None = None                     # a model's root directory: the model's name
-    file_id: int | None = None                   # the stored version of a file
-    size: int = 0                                # of a file with no FileData
-    data: FileData | None = None                 # a file that is open or has uncommitted bytes
-    opens: int = 0
-    lookups: int = 0
-    linked: bool = True
-    xattrs: dict[bytes, bytes] = field(default_factory=dict)
-
-    def meta(self) -> EntryMeta:
-        return EntryMeta(self.kind, self.mode, self.uid, self.gid, self.atime_ns, self.mtime_ns, self.ctime_ns,
-                         self.target)
-
-    @property
-    def current_size(self) -> int:
-        if self.kind == "symlink":
-            return len(self.target or b"")
-        return self.data.size if self.data is not None else self.size
-
-
-@dataclass
-class Handle:
-    node: Node
-    append: bool
-    writable: bool
-    changed: bool = False       # the file changed through this handle since its last flush
-
-
-@dataclass(frozen=True)
-class ReplayedState:
-    """A spooled file as a mount replays it, and how many journal entries that includes."""
-    state: FileState
-    journal_entries: int
-
-
-@dataclass(frozen=True)
-class StatFs:
-    block_size: int
-    blocks: int
-    blocks_free: int
-    files: int
-    name_max: int = NAME_MAX
+__all__ = ["Attributes", "Filesystem", "NAME_MAX", "Node", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "ROOT_INODE",
+           "StatFs", "XATTR_NAMESPACE", "XATTR_VALUE_MAX"]
 
 
 class Filesystem:
     def __init__(self, store_dir: Path, *, cache_bytes: int = 64 << 20, workers: int | None = None,
                  uid: int | None = None, gid: int | None = None, chunk_size: int | None = None):
+        """`workers`: threads that encode a commit (None: one per CPU this process may use)."""
         self.store = StorePaths(Path(store_dir))
         self.store.create()
         self.store.check_format()
         self.spool = Spool(self.store.root)
         self.spool.lock_for_mount()
         try:
-            with WriterLock(self.store.lock):
-                self.catalog = Catalog(self.store.catalog)
-                self.catalog.copy_after_commit = False      # write_catalog_copy() writes them
-                try:
-                    ensure_fs_schema(self.catalog.db)
-                except BaseException:
-                    self.catalog.close()
-                    raise
+            self.catalog = open_catalog(self.store)
         except BaseException:
             self.spool.unlock()
             raise
         from lmzfs.chunker import CHUNK_SIZE
-        self._chunk_size = chunk_size or CHUNK_SIZE
-        self._reads = Catalog(self.store.catalog, readonly=True)
-        self._reads_lock = threading.Lock()
-        self.source = ChunkSource(self.store, cache_bytes)
-        self._workers = workers or os.cpu_count() or 2
-        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="lmz-encode")
-        self._uid = os.getuid() if uid is None else uid
-        self._gid = os.getgid() if gid is None else gid
-        self._lock = threading.RLock()          # the in-memory namespace
-        self._store_lock = threading.RLock()    # changes to the store, one at a time
-        self._inodes: dict[int, Node] = {}
-        self._next_inode = ROOT_INODE + 1
-        self._handles: dict[int, Handle] = {}
-        self._next_fh = 1
-        self._to_close: list[FileData] = []
-        now = time.time_ns()
-        self.root = Node(ROOT_INODE, "dir", "", None, DEFAULT_DIR_MODE, self._uid, self._gid, now, now, now)
-        self.root.parent = self.root
-        self._inodes[ROOT_INODE] = self.root
-        self._closed = False
-        with self._store_lock:
-            self._seen_version = self.catalog.data_version()
-            self._reload()
+        self._stored = StoredFiles(self.store, cache_bytes)
+        self.source = self._stored.source
+        self._ns = Namespace(os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
+        self.root = self._ns.root
+        self._sync = CatalogSync(self.store, self.catalog, self._ns)
+        self._records = SpoolRecords(self.spool, self._ns, self._stored)
+        self._committer = Committer(self._sync, self._ns, self._stored, self._records, workers=workers,
+                                    chunk_size=chunk_size or CHUNK_SIZE)
+        self._handles = Handles(self._ns, self._stored, self._records, self._committer)
+        self._entries = Entries(self._sync, self._ns, self._records)
+        self._xattrs = Xattrs(self._sync, self._ns)
+        # The calls made for nearly every request go straight to their part, as fast as before the
+        # facade (the methods of the same names below say what they do, and serve type checkers).
+        self.lookup, self.getattr = self._ns.lookup, self._ns.getattr
+        self.remember, self.forget = self._ns.remember, self._ns.forget
+        self.read, self.write, self.try_write = self._handles.read, self._handles.write, self._handles.try_write
         try:
-            self.replayed = self._replay()
+            self.replayed = Replay(self.spool, self._sync, self._ns, self._stored, self._records,
+                                   self._committer).run()
         except BaseException:
             self.close()            # what was replayed stays committed; the rest stays in the spool
             raise
 
-    # -- loading and following the catalog -------------------------------------------------------
-    def _new_node(self, kind: str, name: str, parent: Node, meta: EntryMeta | None = None, **kw) -> Node:
-        now = time.time_ns()
-        if meta is None:
-            mode = DEFAULT_DIR_MODE if kind == "dir" else DEFAULT_FILE_MODE
-            meta = EntryMeta(kind, mode, self._uid, self._gid, now, now, now)
-        node = Node(self._next_inode, kind, name, parent, meta.mode, meta.uid, meta.gid, meta.atime_ns,
-                    meta.mtime_ns, meta.ctime_ns, meta.target, **kw)
-        self._next_inode += 1
-        self._inodes[node.inode] = node
-        return node
-
-    def _reload(self) -> None:
-        """Bring the tree in step with the catalog (at open, and after another process committed):
-        nodes that still stand keep their inode numbers; files not yet committed keep their place."""
-        db = self.catalog.db
-        wanted: dict[tuple[str, ...], tuple[str, dict]] = {(): ("dir", {})}
-
-        def ensure_dirs(parts: tuple[str, ...], model: str | None = None) -> None:
-            for depth in range(1, len(parts) + 1):
-                key = parts[:depth]
-                kind, info = wanted.setdefault(key, ("dir", {}))
-                if kind != "dir":
-                    return
-            if model is not None:
-                wanted[parts][1]["model"] = model
-
-        for m in self.catalog.models():
-            parts = tuple(m.name.split("/"))
-            ensure_dirs(parts, m.name)
-            secs = int(m.added * 1e9)
-            wanted[parts][1].setdefault("meta", EntryMeta("dir", DEFAULT_DIR_MODE, self._uid, self._gid, secs, secs, secs))
-        for f in self.catalog.files():
-            parts = tuple(f.model.split("/")) + tuple(f.path.split("/"))
-            ensure_dirs(parts[:-1])
-            ns = int(f.mtime * 1e9)
-            wanted[parts] = ("file", {"file_id": f.id, "size": f.size,
-                                      "meta": EntryMeta("file", DEFAULT_FILE_MODE, self._uid, self._gid, ns, ns, ns)})
-        for row in load_entries(db):
-            parts = tuple(row.model.split("/")) + (tuple(row.path.split("/")) if row.path else ())
-            if row.meta.kind == "file":
-                if parts in wanted and wanted[parts][0] == "file":
-                    wanted[parts][1]["meta"] = row.meta
-                continue
-            if row.meta.kind == "dir":
-                ensure_dirs(parts)
-            else:
-                ensure_dirs(parts[:-1])
-                wanted[parts] = ("symlink", {})
-            if wanted.get(parts, ("", {}))[0] == row.meta.kind:
-                wanted[parts][1]["meta"] = row.meta
-        for x in load_xattrs(db):
-            parts = tuple(x.model.split("/")) + (tuple(x.path.split("/")) if x.path else ())
-            if parts in wanted:
-                wanted[parts][1].setdefault("xattrs", {})[bytes(x.name)] = bytes(x.value)
-        with self._lock:
-            self._reconcile(self.root, (), wanted)
-
-    def _reconcile(self, directory: Node, parts: tuple[str, ...], wanted: dict,
-                   below: dict[tuple[str, ...], set[str]] | None = None) -> None:
-        if below is None:
-            below = {}
-            for key in wanted:
-                if key:
-                    below.setdefault(key[:-1], set()).add(key[-1])
-        info = wanted[parts][1]
-        directory.model = info.get("model")
-        if "meta" in info:
-            self._apply_meta(directory, info["meta"])
-        directory.xattrs = dict(info.get("xattrs", {}))
-        names = below.get(parts, set())
-        for name in list(directory.children):
-            child = directory.children[name]
-            if name in names:
-                kind, cinfo = wanted[parts + (name,)]
-                if child.kind == kind and (kind != "file" or child.file_id == cinfo.get("file_id")):
-                    continue
-            elif child.kind == "file" and child.file_id is None:
-                continue                    # not committed yet: the catalog cannot know it
-            self._detach(child)
-        for name in sorted(names):
-            kind, cinfo = wanted[parts + (name,)]
-            child = directory.children.get(name)
-            if child is None:
-                child = self._new_node(kind, name, directory, cinfo.get("meta"),
-                                       file_id=cinfo.get("file_id"), size=cinfo.get("size", 0))
-                directory.children[name] = child
-            elif kind == "file" and child.data is None:
-                child.size = cinfo["size"]
-            if kind == "dir":
-                self._reconcile(child, parts + (name,), wanted, below)
-            else:
-                if "meta" in cinfo and child.data is None:
-                    self._apply_meta(child, cinfo["meta"])
-                child.xattrs = dict(cinfo.get("xattrs", {}))
-
-    @staticmethod
-    def _apply_meta(node: Node, meta: EntryMeta) -> None:
-        node.mode, node.uid, node.gid = meta.mode, meta.uid, meta.gid
-        node.atime_ns, node.mtime_ns, node.ctime_ns = meta.atime_ns, meta.mtime_ns, meta.ctime_ns
-        if node.kind == "symlink":
-            node.target = meta.target
-
-    def _detach(self, node: Node) -> None:
-        """The node left the tree (removed here or by another process): it lives on while open or known."""
-        if node.parent is not None and node.parent.children.get(node.name) is node:
-            del node.parent.children[node.name]
-        node.linked = False
-        for child in list(node.children.values()):
-            self._detach(child)
-        if node.data is not None and node.data.spool_file is not None:
-            node.data.spool_file.forget_record()
-        self._maybe_drop(node)
-
-    def _maybe_drop(self, node: Node) -> None:
-        if node.linked or node.opens or node.inode == ROOT_INODE:
-            return
-        # No name and no open file reach its data any more (the kernel's remaining lookups hold
-        # only the inode number), so its spool's bytes go now: an unlink frees a full disk at
-        # once, not whenever the kernel forgets the inode.
-        self._close_later(node)
-        if node.lookups == 0:
-            self._inodes.pop(node.inode, None)
-
-    def _close_later(self, node: Node) -> None:
-        """Under the namespace lock: the node's data is to be closed, by _close_deferred. A file's
-        lock is never taken while the namespace lock is held (a commit holds its file's lock and
-        then takes the namespace lock), so the close waits until the namespace lock is released."""
-        if node.data is not None:
-            self._to_close.append(node.data)
-            node.data = None
-
-    def _close_deferred(self) -> None:
-        while True:
-            with self._lock:
-                if not self._to_close:
-                    return
-                data = self._to_close.pop()
-            data.close()
-
+    # -- following the catalog -------------------------------------------------------------------
     def refresh(self) -> bool:
         """Follow changes another process committed (lmz add, rm, gc); True if there were any."""
-        if not self._store_lock.acquire(blocking=False):
-            return False                # a change of ours is running; it looks before it writes
-        try:
-            return self._follow_others()
-        finally:
-            self._close_deferred()
-            self._store_lock.release()
+        return self._sync.refresh()
 
     def write_catalog_copy(self) -> bool:
-        """Copy the catalog beside it if a commit since the last copy is not in one (catalogcopies.py);
-        every commit would cost a copy of the whole catalog, so the mount writes one now and then
-        (the daemon: every few seconds) and at close. True if one was written."""
-        with self._store_lock:
-            if not self.catalog.copy_due or self._closed:
-                return False
-            with WriterLock(self.store.lock):
-                self.catalog.write_copy(final=False)
-                self._seen_version = self.catalog.data_version()
-            return not self.catalog.copy_due
+        """Copy the catalog beside it if one is due (the daemon: every few seconds); True if written."""
+        return self._sync.write_catalog_copy()
 
-    def _follow_others(self) -> bool:
-        version = self.catalog.data_version()
-        if version == self._seen_version:
-            return False
-        self._seen_version = version
-        self._reload()
-        return True
-
-    @contextmanager
-    def _changing(self) -> Iterator:
-        """One change to the store: ours alone (in this process and across processes), made on
-        the catalog as it is now."""
-        with self._store_lock:
-            if self._closed:
-                raise _error(errno.EROFS, "the file system is closing")
-            with WriterLock(self.store.lock):
-                self._follow_others()
-                try:
-                    yield
-                except StoreError as exc:
-                    log.error("%s", exc)
-                    cause = exc.__cause__
-                    code = cause.errno if isinstance(cause, OSError) and cause.errno else errno.EIO
-                    if isinstance(cause, sqlite3.Error) and getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-                        code = errno.ENOSPC
-                    raise _error(code, str(exc)) from None
-                except sqlite3.Error as exc:
-                    log.error("catalog: %s", exc)
-                    raise _error(errno.ENOSPC if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-                                 else errno.EIO, str(exc)) from None
-                finally:
-                    # our own commits do not move data_version; a copy written meanwhile might
-                    self._seen_version = self.catalog.data_version()
-                    self._close_deferred()
-
-    # -- where things are ------------------------------------------------------------------------
-    def _node(self, inode: int) -> Node:
-        node = self._inodes.get(inode)
-        if node is None:
-            raise _error(errno.ENOENT)
-        return node
-
-    def _dir(self, inode: int) -> Node:
-        node = self._node(inode)
-        if node.kind != "dir":
-            raise _error(errno.ENOTDIR)
-        if not node.linked:
-            raise _error(errno.ENOENT)
-        return node
-
-    @staticmethod
-    def _where(node: Node) -> tuple[str, str] | None:
-        """(model, path inside it) of a node in a model; None at the root and above models."""
-        parts: list[str] = []
-        while node.model is None:
-            if node.parent is node or node.parent is None:
-                return None
-            parts.append(node.name)
-            node = node.parent
-        return node.model, "/".join(reversed(parts))
-
-    def _path_parts(self, node: Node) -> list[str]:
-        parts = []
-        while node.parent is not node and node.parent is not None:
-            parts.append(node.name)
-            node = node.parent
-        return list(reversed(parts))
-
-    def _in_model(self, directory: Node) -> tuple[str, str]:
-        where = self._where(directory)
-        if where is None:
-            raise _error(errno.EPERM, "only directories (models) at the top of a writable mount")
-        return where
-
-    @staticmethod
-    def _join(path: str, name: str) -> str:
-        return f"{path}/{name}" if path else name
-
-    @staticmethod
-    def _check_name(name: str) -> None:
-        if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
-            raise _error(errno.ENAMETOOLONG)
-        if "/" in name or name in ("", ".", ".."):
-            raise _error(errno.EINVAL)
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _error(errno.EILSEQ, "names are stored as UTF-8") from None
-
-    def attributes(self, node: Node) -> Attributes:
-        nlink = 0 if not node.linked else (
-            2 + sum(1 for c in node.children.values() if c.kind == "dir") if node.kind == "dir" else 1)
-        return Attributes(node.inode, _TYPE_BITS[node.kind] | node.mode, nlink, node.uid, node.gid,
-                          node.current_size, node.atime_ns, node.mtime_ns, node.ctime_ns)
+    def generation(self) -> int:
+        """Changes whenever another process commits to the catalog (what the service status follows)."""
+        return self._sync.seen_version
 
     # -- queries ---------------------------------------------------------------------------------
     def __len__(self) -> int:
         """Inodes known (in the tree, or unlinked but still open or known to the kernel)."""
-        return len(self._inodes)
+        return len(self._ns)
+
+    @staticmethod
+    def attributes(node: Node) -> Attributes:
+        return node.attributes()
 
     def model_count(self) -> int:
-        with self._lock:
-            stack, count = [self.root], 0
-            while stack:
-                node = stack.pop()
-                if node.model is not None:
-                    count += 1
-                else:
-                    stack.extend(c for c in node.children.values() if c.kind == "dir")
-            return count
-
-    def generation(self) -> int:
-        """Changes whenever another process commits to the catalog (what the service status follows)."""
-        return self._seen_version
+        return self._ns.model_count()
 
     def lookup(self, parent: int, name: str) -> Attributes:
-        with self._lock:
-            directory = self._dir(parent)
-            if name == ".":
-                node = directory
-            elif name == "..":
-                node = directory.parent
-            else:
-                node = directory.children.get(name)
-            if node is None:
-                raise _error(errno.ENOENT)
-            node.lookups += 1
-            return self.attributes(node)
+        return self._ns.lookup(parent, name)
 
     def remember(self, inode: int) -> None:
         """The kernel got a reference other than by lookup (an entry of readdirplus)."""
-        with self._lock:
-            node = self._inodes.get(inode)
-            if node is not None:
-                node.lookups += 1
+        self._ns.remember(inode)
 
     def forget(self, inode: int, count: int) -> None:
-        with self._lock:
-            node = self._inodes.get(inode)
-            if node is not None:
-                node.lookups = max(0, node.lookups - count)
-                self._maybe_drop(node)
-        self._close_deferred()
+        self._ns.forget(inode, count)
 
     def getattr(self, inode: int) -> Attributes:
-        with self._lock:
-            return self.attributes(self._node(inode))
+        return self._ns.getattr(inode)
 
     def readdir(self, inode: int) -> list[tuple[str, Attributes]]:
-        with self._lock:
-            directory = self._dir(inode)
-            return [(name, self.attributes(directory.children[name])) for name in sorted(directory.children)]
+        return self._ns.readdir(inode)
 
     def readlink(self, inode: int) -> bytes:
-        node = self._node(inode)
-        if node.kind != "symlink":
-            raise _error(errno.EINVAL)
-        return node.target or b""
+        return self._ns.readlink(inode)
 
     def statfs(self) -> StatFs:
         st = os.statvfs(self.store.root)
-        with self._lock:
-            files = len(self._inodes)
+        with self._ns.lock:
+            files = len(self._ns)
         return StatFs(st.f_frsize, st.f_blocks, st.f_bavail, files)
 
-    # -- directories, symlinks -------------------------------------------------------------------
-    def _touch_dir(self, directory: Node, now: int) -> None:
-        directory.mtime_ns = directory.ctime_ns = now
-
-    def _store_dir_meta(self, db, directory: Node) -> None:
-        where = self._where(directory)
-        if where is not None:
-            put_entry(db, model_id(db, where[0]), where[1], directory.meta())
-
-    def _free_name_in(self, parent: int, name: str) -> Node:
-        """The directory `parent`, where a new entry `name` is to be made (EEXIST if one is there).
-        Called inside _changing(), under the namespace lock."""
-        directory = self._dir(parent)
-        if name in directory.children:
-            raise _error(errno.EEXIST)
-        return directory
-
-    def _store_new_entry(self, directory: Node, where: tuple[str, str], name: str, meta: EntryMeta) -> None:
-        """One transaction: the entry `name` in `directory` (at `where`), and the directory's new times."""
-        with self.catalog.transaction() as db:
-            put_entry(db, model_id(db, where[0]), self._join(where[1], name), meta)
-            self._touch_dir(directory, meta.mtime_ns)
-            self._store_dir_meta(db, directory)
-
-    def _attach_new(self, directory: Node, kind: str, name: str, meta: EntryMeta, **kw) -> Attributes:
-        """The new entry, stored, joins the tree (known to the kernel: one lookup)."""
-        with self._lock:
-            node = self._new_node(kind, name, directory, meta, **kw)
-            directory.children[name] = node
-            self._touch_dir(directory, meta.mtime_ns)
-            node.lookups += 1
-            return self.attributes(node)
-
+    # -- the namespace and metadata --------------------------------------------------------------
     def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Attributes:
-        self._check_name(name)
-        with self._changing():
-            with self._lock:
-                directory = self._free_name_in(parent, name)
-                where = self._where(directory)
-            now = time.time_ns()
-            meta = EntryMeta("dir", stat.S_IMODE(mode), uid, gid, now, now, now)
-            if where is not None:
-                self._store_new_entry(directory, where, name, meta)
-                return self._attach_new(directory, "dir", name, meta)
-            model = "/".join(self._path_parts(directory) + [name])
-            self._create_model(model, meta)
-            return self._attach_new(directory, "dir", name, meta, model=model)
-
-    def _create_model(self, model: str, meta: EntryMeta) -> None:
-        try:
-            validate_model_name(model)
-        except StoreError as exc:
-            raise _error(errno.EINVAL, str(exc)) from None
-        if model.split("/")[0] in RESERVED_TOP:
-            raise _error(errno.EINVAL)
-        with self.catalog.transaction() as db:
-            for (other,) in db.execute("SELECT name FROM models"):
-                if other == model or other.startswith(model + "/") or model.startswith(other + "/"):
-                    raise _error(errno.EEXIST, f"model {other!r} is in the way")
-            mid = db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
-                             (model, meta.mtime_ns / 1e9, "writable mount")).lastrowid
-            put_entry(db, mid, "", meta)
+        return self._entries.mkdir(parent, name, mode, uid, gid)
 
     def rmdir(self, parent: int, name: str) -> None:
-        with self._changing():
-            with self._lock:
-                directory = self._dir(parent)
-                node = directory.children.get(name)
-                if node is None:
-                    raise _error(errno.ENOENT)
-                if node.kind != "dir":
-                    raise _error(errno.ENOTDIR)
-                if node.children:
-                    raise _error(errno.ENOTEMPTY)
-                where = self._where(node)
-            now = time.time_ns()
-            if node.model is not None:
-                with self.catalog.transaction() as db:
-                    mid = model_id(db, node.model)
-                    remove_subtree(db, mid, "")
-                    db.execute("DELETE FROM models WHERE id = ?", (mid,))
-            elif where is not None:
-                with self.catalog.transaction() as db:
-                    mid = model_id(db, where[0])
-                    delete_entry(db, mid, where[1])
-                    self._touch_dir(directory, now)
-                    self._store_dir_meta(db, directory)
-            with self._lock:
-                self._touch_dir(directory, now)
-                self._detach(node)
+        self._entries.rmdir(parent, name)
 
     def symlink(self, parent: int, name: str, target: bytes, uid: int, gid: int) -> Attributes:
-        self._check_name(name)
-        with self._changing():
-            with self._lock:
-                directory = self._free_name_in(parent, name)
-                where = self._in_model(directory)
-            now = time.time_ns()
-            meta = EntryMeta("symlink", 0o777, uid, gid, now, now, now, bytes(target))
-            self._store_new_entry(directory, where, name, meta)
-            return self._attach_new(directory, "symlink", name, meta)
+        return self._entries.symlink(parent, name, target, uid, gid)
 
-    # -- removing and renaming -------------------------------------------------------------------
     def unlink(self, parent: int, name: str) -> None:
-        with self._changing():
-            with self._lock:
-                directory = self._dir(parent)
-                node = directory.children.get(name)
-                if node is None:
-                    raise _error(errno.ENOENT)
-                if node.kind == "dir":
-                    raise _error(errno.EISDIR)
-                model, path = self._in_model(directory)
-            now = time.time_ns()
-            self._touch_dir(directory, now)
-            # A file never committed has nothing in the catalog to remove (its directory's times
-            # are stored with the next change): unlinking it needs no disk space, which is what
-            # frees a full disk of the spool's bytes.
-            if node.kind != "file" or node.file_id is not None or node.xattrs:
-                with self.catalog.transaction() as db:
-                    self._remove_stored(db, node, model_id(db, model), self._join(path, name))
-                    self._store_dir_meta(db, directory)
-            with self._lock:
-                node.ctime_ns = now
-                self._detach(node)
-
-    def _remove_stored(self, db, node: Node, mid: int, path: str) -> None:
-        if node.file_id is not None:
-            remove_file_row(db, node.file_id)
-            node.file_id = None
-        delete_entry(db, mid, path)
+        self._entries.unlink(parent, name)
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0) -> None:
-        self._check_name(new_name)
-        if flags & RENAME_EXCHANGE:
-            raise _error(errno.EINVAL, "RENAME_EXCHANGE is not supported")
-        with self._changing():
-            with self._lock:
-                source_dir, target_dir = self._dir(parent), self._dir(new_parent)
-                node = source_dir.children.get(name)
-                if node is None:
-                    raise _error(errno.ENOENT)
-                if source_dir is target_dir and name == new_name:
-                    return
-                ancestor = target_dir
-                while True:
-                    if ancestor is node:
-                        raise _error(errno.EINVAL, "a directory cannot move into itself")
-                    if ancestor.parent is ancestor:
-                        break
-                    ancestor = ancestor.parent
-                victim = target_dir.children.get(new_name)
-                if victim is not None:
-                    if flags & RENAME_NOREPLACE:
-                        raise _error(errno.EEXIST)
-                    if node.kind == "dir" and victim.kind != "dir":
-                        raise _error(errno.ENOTDIR)
-                    if node.kind != "dir" and victim.kind == "dir":
-                        raise _error(errno.EISDIR)
-                    if victim.kind == "dir" and victim.children:
-                        raise _error(errno.ENOTEMPTY)
-                old_where, new_dir_where = self._where(node), self._where(target_dir)
-            now = time.time_ns()
-            if node.model is not None or (old_where is None and node.kind == "dir"):
-                self._rename_models(node, source_dir, target_dir, new_name, victim, new_dir_where)
-            else:
-                if old_where is None or new_dir_where is None:
-                    raise _error(errno.EXDEV, "entries move between models or to the top level by copying")
-                new_path = self._join(new_dir_where[1], new_name)
-                with self.catalog.transaction() as db:
-                    old_mid, new_mid = model_id(db, old_where[0]), model_id(db, new_dir_where[0])
-                    if victim is not None:
-                        if victim.kind == "dir":
-                            remove_subtree(db, new_mid, new_path)
-                        else:
-                            self._remove_stored(db, victim, new_mid, new_path)
-                    move_subtree(db, old_mid, old_where[1], new_mid, new_path)
-                    node.ctime_ns = now
-                    self._touch_dir(source_dir, now)
-                    self._touch_dir(target_dir, now)
-                    self._store_dir_meta(db, source_dir)
-                    self._store_dir_meta(db, target_dir)
-                    if node.kind != "file" or node.file_id is not None:
-                        put_entry(db, new_mid, new_path, node.meta())
-            with self._lock:
-                if victim is not None:
-                    self._detach(victim)
-                del source_dir.children[name]
-                node.name, node.parent = new_name, target_dir
-                target_dir.children[new_name] = node
-                self._touch_dir(source_dir, now)
-                self._touch_dir(target_dir, now)
-            self._rerecord_below(node)
+        self._entries.rename(parent, name, new_parent, new_name, flags)
 
-    def _rename_models(self, node: Node, source_dir: Node, target_dir: Node, new_name: str,
-                       victim: Node | None, new_dir_where) -> None:
-        """Rename a model, or a directory above models: the models' names change."""
-        if new_dir_where is not None:
-            raise _error(errno.EXDEV, "a model cannot move inside another model")
-        old_prefix = "/".join(self._path_parts(node))
-        new_prefix = "/".join(self._path_parts(target_dir) + [new_name])
-        with self.catalog.transaction() as db:
-            if victim is not None:
-                if victim.model is not None:
-                    db.execute("DELETE FROM models WHERE name = ?", (victim.model,))
-            for mid, model in db.execute("SELECT id, name FROM models").fetchall():
-                if model == old_prefix or model.startswith(old_prefix + "/"):
-                    renamed = new_prefix + model[len(old_prefix):]
-                    try:
-                        validate_model_name(renamed)
-                    except StoreError as exc:
-                        raise _error(errno.EINVAL, str(exc)) from None
-                    db.execute("UPDATE models SET name = ? WHERE id = ?", (renamed, mid))
-        with self._lock:
-            stack = [node]
-            while stack:
-                n = stack.pop()
-                if n.model is not None:
-                    n.model = new_prefix + n.model[len(old_prefix):]
-                elif self._where(n) is None:
-                    stack.extend(c for c in n.children.values() if c.kind == "dir")
-
-    def _rerecord_below(self, node: Node) -> None:
-        """Spool records of uncommitted files name their path: rewrite those a rename moved."""
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            stack.extend(n.children.values())
-            if n.kind == "file" and n.data is not None and n.data.spool_file is not None:
-                with n.data.lock:
-                    if n.data.spool_file is not None:
-                        self._note(n, n.data.spool_file)
-
-    # -- attributes ------------------------------------------------------------------------------
     def setattr(self, inode: int, *, mode: int | None = None, uid: int | None = None, gid: int | None = None,
                 size: int | None = None, atime_ns: int | None = None, mtime_ns: int | None = None,
                 fh: int | None = None) -> Attributes:
         """`fh`: the handle a size change came through (ftruncate), whose flush commits it."""
-        node = self._node(inode)
-        if fh is not None and size is not None and fh in self._handles:
-            self._handles[fh].changed = True
+        node = self._ns.node(inode)
         now = time.time_ns()
         if size is not None:
-            if node.kind != "file":
-                raise _error(errno.EISDIR if node.kind == "dir" else errno.EINVAL)
-            data = self._data(node)
-            try:
-                if size != data.size:
-                    data.truncate(size)
-                    node.mtime_ns = now
-            finally:
-                self._release_data(node)
-        with self._lock:
-            if mode is not None:
-                node.mode = stat.S_IMODE(mode)
-            if uid is not None:
-                node.uid = uid
-            if gid is not None:
-                node.gid = gid
-            if atime_ns is not None:
-                node.atime_ns = atime_ns
-            if mtime_ns is not None:
-                node.mtime_ns = mtime_ns
-            node.ctime_ns = now
-            where = self._where(node) if node.linked else None
-            stored = node.kind != "file" or node.file_id is not None
-        changed_meta = (mode, uid, gid, atime_ns, mtime_ns) != (None,) * 5
-        if where is not None and stored and changed_meta:
-            with self._changing():
-                with self.catalog.transaction() as db:
-                    put_entry(db, model_id(db, where[0]), where[1], node.meta())
-        data = node.data
-        if changed_meta and data is not None and data.spool_file is not None:
-            # a replay applies the record's metadata: it must not bring back the old one
-            with data.lock:
-                if data.spool_file is not None:
-                    self._note(node, data.spool_file)
+            self._handles.resize(node, size, fh, now)
+        self._entries.set_meta(node, now, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns)
         return self.getattr(inode)
 
     def getxattr(self, inode: int, name: bytes) -> bytes:
-        node = self._node(inode)
-        value = node.xattrs.get(name)
-        if value is None:
-            raise _error(errno.ENODATA)
-        return value
+        return self._xattrs.get(inode, name)
 
     def listxattr(self, inode: int) -> list[bytes]:
-        return sorted(self._node(inode).xattrs)
+        return self._xattrs.list(inode)
 
     def setxattr(self, inode: int, name: bytes, value: bytes) -> None:
-        if not name.startswith(XATTR_NAMESPACE) or len(name) == len(XATTR_NAMESPACE):
-            raise _error(errno.EOPNOTSUPP, "only user.* attributes")
-        if len(value) > XATTR_VALUE_MAX:
-            raise _error(errno.E2BIG)
-        with self._changing():
-            node = self._node(inode)
-            where = self._where(node) if node.linked else None
-            if where is None and node.linked:
-                raise _error(errno.EPERM, "attributes live inside models")
-            if where is not None:
-                with self.catalog.transaction() as db:
-                    put_xattr(db, model_id(db, where[0]), where[1], name, value)
-            with self._lock:
-                node.xattrs[name] = bytes(value)
-                node.ctime_ns = time.time_ns()
+        self._xattrs.set(inode, name, value)
 
     def removexattr(self, inode: int, name: bytes) -> None:
-        with self._changing():
-            node = self._node(inode)
-            if name not in node.xattrs:
-                raise _error(errno.ENODATA)
-            where = self._where(node) if node.linked else None
-            if where is not None:
-                with self.catalog.transaction() as db:
-                    delete_xattr(db, model_id(db, where[0]), where[1], name)
-            with self._lock:
-                del node.xattrs[name]
+        self._xattrs.remove(inode, name)
 
     # -- files -----------------------------------------------------------------------------------
-    def _base_reader(self, node: Node) -> FileReader | None:
-        if node.file_id is None:
-            return None
-        with self._reads_lock:
-            row = self._reads.file_by_id(node.file_id)
-            if row is None:
-                raise _error(errno.ENOENT, "the file was removed from the store")
-            extents = self._reads.extents(node.file_id)
-        return FileReader(self.source, None, f"{row.model}/{row.path}", row.size, extents)
-
-    def _data(self, node: Node) -> FileData:
-        """The node's FileData, made if need be, held (one open) until _release_data."""
-        with self._lock:
-            node.opens += 1
-            if node.data is not None:
-                return node.data
-        try:
-            base = self._base_reader(node)
-        except BaseException:
-            with self._lock:
-                node.opens -= 1
-            raise
-        with self._lock:
-            if node.data is None:
-                node.data = self._new_data(node, base, node.size)
-            elif base is not None:
-                base.close()
-            return node.data
-
-    def _release_data(self, node: Node) -> None:
-        with self._lock:
-            node.opens -= 1
-            last = node.opens == 0
-        if not last:
-            return
-        if node.data is not None and node.data.dirty and node.linked:
-            self.commit(node)
-        with self._lock:
-            # an unlinked file's bytes go with its last close; a commit that failed keeps them
-            if node.opens == 0 and node.data is not None and (not node.data.dirty or not node.linked):
-                self._close_later(node)
-            self._maybe_drop(node)
-        self._close_deferred()
-
     def create(self, parent: int, name: str, mode: int, uid: int, gid: int, flags: int) -> tuple[int, Attributes]:
-        self._check_name(name)
-        with self._lock:
-            directory = self._dir(parent)
-            self._in_model(directory)
-            existing = directory.children.get(name)
-            if existing is not None:
-                if flags & os.O_EXCL:
-                    raise _error(errno.EEXIST)
-                node = existing
-                node.lookups += 1
-            else:
-                now = time.time_ns()
-                meta = EntryMeta("file", stat.S_IMODE(mode), uid, gid, now, now, now)
-                node = self._new_node("file", name, directory, meta)
-                node.data = self._new_data(node, None, 0)
-                node.data.dirty = True                # a new file is committed even if empty
-                directory.children[name] = node
-                self._touch_dir(directory, now)
-                node.lookups += 1
-                existing = None
-        if existing is None:
-            with node.data.lock:                      # its record: the new name survives a kill
-                node.data.ensure_spool_file()
-        fh = self.open(node.inode, flags & ~os.O_CREAT & ~os.O_EXCL)
-        return fh, self.getattr(node.inode)
+        return self._handles.create(parent, name, mode, uid, gid, flags)
 
     def open(self, inode: int, flags: int) -> int:
-        node = self._node(inode)
-        if node.kind == "dir":
-            raise _error(errno.EISDIR)
-        if node.kind != "file":
-            raise _error(errno.ELOOP)
-        data = self._data(node)
-        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
-        changed = writable and data.dirty and node.file_id is None       # a new file: committed even if empty
-        if flags & os.O_TRUNC and writable and data.size:
-            data.truncate(0)
-            node.mtime_ns = node.ctime_ns = time.time_ns()
-            changed = True
-        with self._lock:
-            fh = self._next_fh
-            self._next_fh += 1
-            self._handles[fh] = Handle(node, bool(flags & os.O_APPEND), writable, changed)
-            return fh
-
-    def _handle(self, fh: int) -> Handle:
-        handle = self._handles.get(fh)
-        if handle is None:
-            raise _error(errno.EBADF)
-        return handle
+        return self._handles.open(inode, flags)
 
     def read(self, fh: int, offset: int, length: int) -> bytes:
-        handle = self._handle(fh)
-        return handle.node.data.read(offset, length)
+        return self._handles.read(fh, offset, length)
 
     def write(self, fh: int, offset: int, data: bytes) -> int:
-        handle = self._handle(fh)
-        if not handle.writable:
-            raise _error(errno.EBADF)
-        node = handle.node
-        with node.data.lock:
-            if handle.append:
-                offset = node.data.size
-            n = node.data.write(offset, data)
-        handle.changed = True
-        node.mtime_ns = node.ctime_ns = time.time_ns()
-        return n
+        return self._handles.write(fh, offset, data)
 
     def try_write(self, fh: int, offset: int, data: bytes) -> int | None:
         """write(), unless the file is being committed (then None: nothing was written)."""
-        lock = self._handle(fh).node.data.lock
-        if not lock.acquire(blocking=False):
-            return None
-        try:
-            return self.write(fh, offset, data)
-        finally:
-            lock.release()
+        return self._handles.try_write(fh, offset, data)
 
     def flush(self, fh: int) -> None:
         """A close of a descriptor (close(2) waits for it): what changed through it is committed."""
-        handle = self._handle(fh)
-        if handle.changed:
-            handle.changed = False
-            self.commit(handle.node)
+        self._handles.flush(fh)
 
     def release(self, fh: int) -> None:
-        with self._lock:
-            handle = self._handles.pop(fh, None)
-        if handle is not None:
-            self._release_data(handle.node)
+        self._handles.release(fh)
 
     def fsync(self, fh: int) -> None:
         """The file's bytes and metadata are durable when this returns (in the spool or the store)."""
-        node = self._handle(fh).node
-        with node.data.lock:
-            if node.data.dirty and node.linked:
-                self._record(node)
-
-    def _new_data(self, node: Node, base, size: int, **kw) -> FileData:
-        return FileData(self.spool, base, size, on_new_spool_file=lambda spool_file: self._note(node, spool_file),
-                        **kw)
-
-    def _record_of(self, node: Node, spool_file: SpoolFile) -> SpoolRecord | None:
-        """The node's spool record as it stands (None: it is in no model, or unlinked, so no replay
-        may bring it back). Called with its data's lock held."""
-        data = node.data
-        # read without the namespace lock (a file's lock is never held while waiting for it): a
-        # rename that races this records the file again once this returns (_rerecord_below)
-        where = self._where(node)
-        meta = node.meta()
-        if where is None or not node.linked:
-            return None
-        base_sha = None
-        if node.file_id is not None:
-            with self._reads_lock:
-                row = self._reads.file_by_id(node.file_id)
-            base_sha = row.sha256 if row is not None else None
-        return SpoolRecord(spool_file.spool_id, where[0], where[1], node.file_id, base_sha,
-                           data.base_len, data.size, data.ranges.as_list(), meta)
-
-    def _note(self, node: Node, spool_file: SpoolFile) -> None:
-        """Write the node's spool record without fsync (durably once it was fsync'd)."""
-        record = self._record_of(node, spool_file)
-        if record is not None:
-            spool_file.note(record)
-
-    def _record(self, node: Node) -> None:
-        """Write the node's spool record durably (its bytes first): called with its data's lock held."""
-        spool_file = node.data.ensure_spool_file()
-        record = self._record_of(node, spool_file)
-        if record is not None:
-            spool_file.record(record)
+        self._handles.fsync(fh)
 
     # -- commits ---------------------------------------------------------------------------------
     def commit(self, node: Node) -> bool:
         """Store the node's bytes (if it has uncommitted ones); True if it committed."""
-        data = node.data
-        if data is None or not data.dirty:
-            return False
-        # The store lock before the file's: a removal holding the store lock may close the file's data.
-        with self._changing(), data.lock:
-            if not data.dirty or node.data is not data:
-                return False
-            with self._lock:
-                if not node.linked:
-                    return False
-                where = self._where(node)
-                meta = node.meta()
-                replaces = node.file_id
-            if where is None:
-                return False
-            spool_id = data.spool_file.spool_id if data.spool_file is not None and data.spool_file.recorded \
-                else None
-            content = FileContent(data.as_file(), lambda length, offset: data.read(offset, length), data.size)
-            done = commit_file(self.store, self.catalog, self._pool, self._workers, model=where[0],
-                               path=where[1], content=content, meta=meta, replaces=replaces,
-                               spool_id=spool_id, chunk_size=self._chunk_size)
-            for warning in done.warnings:
-                log.info("%s/%s: %s", where[0], where[1], warning)
-            with self._lock:
-                node.file_id = done.file_id
-                node.size = done.size
-            # the record's id stays in fs_spool_commits until a mount finds the record gone (_replay)
-            data.rebase(self._base_reader(node), done.size)
-            return True
+        return self._committer.commit(node)
 
     def commit_idle(self, idle_seconds: float) -> int:
         """Commit files unchanged for idle_seconds; how many were committed."""
-        now = time.monotonic()
-        with self._lock:
-            nodes = [n for n in self._inodes.values()
-                     if n.data is not None and n.data.dirty and n.linked and now - n.data.last_change >= idle_seconds]
-        done = 0
-        for node in nodes:
-            try:
-                done += self.commit(node)
-            except OSError as exc:
-                log.error("committing %s: %s", "/".join(self._path_parts(node)), exc)
-        return done
-
-    def _replay(self) -> int:
-        """Commit every spool record a previous mount left: what its writes and fsyncs accepted."""
-        records = self.spool.records()
-        for path in self.spool.leftover_data():
-            log.info("keeping %s: a spool file with no record to replay", path)
-        with self._store_lock:
-            committed = spool_commits(self.catalog.db)
-        done = 0
-        for record in records:
-            if record.spool_id in committed:
-                self.spool.remove(record.spool_id)         # committed before the mount ended
-                continue
-            replayed = self._replayed_state(record)
-            if replayed is None:
-                continue
-            try:
-                node = self._node_for_record(record)
-            except StoreError as exc:
-                log.error("%s", exc)
-                continue
-            spool_file = self.spool.reopen(record, replayed.journal_entries)
-            base = self._base_reader(node) if node.file_id is not None else None
-            state = replayed.state
-            node.data = self._new_data(node, base, state.size, spool_file=spool_file,
-                                       base_len=state.base_len if base is not None else 0, ranges=state.ranges)
-            self._apply_meta(node, record.meta)
-            if self.commit(node):
-                done += 1
-            elif node.data is not None and node.data.dirty:
-                with node.data.lock:
-                    self._note(node, spool_file)            # a record of this boot for what it holds
-            with self._lock:
-                if node.opens == 0 and node.data is not None and not node.data.dirty:
-                    self._close_later(node)
-            self._close_deferred()
-        # ids of records now gone: removed durably first, so no record can come back to meet no row
-        with self._store_lock:
-            self.spool.sync_removals()
-            gone = committed - self.spool.record_ids()
-            if gone:
-                with WriterLock(self.store.lock), self.catalog.transaction() as db:
-                    forget_spool_commits(db, gone)
-        return done
-
-    def _replayed_state(self, record: SpoolRecord) -> ReplayedState | None:
-        """What a record and its journal say the file is, and how many journal entries that
-        includes; None if nothing of it can be trusted (the record is set aside)."""
-        journal = self.spool.read_journal(record)
-        recorded = FileState(record.size, record.base_len, record.ranges)
-        where = f"{record.model}/{record.path}"
-        if record.boot_id and record.boot_id == boot_id():
-            # the daemon ended, the machine did not: the page cache holds every byte and entry
-            if journal.damage is not None:
-                log.warning("%s: replaying %d journal entries; the rest cannot be trusted (%s)",
-                            where, len(journal.entries), journal.damage)
-            return ReplayedState(recorded.after(journal.entries), journal.total)
-        if not record.durable:
-            aside = self.spool.set_aside(record.spool_id)
-            log.error("%s: written without fsync before the machine restarted, so its bytes may not be on "
-                      "disk; not replayed, kept as %s", where, aside)
-            return None
-        if journal.entries or journal.damage is not None:
-            log.warning("%s: replaying it as of its last fsync; %d later journal entries are dropped (written "
-                        "without fsync before the machine restarted)", where, len(journal.entries))
-        return ReplayedState(recorded, record.journal_entries)
-
-    def _node_for_record(self, record: SpoolRecord) -> Node:
-        with self._lock:
-            if record.file_id is not None:
-                for node in self._inodes.values():
-                    if node.file_id == record.file_id:
-                        with self._reads_lock:
-                            row = self._reads.file_by_id(record.file_id)
-                        if row is not None and row.sha256 == record.base_sha256:
-                            return node
-                        raise StoreError(f"spool record {record.spool_id} changes a version of {record.model}/"
-                                         f"{record.path} that is no longer stored; it is kept in {self.spool.dir}")
-            # a new file (or its stored version is gone): recreate it where the record puts it
-            directory = self.root
-            parts = record.model.split("/") + record.path.split("/")
-            for part in parts[:-1]:
-                child = directory.children.get(part)
-                if child is None:
-                    child = self._new_node("dir", part, directory)
-                    directory.children[part] = child
-                directory = child
-            if self._where(directory) is None:
-                raise StoreError(f"spool record {record.spool_id}: model {record.model!r} is gone; it is kept "
-                                 f"in {self.spool.dir}")
-            node = directory.children.get(parts[-1])
-            if node is None or node.kind != "file":
-                node = self._new_node("file", parts[-1], directory, record.meta)
-                directory.children[parts[-1]] = node
-            return node
+        return self._committer.commit_idle(idle_seconds)
 
     # -- the end ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Commit what is uncommitted (what cannot be is kept in the spool), and release the store."""
-        if self._closed:
+        if self._sync.closed:
             return
-        with self._lock:
-            nodes = [n for n in self._inodes.values() if n.data is not None]
-        for node in nodes:
-            if node.data is not None and node.data.dirty and node.linked:
-                try:
-                    with node.data.lock:
-                        self._record(node)          # durable first, whatever the commit does
-                    self.commit(node)
-                except (OSError, StoreError) as exc:
-                    log.error("%s stays in the spool: %s", "/".join(self._path_parts(node)), exc)
-        with self._store_lock:
-            self._closed = True
+        nodes = self._ns.nodes_with_data()
+        self._committer.commit_all(nodes)
+        self._sync.set_closed()
         for node in nodes:
             if node.data is not None:
                 node.data.close(keep_spool=node.data.dirty and node.linked)
                 node.data = None
-        self._pool.shutdown(wait=True)
-        self.source.close()
-        self._reads.close()
+        self._committer.shutdown()
+        self._stored.close()
         try:
-            with WriterLock(self.store.lock):
-                self.catalog.close()                # writes the catalog's copy if one is due
-        except StoreError as exc:
-            log.error("%s", exc)
+            self._sync.close()                  # writes the catalog's copy if one is due
         finally:
             self.spool.unlock()
