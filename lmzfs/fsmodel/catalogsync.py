@@ -14,7 +14,7 @@ from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import fs_error
 from lmzfs.fsmodel.reconcile import reload
 from lmzfs.store.catalog import Catalog
-from lmzfs.store.fscatalog import ensure_fs_schema
+from lmzfs.store.catalog.fsrows import ensure_fs_schema
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 

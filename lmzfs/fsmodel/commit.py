@@ -1,4 +1,4 @@
-"""When and what a writable mount commits: a file's bytes go to the store (store/fscommit.py, the
+"""When and what a writable mount commits: a file's bytes go to the store (fsmodel/storecommit.py, the
 `lmz add` machinery) on its last close and the close of a descriptor it changed through, once it
 was left alone for a while (commit_idle), and at the end (commit_all). One commit at a time, each
 encoding on a pool of threads sized by the CPUs this process may use."""
@@ -14,7 +14,7 @@ from lmzfs.fsmodel.nodes import Node
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.hostresources import usable_cpus
-from lmzfs.store.fscommit import FileContent, commit_file
+from lmzfs.fsmodel.storecommit import FileContent, commit_file
 from lmzfs.store.layout import StoreError
 
 log = logging.getLogger(__name__)

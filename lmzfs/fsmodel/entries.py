@@ -16,8 +16,9 @@ from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import RENAME_EXCHANGE, Attributes, Node, fs_error
 from lmzfs.fsmodel.records import SpoolRecords
-from lmzfs.store.fscatalog import (EntryMeta, delete_entry, model_id, move_subtree, put_entry, remove_file_row,
-                                   remove_subtree)
+from lmzfs.store.catalog.fsrows import (EntryMeta, delete_entry, delete_model, delete_model_named, insert_model,
+                                        model_id, model_names, models_by_id, move_subtree, put_entry, remove_file_row,
+                                        remove_subtree, rename_model)
 from lmzfs.store.layout import StoreError
 from lmzfs.store.names import RESERVED_TOP, validate_model_name
 
@@ -84,11 +85,10 @@ class Entries:
         if model.split("/")[0] in RESERVED_TOP:
             raise fs_error(errno.EINVAL)
         with self._sync.catalog.transaction() as db:
-            for (other,) in db.execute("SELECT name FROM models"):
+            for other in model_names(db):
                 if other == model or other.startswith(model + "/") or model.startswith(other + "/"):
                     raise fs_error(errno.EEXIST, f"model {other!r} is in the way")
-            mid = db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
-                             (model, meta.mtime_ns / 1e9, "writable mount")).lastrowid
+            mid = insert_model(db, model, meta.mtime_ns / 1e9, "writable mount")
             put_entry(db, mid, "", meta)
 
     def symlink(self, parent: int, name: str, target: bytes, uid: int, gid: int) -> Attributes:
@@ -114,7 +114,7 @@ class Entries:
                 with self._sync.catalog.transaction() as db:
                     mid = model_id(db, node.model)
                     remove_subtree(db, mid, "")
-                    db.execute("DELETE FROM models WHERE id = ?", (mid,))
+                    delete_model(db, mid)
             elif where is not None:
                 with self._sync.catalog.transaction() as db:
                     delete_entry(db, model_id(db, where[0]), where[1])
@@ -192,12 +192,12 @@ class Entries:
         with self._sync.catalog.transaction() as db:
             if victim is not None:
                 if victim.model is not None:
-                    db.execute("DELETE FROM models WHERE name = ?", (victim.model,))
-            for mid, model in db.execute("SELECT id, name FROM models").fetchall():
+                    delete_model_named(db, victim.model)
+            for mid, model in models_by_id(db):
                 if model == old_prefix or model.startswith(old_prefix + "/"):
                     renamed = new_prefix + model[len(old_prefix):]
                     _valid_model_name(renamed)
-                    db.execute("UPDATE models SET name = ? WHERE id = ?", (renamed, mid))
+                    rename_model(db, mid, renamed)
         self._ns.rename_models(node, old_prefix, new_prefix)
 
     # -- metadata --------------------------------------------------------------------------------

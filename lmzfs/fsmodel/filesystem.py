@@ -2,7 +2,7 @@
 and what tests drive directly.
 
 The namespace lives in memory, loaded from the catalog (models, files, and the writable-mount
-tables of fsmodel/catalogrows.py) and kept in step with it:
+tables of store/catalog/fsrows.py) and kept in step with it:
 
 - The root holds models (directories); a directory that is no model's root and holds none
   (`run1` above `run1/step-1000`) is a plain name in the tree. mkdir there creates a model, rmdir

@@ -20,7 +20,7 @@ from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import Attributes, Node, fs_error
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.stored import StoredFiles
-from lmzfs.store.fscatalog import EntryMeta
+from lmzfs.store.catalog.fsrows import EntryMeta
 
 
 @dataclass

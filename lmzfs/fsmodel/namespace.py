@@ -19,7 +19,7 @@ from typing import Iterator
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.nodes import (DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, NAME_MAX, RENAME_NOREPLACE, ROOT_INODE,
                                  Attributes, Node, fs_error)
-from lmzfs.store.fscatalog import EntryMeta
+from lmzfs.store.catalog.fsrows import EntryMeta
 
 
 class Namespace:

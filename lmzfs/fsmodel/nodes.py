@@ -7,7 +7,7 @@ import stat
 from dataclasses import dataclass, field
 
 from lmzfs.fsmodel.filedata import FileData
-from lmzfs.store.fscatalog import EntryMeta
+from lmzfs.store.catalog.fsrows import EntryMeta
 
 ROOT_INODE = 1
 NAME_MAX = 255

@@ -1,12 +1,12 @@
 """The tree in step with the catalog: what the catalog holds (models, files, and the writable-mount
-tables of store/fscatalog.py), read into the namespace at open and after another process committed.
+tables of store/catalog/fsrows.py), read into the namespace at open and after another process committed.
 Nodes that still stand keep their inode numbers; files not yet committed keep their place."""
 from __future__ import annotations
 
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, Node
 from lmzfs.store.catalog import Catalog
-from lmzfs.store.fscatalog import EntryMeta, load_entries, load_xattrs
+from lmzfs.store.catalog.fsrows import EntryMeta, load_entries, load_xattrs
 
 # path parts -> (kind, {"model", "meta", "file_id", "size", "xattrs"}); () is the root
 Wanted = dict[tuple[str, ...], tuple[str, dict]]

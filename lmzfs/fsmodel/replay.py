@@ -19,7 +19,7 @@ from lmzfs.fsmodel.nodes import Node
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.spool import Spool, SpoolRecord, boot_id
 from lmzfs.fsmodel.stored import StoredFiles
-from lmzfs.store.fscatalog import forget_spool_commits, spool_commits
+from lmzfs.store.catalog.fsrows import forget_spool_commits, spool_commits
 from lmzfs.store.layout import StoreError
 from lmzfs.store.lock import WriterLock
 

@@ -34,7 +34,7 @@ from functools import cache
 from pathlib import Path
 
 from lmzfs.fsmodel.journal import JournalRead, JournalWriter, read_journal
-from lmzfs.fsmodel.catalogrows import EntryMeta
+from lmzfs.store.catalog.fsrows import EntryMeta
 from lmzfs.store.layout import DIR_MODE, FILE_MODE, StoreError, fsync_dir
 
 SPOOL_DIR = "spool"

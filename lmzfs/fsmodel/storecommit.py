@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from lmzfs.chunker import CHUNK_SIZE
-from lmzfs.fsmodel.catalogrows import EntryMeta, model_id, put_entry, remove_file_row
+from lmzfs.store.catalog.fsrows import EntryMeta, model_id, put_entry, record_spool_commit, remove_file_row
 from lmzfs.store.add import DEFAULT_CHAIN_DEPTH
 from lmzfs.store.chains.plan import choose_base
 from lmzfs.store.chains.recode import ChainRecoder, RecodedBefore, record_recoded
@@ -73,7 +73,7 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
             record_recoded(tx, recoded, before, refs)
             add_refs(tx, refs)
             if spool_id is not None:
-                tx.execute("INSERT OR IGNORE INTO fs_spool_commits VALUES (?)", (spool_id,))
+                record_spool_commit(tx, spool_id)
             return file_id
 
         try:

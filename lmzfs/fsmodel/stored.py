@@ -12,7 +12,7 @@ import threading
 from lmzfs.fsmodel.nodes import fs_error
 from lmzfs.reader.filereader import FileReader
 from lmzfs.store.catalog import Catalog
-from lmzfs.store.chunksource import ChunkSource
+from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StorePaths
 
 

@@ -8,7 +8,7 @@ import time
 from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import fs_error
-from lmzfs.store.fscatalog import delete_xattr, model_id, put_xattr
+from lmzfs.store.catalog.fsrows import delete_xattr, model_id, put_xattr
 
 XATTR_NAMESPACE = b"user."
 XATTR_VALUE_MAX = 64 << 10

@@ -231,3 +231,35 @@ def spool_commits(db: sqlite3.Connection) -> set[str]:
 
 def forget_spool_commits(db: sqlite3.Connection, spool_ids: set[str]) -> None:
     db.executemany("DELETE FROM fs_spool_commits WHERE spool = ?", [(s,) for s in sorted(spool_ids)])
+
+
+# -- models, as a writable mount makes, renames and removes them ------------------------------------
+def model_names(db: sqlite3.Connection) -> list[str]:
+    return [name for (name,) in db.execute("SELECT name FROM models")]
+
+
+def models_by_id(db: sqlite3.Connection) -> list[tuple[int, str]]:
+    """(id, name) of every model."""
+    return db.execute("SELECT id, name FROM models").fetchall()
+
+
+def insert_model(db: sqlite3.Connection, name: str, added: float, source: str) -> int:
+    return db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)", (name, added, source)).lastrowid
+
+
+def rename_model(db: sqlite3.Connection, model: int, name: str) -> None:
+    db.execute("UPDATE models SET name = ? WHERE id = ?", (name, model))
+
+
+def delete_model(db: sqlite3.Connection, model: int) -> None:
+    """Its fs rows go with it (a trigger); its files are the caller's to remove first."""
+    db.execute("DELETE FROM models WHERE id = ?", (model,))
+
+
+def delete_model_named(db: sqlite3.Connection, name: str) -> None:
+    db.execute("DELETE FROM models WHERE name = ?", (name,))
+
+
+def record_spool_commit(db: sqlite3.Connection, spool_id: str) -> None:
+    """Inside a commit's transaction: the spool record it makes redundant."""
+    db.execute("INSERT OR IGNORE INTO fs_spool_commits VALUES (?)", (spool_id,))
