@@ -59,7 +59,7 @@ class CatalogSync:
             self.lock.release()
 
     def write_catalog_copy(self) -> bool:
-        """Copy the catalog beside it if a commit since the last copy is not in one (catalogcopies.py);
+        """Copy the catalog beside it if a commit since the last copy is not in one (catalog/copies.py);
         every commit would cost a copy of the whole catalog, so the mount writes one now and then
         (the daemon: every few seconds) and at close. True if one was written."""
         with self.lock:

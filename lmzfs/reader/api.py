@@ -1,7 +1,7 @@
 """The random-access reader's public surface, as the daemon and the CLI see it.
 
 The implementation lives in lmzfs/reader/archive.py and filereader.py, over the store's chunk
-source (lmzfs/store/chunksource.py); a small in-memory double
+source (lmzfs/store/read/chunksource.py); a small in-memory double
 for tests of the layers above lives in lmzfs/testing/fake_archive.py. Both follow this contract:
 
 - ``Archive.generation()`` is cheap and changes whenever a model is added or removed.

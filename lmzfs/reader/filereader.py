@@ -3,7 +3,7 @@ chunks a range touches, with read-ahead for sequential streams.
 
 The reader maps file offsets to chunks and keeps what a stream needs (where the last read ended,
 what of each chunk it has been served); the bytes themselves come from the ChunkSource
-(lmzfs/store/chunksource.py), shared by every open file, which decodes and checks them.
+(lmzfs/store/read/chunksource.py), shared by every open file, which decodes and checks them.
 """
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ def _remedy(store: StorePaths, catalog: Catalog, on_disk: dict[int, int], live: 
     # Three remedies, cheapest first. A pack whose live records lie back to back from its header
     # has garbage only at its tail (an add that failed or was killed, dropped chunks appended
     # last): it is truncated in place, which works even on a full disk, unless a reader has the
-    # packs open (it may still read the tail: packfds.py). A pack with no live record is
+    # packs open (it may still read the tail: read/packfds.py). A pack with no live record is
     # deleted. Any other pack has garbage between its live records (dropped chunks, the old
     # payloads of recoded chunks, an interrupted add that a later one appended after) and is
     # rewritten into a new pack.

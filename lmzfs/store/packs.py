@@ -7,7 +7,7 @@ A pack starts with a 16-byte header (magic, version) and then holds records back
 The catalog records (pack id, payload offset, payload length) for each chunk; the record header
 makes a pack self-describing so damage can be told from a catalog mismatch, and so a pack can be
 scanned without the catalog. A write that fails before its catalog commit (a full disk, a file
-that changed under `lmz add`) cuts what it appended (`PackWriter.discard`); bytes appended by a
+that changed under `lmz add`) cuts what it appended (its pack session discards it); bytes appended by a
 process killed before its commit are dead space that `lmz gc` reclaims.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ model appears whole or not at all. Readers open their own connection and never b
 and upgraded to version 3 the first time it is opened for writing.
 
 Every committed write transaction bumps meta's generation and leaves a copy of the catalog beside
-it (catalogcopies.py). Any SQLite error, or a row whose values have the wrong types, surfaces from
+it (catalog/copies.py). Any SQLite error, or a row whose values have the wrong types, surfaces from
 this class as one StoreError: CatalogDamaged when the file itself is damaged, so that every
 command reports it in one line and points at `lmz verify --repair`.
 """
