@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import entropy, tans, uintlist
+from . import entropy, kernels, tans, uintlist
 from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
 
 # format id -> (name, element bits, exponent bits, mantissa bits, k)
@@ -176,11 +176,12 @@ class Fields:
 def chunk_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     """The fields and histograms of n elements (uint64): compiled (one pass, without Python's
     lock) when the loop is built, else numpy's (numpy_fields, the reference)."""
-    if tans._loop is None or n < 1:
+    loop = kernels.compiled()
+    if loop is None or n < 1:
         return numpy_fields(u, n, fmt)
     _, bits, eb, mb, k = FORMATS[fmt]
     u = _compiled_elements(u[:n])
-    emin, emax = tans._loop.float_range(u, n, mb, eb)
+    emin, emax = loop.float_range(u, n, mb, eb)
     E = emax - emin + 1
     e = np.empty(n, dtype=np.uint16)
     # 16-bit symbols where every symbol fits (every format here): a quarter of int64's bytes
@@ -188,7 +189,7 @@ def chunk_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     cM = np.zeros((E, 1 << k), dtype=np.int64)
     sg = np.zeros(2, dtype=np.int64)
     H = np.zeros((16, E), dtype=np.int64)
-    tans._loop.float_fields(u, n, bits, mb, eb, k, emin, emax, e, sym, cM, sg, H)
+    loop.float_fields(u, n, bits, mb, eb, k, emin, emax, e, sym, cM, sg, H)
     return Fields(e, sym, emin, emax, cM, sg, H)
 
 
@@ -483,9 +484,10 @@ def decode_parts_together(model: Model, body: memoryview, parts: list[PartSpec],
     stored groups are decoded in one call that lets go of Python's lock once for the chunk
     (_tansparts.c); the groups it leaves (zstd or tANS coded) are decoded here afterwards. The
     same elements as decode_part part by part, which is the reference (and the fallback)."""
+    loop = kernels.compiled()
     tab = model.tab
     isz = out.itemsize
-    if tans._loop is None or tab.packed32 is None or isz not in (2, 4, 8) or not parts:
+    if loop is None or tab.packed32 is None or isz not in (2, 4, 8) or not parts:
         for s in parts:
             decode_part(model, body[s.at:], s.first, s.lanes, s.slen, s.groups, out[s.out_at:s.out_at + s.count])
         return
@@ -512,9 +514,9 @@ def decode_parts_together(model: Model, body: memoryview, parts: list[PartSpec],
         nxo, cls = None, np.ascontiguousarray(cls, dtype=np.uint8)
     garr = np.array(groups, dtype=np.int64).reshape(-1, 3)
     try:
-        tans._loop.float_parts(tab.packed32, tab.checked_symbols == len(vals), vals, isz, nxo, cls, C, shift,
-                                model.c0, body, recs, garr, tuple(masks), tuple(raws), out, model.R, tab.L,
-                                _planes_of(model.fmt)[0] // 8)
+        loop.float_parts(tab.packed32, tab.checked_symbols == len(vals), vals, isz, nxo, cls, C, shift,
+                          model.c0, body, recs, garr, tuple(masks), tuple(raws), out, model.R, tab.L,
+                          _planes_of(model.fmt)[0] // 8)
     except ValueError as exc:
         raise CodecError(str(exc)) from None
     tab.checked_symbols = len(vals)
@@ -534,10 +536,11 @@ def decode_parts_together(model: Model, body: memoryview, parts: list[PartSpec],
 
 def _model_tables(vals: np.ndarray, nb: int, E: int, T2: int, R: int) -> tans.Tables:
     """The decoder's nb tANS tables from the transmitted model: A (nb x E), S (2), M (E x T2/2)."""
-    if tans._loop is not None and E * T2 <= tans._COMPILED_MAX_S and tans.MIN_R <= R <= 15:   # float_tables's
+    loop = kernels.compiled()
+    if loop is not None and E * T2 <= kernels.COMPILED_MAX_SYMBOLS and tans.MIN_R <= R <= 15:   # float_tables's
         packed = np.empty(nb << R, dtype=np.uint32)
-        code = tans._loop.float_tables(np.ascontiguousarray(vals, dtype=np.int64), nb, E, T2, R,
-                                       1 << A_LOG, 1 << M_LOG, packed)
+        code = loop.float_tables(np.ascontiguousarray(vals, dtype=np.int64), nb, E, T2, R,
+                                 1 << A_LOG, 1 << M_LOG, packed)
         if code == 1:
             raise CodecError("floatsplit: model table value out of range")
         if code:
@@ -556,11 +559,12 @@ def _model_tables(vals: np.ndarray, nb: int, E: int, T2: int, R: int) -> tans.Ta
 def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
     """Rows (of C elements, the first one shifted) grouped into K classes by mean exponent, with the
     estimated cost; None when no split is possible."""
-    compiled = tans._loop is not None and e.dtype == np.uint16
+    loop = kernels.compiled()
+    compiled = loop is not None and e.dtype == np.uint16
     if compiled:
         nrows = (n - 1 + shift) // C + 1
         mean = np.empty(nrows, dtype=np.float64)
-        tans._loop.row_means(e, n, C, shift, mean)
+        loop.row_means(e, n, C, shift, mean)
     else:
         r = (np.arange(n) + shift) // C
         nrows = int(r[-1]) + 1
@@ -573,7 +577,7 @@ def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
     if compiled:
         cls8 = np.empty(nrows, dtype=np.int64)
         cA8 = np.zeros((8, E), dtype=np.int64)
-        tans._loop.row_classes(e, n, C, shift, mean, np.ascontiguousarray(edges, dtype=np.float64), E, cls8, cA8)
+        loop.row_classes(e, n, C, shift, mean, np.ascontiguousarray(edges, dtype=np.float64), E, cls8, cA8)
     else:
         cls8 = np.searchsorted(edges, mean, side="right")
         cA8 = np.bincount(cls8[r] * E + e, minlength=8 * E).reshape(8, E)
@@ -593,6 +597,7 @@ def _row_edges(e: np.ndarray, n: int, C: int, shift: int, E: int, mean: np.ndarr
     """np.quantile(mean, _EIGHTHS), the same floats: the compiled pass finds the order statistics
     the interpolation needs from the rows' integer sums (no partition of the means), and they are
     interpolated here exactly as numpy's "linear" method does; a partition where it cannot."""
+    loop = kernels.compiled()
     nrows = len(mean)
     virtual = (nrows - 1) * _EIGHTHS
     prev = np.floor(virtual)
@@ -602,7 +607,7 @@ def _row_edges(e: np.ndarray, n: int, C: int, shift: int, E: int, mean: np.ndarr
     prev, nxt = prev.astype(np.intp), nxt.astype(np.intp)
     ranks = np.unique(np.concatenate((prev, nxt)))
     vals = np.empty(len(ranks), dtype=np.float64)
-    if not tans._loop.row_order_stats(e, n, C, shift, E, ranks.astype(np.int64), vals):
+    if not loop.row_order_stats(e, n, C, shift, E, ranks.astype(np.int64), vals):
         return np.quantile(mean, _EIGHTHS)
     a, b = vals[np.searchsorted(ranks, prev)], vals[np.searchsorted(ranks, nxt)]
     # numpy's gamma uses the floor index, or -1 (the last element) above the bounds
@@ -615,10 +620,11 @@ def _row_edges(e: np.ndarray, n: int, C: int, shift: int, E: int, mean: np.ndarr
 
 def _row_contexts(cls: np.ndarray, n: int, C: int, shift: int) -> np.ndarray:
     """The row class of each element: cls[(i + shift) // C]."""
-    if tans._loop is None:
+    loop = kernels.compiled()
+    if loop is None:
         return cls[(np.arange(n) + shift) // C]
     out = np.empty(n, dtype=np.uint8)      # at most 8 classes (_row_classes)
-    tans._loop.row_contexts(np.ascontiguousarray(cls, dtype=np.int64), n, C, shift, out)
+    loop.row_contexts(np.ascontiguousarray(cls, dtype=np.int64), n, C, shift, out)
     return out
 
 
@@ -647,10 +653,11 @@ def _cost(cA: np.ndarray) -> float:
 
 def _raw_planes(u: np.ndarray, raw_bits: int) -> np.ndarray:
     """Low ``raw_bits`` bits of each element as planes (rows), lowest first: whole bytes, then a nibble."""
+    loop = kernels.compiled()
     nplanes = raw_bits // 8 + (1 if raw_bits % 8 else 0)
     out = np.empty((nplanes, len(u)), dtype=np.uint8)
-    if tans._loop is not None and raw_bits:
-        tans._loop.float_planes(_compiled_elements(u), len(u), raw_bits, out)
+    if loop is not None and raw_bits:
+        loop.float_planes(_compiled_elements(u), len(u), raw_bits, out)
         return out
     u = np.asarray(u, dtype=np.uint64)
     for j in range(raw_bits // 8):
@@ -667,13 +674,14 @@ def _zero_blocks(planes: np.ndarray, n: int) -> tuple[int, bytes, np.ndarray | N
     Compiled (one pass, without Python's lock) where the loop is built; the numpy lines are its
     reference.
     """
+    loop = kernels.compiled()
     if not len(planes):
         return 0, b"", None
     B = 1 << ZERO_BLOCK_LOG
     nblk = -(-n // B)
-    if tans._loop is not None:
+    if loop is not None:
         zb = np.empty(nblk, dtype=np.uint8)
-        if not tans._loop.zero_blocks(np.ascontiguousarray(planes), n, len(planes), ZERO_BLOCK_LOG, zb):
+        if not loop.zero_blocks(np.ascontiguousarray(planes), n, len(planes), ZERO_BLOCK_LOG, zb):
             return 0, b"", None
         z = zb.astype(np.int64)
     else:
@@ -712,9 +720,10 @@ def _pack_group(plane: np.ndarray, mask: np.ndarray | None, nibbles: bool) -> np
 
 def _or_plane(u: np.ndarray, v: np.ndarray, c: int, nib: bool, shift: int, mask: np.ndarray | None) -> None:
     """u (or u[mask]) |= the c plane values v (bytes, or nibble pairs) << shift."""
-    if tans._loop is not None:
+    loop = kernels.compiled()
+    if loop is not None:
         m = None if mask is None else mask.view(np.uint8)
-        err = tans._loop.or_plane(u, u.itemsize, np.ascontiguousarray(v, dtype=np.uint8), nib, shift, m)
+        err = loop.or_plane(u, u.itemsize, np.ascontiguousarray(v, dtype=np.uint8), nib, shift, m)
         if err == 2:
             raise CodecError("floatsplit: nonzero padding nibble")
         if err:
@@ -740,11 +749,12 @@ def _unpack_nibbles(packed: np.ndarray, c: int) -> np.ndarray:
 def _bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
     """The first bytes of the stored bits, read as a little-endian bit string cut into R-bit fields
     (wp of them; bits past the bytes are zero)."""
-    if tans._loop is not None:
+    loop = kernels.compiled()
+    if loop is not None:
         padded = np.zeros(-(-wp * R // 8), dtype=np.uint8)
         padded[:len(b)] = b
         out = np.empty(wp, dtype=np.int64)
-        tans._loop.unpack_fields(padded, R, out)
+        loop.unpack_fields(padded, R, out)
         return out
     bits = np.zeros(wp * R, dtype=np.uint8)
     bits[: 8 * len(b)] = np.unpackbits(b, bitorder="little")
@@ -752,8 +762,9 @@ def _bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
 
 
 def _bits_back_bytes(fin: np.ndarray, R: int, m: int) -> np.ndarray:
-    if tans._loop is not None:
-        packed = tans._loop.pack_fields(np.ascontiguousarray(fin, dtype=np.int64), R, m)
+    loop = kernels.compiled()
+    if loop is not None:
+        packed = loop.pack_fields(np.ascontiguousarray(fin, dtype=np.int64), R, m)
         if packed is None:
             raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
         return np.frombuffer(packed, dtype=np.uint8)
