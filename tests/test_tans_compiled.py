@@ -214,13 +214,12 @@ def test_compiled_and_numpy_varint_tables_agree_on_values_and_errors(body, count
 @settings(max_examples=200, deadline=None)
 @given(st.integers(4, 15), st.integers(1, 300), st.data())
 def test_compiled_and_numpy_bits_back_bytes_agree(R, wp, data):
-    from lmzfs.codecs import floatsplit
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     fin = rng.integers(0, 1 << R, size=wp)
     m = data.draw(st.integers(0, wp * R // 8))
     if data.draw(st.booleans()):
         fin[(8 * m) // R:] = 0        # often nothing past the stored bytes
-    results = _through_both_loops(lambda: floatsplit._bits_back_bytes(fin, R, m).tobytes())
+    results = _through_both_loops(lambda: tans.bits_back_bytes(fin, R, m).tobytes())
     assert results[0] == results[1]
 
 

@@ -42,16 +42,6 @@ ROW_CLASSES = 0xFF       # the "first context" byte value that selects row-class
 ROW_CLASS_MIN = 8
 
 
-def _row_scale(counts: np.ndarray, log: int) -> np.ndarray:
-    """Rows scaled to sum <= 2**log, keeping every nonzero entry nonzero: the rows over it are
-    quantised (tans.quantize, all of them in one quantize_rows), the others kept."""
-    out = np.array(counts, dtype=np.int64)
-    over = out.sum(axis=1) > 1 << log
-    if over.any():
-        out[over] = tans.quantize_rows(out[over], log)
-    return out
-
-
 def _sign_mantissa(S: np.ndarray, M: np.ndarray) -> np.ndarray:
     """B[e, sign * 2**k + m] = S[sign] * M[e, m]: the sign is modelled as independent of the rest."""
     return np.concatenate([S[0] * M, S[1] * M], axis=1)
@@ -229,10 +219,10 @@ def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np
     emin, emax, e, sym = fields.emin, fields.emax, fields.e, fields.sym
     E, T2 = emax - emin + 1, 1 << (k + 1)
     lanes = tans.lanes_for(n, 32 if raw_bits else 256)
-    steps, wp, _ = tans._layout(n, lanes)
+    steps, wp, _ = tans.contiguous_layout(n, lanes)
     starts = np.arange(wp) * steps
-    M = _row_scale(fields.cM, M_LOG)
-    S = _row_scale(fields.sg[None, :], M_LOG)[0]
+    M = tans.scale_rows(fields.cM, M_LOG)
+    S = tans.scale_rows(fields.sg[None, :], M_LOG)[0]
     B = _sign_mantissa(S, M)
     best = None
     # Every candidate context count nb clips the previous exponent at nb - 1, so each one's
@@ -269,7 +259,7 @@ def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np
             ctx = _row_contexts(cls, n, C, shift)
     if ctx is None:
         _, nb, c0, cA = best
-    A = _row_scale(cA, A_LOG)
+    A = tans.scale_rows(cA, A_LOG)
     R = _table_log(n, nb, E * T2)
     tab = tans.Tables(_joint_tables(A, B, R), R)
     cmap = np.minimum(E - 1 - (np.arange(E * T2) // T2), nb - 1)
@@ -298,7 +288,7 @@ def encode_part(fit: Fit, u: np.ndarray, sym: np.ndarray, ctx: np.ndarray | None
              for j, mask in _groups(len(planes), z, n)]
     raw = np.frombuffer(b"".join(parts), dtype=np.uint8)
     m = min(len(raw), wp * fit.R // 8)
-    bb = _bits_back_values(raw[:m], wp, fit.R)
+    bb = tans.bits_back_values(raw[:m], wp, fit.R)
     if ctx is None:
         stream = tans.encode(sym, fit.tab, lanes, dyn=(fit.cmap, fit.c0), bits_back=bb)
     else:
@@ -453,7 +443,7 @@ def decode_part(model: Model, body: memoryview, first: int, lanes: int, slen: in
     raw_len = sum(groups.lens)
     m = min(raw_len, len(fin) * model.R // 8)
     raw = np.empty(raw_len, dtype=np.uint8)
-    raw[:m] = _bits_back_bytes(fin, model.R, m)
+    raw[:m] = tans.bits_back_bytes(fin, model.R, m)
     raw[m:] = np.frombuffer(body, dtype=np.uint8, count=raw_len - m, offset=slen)
     off = 0
     for (j, mask), ln in zip(groups.groups, groups.lens):
@@ -744,32 +734,3 @@ def _unpack_nibbles(packed: np.ndarray, c: int) -> np.ndarray:
     if c % 2 and v[c]:
         raise CodecError("floatsplit: nonzero padding nibble")
     return v[:c]
-
-
-def _bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
-    """The first bytes of the stored bits, read as a little-endian bit string cut into R-bit fields
-    (wp of them; bits past the bytes are zero)."""
-    loop = kernels.compiled()
-    if loop is not None:
-        padded = np.zeros(-(-wp * R // 8), dtype=np.uint8)
-        padded[:len(b)] = b
-        out = np.empty(wp, dtype=np.int64)
-        loop.unpack_fields(padded, R, out)
-        return out
-    bits = np.zeros(wp * R, dtype=np.uint8)
-    bits[: 8 * len(b)] = np.unpackbits(b, bitorder="little")
-    return (bits.reshape(wp, R).astype(np.int64) << np.arange(R)).sum(axis=1)
-
-
-def _bits_back_bytes(fin: np.ndarray, R: int, m: int) -> np.ndarray:
-    loop = kernels.compiled()
-    if loop is not None:
-        packed = loop.pack_fields(np.ascontiguousarray(fin, dtype=np.int64), R, m)
-        if packed is None:
-            raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
-        return np.frombuffer(packed, dtype=np.uint8)
-    f = fin.astype(np.uint16)      # R <= 15: 16-bit lanes keep the bit matrix small
-    bits = ((f[:, None] >> np.arange(R, dtype=np.uint16)) & np.uint16(1)).astype(np.uint8).ravel()
-    if bits[8 * m:].any():
-        raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
-    return np.packbits(bits[: 8 * m], bitorder="little")

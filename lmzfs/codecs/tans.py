@@ -115,6 +115,16 @@ def quantize_rows(counts: np.ndarray, R: int) -> np.ndarray:
     return f
 
 
+def scale_rows(counts: np.ndarray, log: int) -> np.ndarray:
+    """Rows scaled to sum <= 2**log, keeping every nonzero entry nonzero: the rows over it are
+    quantised (quantize, all of them in one quantize_rows), the others kept."""
+    out = np.array(counts, dtype=np.int64)
+    over = out.sum(axis=1) > 1 << log
+    if over.any():
+        out[over] = quantize_rows(out[over], log)
+    return out
+
+
 class Tables:
     """Decode (and, lazily, encode) tables for K frequency rows of one alphabet."""
 
@@ -197,7 +207,7 @@ class Tables:
         return self._enc
 
 
-def _layout(n: int, lanes: int) -> tuple[int, int, int]:
+def contiguous_layout(n: int, lanes: int) -> tuple[int, int, int]:
     """Contiguous lanes: (steps T, lanes Wp, length of the last lane)."""
     steps = -(-n // lanes)
     wp = -(-n // steps)
@@ -212,7 +222,7 @@ def layout(n: int, lanes: int, interleaved: bool) -> tuple[int, int, np.ndarray]
         act = np.full(T, wp, dtype=np.int64)
         act[-1] = n - (T - 1) * wp
         return T, wp, act
-    T, wp, last = _layout(n, lanes)
+    T, wp, last = contiguous_layout(n, lanes)
     act = np.full(T, wp, dtype=np.int64)
     act[last:] = wp - 1
     return T, wp, act
@@ -451,6 +461,38 @@ def _decode_compiled(loop, raw, n, tab, states, ctx, dyn, values, interleaved, T
 def lanes_for(n: int, target_steps: int = 48, max_lanes: int = 1 << 14) -> int:
     """Encoder choice: enough lanes that decoding takes about ``target_steps`` numpy steps."""
     return max(1, min(max_lanes, -(-n // target_steps)))
+
+
+def bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
+    """The lanes' bits-back initial states from plain bytes: the first bytes of the stored bits,
+    read as a little-endian bit string cut into R-bit fields (wp of them; bits past the bytes
+    are zero)."""
+    loop = kernels.compiled()
+    if loop is not None:
+        padded = np.zeros(-(-wp * R // 8), dtype=np.uint8)
+        padded[:len(b)] = b
+        out = np.empty(wp, dtype=np.int64)
+        loop.unpack_fields(padded, R, out)
+        return out
+    bits = np.zeros(wp * R, dtype=np.uint8)
+    bits[: 8 * len(b)] = np.unpackbits(b, bitorder="little")
+    return (bits.reshape(wp, R).astype(np.int64) << np.arange(R)).sum(axis=1)
+
+
+def bits_back_bytes(fin: np.ndarray, R: int, m: int) -> np.ndarray:
+    """bits_back_values reversed: the m plain bytes the lanes' end states (R bits each) hold;
+    CodecError if they hold set bits past those bytes."""
+    loop = kernels.compiled()
+    if loop is not None:
+        packed = loop.pack_fields(np.ascontiguousarray(fin, dtype=np.int64), R, m)
+        if packed is None:
+            raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
+        return np.frombuffer(packed, dtype=np.uint8)
+    f = fin.astype(np.uint16)      # R <= 15: 16-bit lanes keep the bit matrix small
+    bits = ((f[:, None] >> np.arange(R, dtype=np.uint16)) & np.uint16(1)).astype(np.uint8).ravel()
+    if bits[8 * m:].any():
+        raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
+    return np.packbits(bits[: 8 * m], bitorder="little")
 
 
 class _TansModule(types.ModuleType):

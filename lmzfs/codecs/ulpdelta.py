@@ -29,7 +29,6 @@ import numpy as np
 
 from . import kernels, tans, uintlist
 from .base import Buffer, ChunkHint, CodecError, DeltaCodec, get_varint, put_varint
-from .floatsplit import _bits_back_bytes, _bits_back_values, _row_scale
 from .ggufblocks import TYPE_OF as BLOCK_LAYOUTS
 
 
@@ -301,7 +300,7 @@ class UlpDeltaCodec(DeltaCodec):
         S = alphabet(fmt.bits, r)
         H = np.bincount(res.field.astype(np.int64) * S + res.sym, minlength=(1 << fmt.field_bits) * S).reshape(-1, S)
         choice = choose_contexts(H)
-        counts = _row_scale(choice.counts, ROW_LOG)
+        counts = tans.scale_rows(choice.counts, ROW_LOG)
         R = _table_log(n, S)
         tab = _tables(counts, R)
         ctx = _context_map(choice.cuts, fmt.field_bits)[res.field]
@@ -309,7 +308,7 @@ class UlpDeltaCodec(DeltaCodec):
         wp = tans.layout(n, lanes, True)[1]
         raw = np.frombuffer(res.raw, dtype=np.uint8)
         m = min(len(raw), wp * R // 8)
-        bb = _bits_back_values(raw[:m], wp, R)
+        bb = tans.bits_back_values(raw[:m], wp, R)
         stream = tans.encode(res.sym, tab, lanes, ctx=ctx, bits_back=bb, interleaved=True)
         params = bytes((fid, r, R, len(choice.cuts) + 1)) + b"".join(put_varint(c) for c in choice.cuts) + \
             put_varint(lanes) + crc.to_bytes(4, "little") + put_varint(len(stream)) + put_varint(len(raw)) + \
@@ -392,7 +391,7 @@ class UlpDeltaCodec(DeltaCodec):
         sym, fin = tans.decode(body[:slen], n, tab, lanes, ctx=ctx, values=np.arange(S, dtype=np.uint8),
                                interleaved=True)
         raw = np.zeros(rlen + 8, dtype=np.uint8)      # 8 bytes of slack for the compiled loop's reads
-        raw[:m] = _bits_back_bytes(fin, tab.R, m)
+        raw[:m] = tans.bits_back_bytes(fin, tab.R, m)
         raw[m:rlen] = np.frombuffer(body, dtype=np.uint8, count=rlen - m, offset=slen)
         if compiled:
             err = loop.ulp_apply(sym, v, raw, rlen, fmt.bits, fmt.floating, r, out)
