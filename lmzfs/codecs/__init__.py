@@ -15,7 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from .base import VARINT_MAX_BYTES, Buffer, ChunkHint, Codec, CodecError, DeltaCodec, PartDecoder, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import VARINT_MAX_BYTES, Buffer, Codec, CodecError, DeltaCodec, PartDecoder, get_varint, put_varint
 from .blockdelta import BlockDeltaCodec
 from .bytegroup import ELEMENT_SIZES, BytegroupCodec
 from .entropy import EntropyCodec, every_trial, order0_bytes

@@ -22,7 +22,8 @@ import numpy as np
 
 from . import kernels, tans, uintlist
 from . import zstd as _zstd
-from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import Buffer, Codec, CodecError, get_varint, put_varint
 
 RAW, ZSTD, TANS = 0, 1, 2
 EMPTY_SECTION = b"\x01\x00\x01\x00"     # R = 1, g = 0, one lane, no table: the section of zero symbols

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import entropy, kernels, tans, uintlist
-from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import Buffer, Codec, CodecError, get_varint, put_varint
 
 # format id -> (name, element bits, exponent bits, mantissa bits, k)
 FORMATS = {0: ("BF16", 16, 8, 7, 3), 1: ("F16", 16, 5, 10, 2), 2: ("F32", 32, 8, 23, 3),

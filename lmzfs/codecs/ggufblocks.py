@@ -18,7 +18,8 @@ import numpy as np
 from . import entropy, kernels, tans
 from . import zstd as _zstd
 from .plainbytes import to_bytes
-from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import Buffer, Codec, CodecError, get_varint, put_varint
 
 # ggml type id -> (name, block bytes, fields as (offset, size, kind)); kind "f16" = fp16 scalar,
 # "q" = quant bytes, "b" = other bytes. Offsets follow ggml's block structs (ggml-common.h).

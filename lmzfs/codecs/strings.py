@@ -20,7 +20,8 @@ import numpy as np
 
 from . import entropy, kernels
 from . import zstd as _zstd
-from .base import THREAD_HOP_BYTES, Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import THREAD_HOP_BYTES, Buffer, Codec, CodecError, get_varint, put_varint
 from .plainbytes import to_bytes
 from .uintlist import read_varints, varints
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels, tans, uintlist
-from .base import Buffer, ChunkHint, CodecError, DeltaCodec, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import Buffer, CodecError, DeltaCodec, get_varint, put_varint
 from .ggufblocks import TYPE_OF as BLOCK_LAYOUTS
 
 
