@@ -7,7 +7,6 @@ import bisect
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from lmzfs.codecs.base import ChunkHint
 from lmzfs.formats.gguf import GGML_TYPES
 from lmzfs.formats.segments import FileLayout
 
@@ -17,6 +16,24 @@ CHUNK_SIZE = 1 << 20     # plain bytes; a multiple of every element size, and sm
 MIN_CHUNK_SIZE, MAX_CHUNK_SIZE = 64 << 10, 16 << 20
 # bytes per block of each block-quantised ggml type ("Q4_1" -> 20)
 BLOCK_BYTES = {t.name: t.type_size for t in GGML_TYPES.values() if t.block_size > 1}
+
+
+@dataclass(frozen=True)
+class ChunkHint:
+    """What the chunker knows about a chunk's bytes; codecs use it to choose a transform.
+
+    dtype is the Segment dtype ("F32", "BF16", "Q4_1", ...) or None for headers and opaque data;
+    itemsize is the element size in bytes (0 when unknown or block-quantised); block_bytes is the
+    size of one block of a block-quantised dtype (0 otherwise); the chunker cuts such tensors at
+    whole blocks. shape is the tensor's shape (row-major) when known; offset is the chunk's byte
+    offset within its tensor (so a codec can tell where rows start).
+    """
+
+    dtype: str | None = None
+    itemsize: int = 0
+    block_bytes: int = 0
+    shape: tuple[int, ...] | None = None
+    offset: int = 0
 
 
 @dataclass(frozen=True)

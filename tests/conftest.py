@@ -109,8 +109,9 @@ def fail_on_logged_warnings(request):
 def _tans_paths() -> list[str]:
     """The compiled loop (with its vector steps where the CPU has them), its scalar steps alone
     where those differ, and numpy."""
-    from lmzfs.codecs import tans
-    vector = tans._loop is not None and tans._loop.vector_isa() != "off"
+    from lmzfs.codecs import kernels
+    loop = kernels.compiled()
+    vector = loop is not None and loop.vector_isa() != "off"
     return ["compiled", "compiled-scalar", "numpy"] if vector else ["compiled", "numpy"]
 
 
@@ -118,18 +119,22 @@ def _tans_paths() -> list[str]:
 def tans_loop(request):
     """Run a module's tests through every tANS decode path: the compiled loop (vector and scalar
     steps) and the numpy one that reads every store without it. They must agree byte for byte,
-    errors included."""
-    from lmzfs.codecs import tans
-    saved = tans._loop
-    if saved is None and request.param != "numpy":
+    errors included. Switched through lmzfs.codecs.kernels, the codecs' one kernel choice."""
+    from lmzfs.codecs import kernels
+    if kernels.compiled() is None and request.param != "numpy":
         pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; "
                     "`pip install -e .` builds it")
-    isa = saved.vector_isa() if saved is not None else None
-    if request.param == "numpy":
-        tans._loop = None
-    elif request.param == "compiled-scalar":
-        saved.vector_isa("off")
-    yield request.param
-    tans._loop = saved
-    if saved is not None:
-        saved.vector_isa(isa)
+    with contextlib.ExitStack() as paths:
+        if request.param == "numpy":
+            paths.enter_context(kernels.reference_only())
+        elif request.param == "compiled-scalar":
+            paths.enter_context(kernels.scalar_steps())
+        yield request.param
+
+
+@pytest.fixture
+def reference_kernels():
+    """The test runs with the codecs' numpy reference kernels only (kernels.reference_only())."""
+    from lmzfs.codecs import kernels
+    with kernels.reference_only():
+        yield

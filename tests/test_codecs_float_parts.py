@@ -9,13 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmzfs.codecs import ChunkHint, decode_chunk, decode_chunk_segments, encode_with, entropy
-from lmzfs.codecs import parse_payload, tans
+from lmzfs.codecs import kernels, parse_payload
 from lmzfs.testing.tanspaths import compiled_then_numpy, value_or_error
 
 
 @pytest.fixture(autouse=True)
 def _compiled_loop_built():
-    if tans._loop is None:
+    if kernels.compiled() is None:
         pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; `pip install -e .` builds it")
 
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmzfs.chunker import plan_chunks
-from lmzfs.codecs import ChunkHint, CodecError, decode_chunk, encode_chunk, encode_with, parse_payload, tans
+from lmzfs.codecs import ChunkHint, CodecError, decode_chunk, encode_chunk, encode_with, kernels, parse_payload
 from lmzfs.codecs.base import put_varint
 from lmzfs.codecs.strings import DTYPE, join_strings, split_strings
 from lmzfs.formats import parse_file
@@ -30,7 +30,7 @@ def _both_tans_paths(tans_loop):
 
 def both_paths(compute):
     """(compiled, numpy) results; the module's numpy variant has no compiled path to compare."""
-    if tans._loop is None:
+    if kernels.compiled() is None:
         pytest.skip("compares the compiled path with the numpy one")
     return compiled_then_numpy(compute)
 

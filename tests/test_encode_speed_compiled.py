@@ -8,14 +8,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmzfs.codecs import decode_chunk, encode_with, entropy, floatsplit, tans
+from lmzfs.codecs import decode_chunk, encode_with, entropy, floatsplit, kernels, tans
 from lmzfs.codecs.base import ChunkHint
 from lmzfs.testing.tanspaths import compiled_then_numpy
 
 
 @pytest.fixture(autouse=True)
 def _compiled_loop_built():
-    if tans._loop is None:
+    if kernels.compiled() is None:
         pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; `pip install -e .` builds it")
 
 
@@ -119,7 +119,7 @@ def test_row_edges_from_the_counting_pass_are_numpys_quantiles_to_the_last_bit(E
         e = np.minimum(rng.geometric(0.4, n) - 1, E - 1)
     e = e.astype(np.uint16)
     mean = np.empty((n - 1 + shift) // C + 1, dtype=np.float64)
-    tans._loop.row_means(e, n, C, shift, mean)
+    kernels.compiled().row_means(e, n, C, shift, mean)
     got = floatsplit._row_edges(e, n, C, shift, E, mean)
     assert got.view(np.uint64).tolist() == np.quantile(mean, floatsplit._EIGHTHS).view(np.uint64).tolist()
 
@@ -128,10 +128,10 @@ def test_row_order_stats_refuses_ranks_outside_the_rows_and_exponents_outside_th
     e = np.array([0, 1, 2, 3], dtype=np.uint16)
     out = np.empty(1, dtype=np.float64)
     with pytest.raises(ValueError, match="bad arguments"):
-        tans._loop.row_order_stats(e, 4, 2, 0, 4, np.array([2], dtype=np.int64), out)
+        kernels.compiled().row_order_stats(e, 4, 2, 0, 4, np.array([2], dtype=np.int64), out)
     with pytest.raises(ValueError, match="outside the range"):
-        tans._loop.row_order_stats(e, 4, 2, 0, 3, np.array([1], dtype=np.int64), out)
-    assert tans._loop.row_order_stats(e, 4, 2, 0, 4, np.array([1], dtype=np.int64), out) and out[0] == 2.5
+        kernels.compiled().row_order_stats(e, 4, 2, 0, 3, np.array([1], dtype=np.int64), out)
+    assert kernels.compiled().row_order_stats(e, 4, 2, 0, 4, np.array([1], dtype=np.int64), out) and out[0] == 2.5
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -159,7 +159,7 @@ def test_encoder_slots_refuse_entries_that_do_not_match_the_frequencies():
     tab = tans.Tables(freqs, 4)
     enc = np.empty(16, dtype=np.int64)
     with pytest.raises(ValueError, match="do not match"):
-        tans._loop.encode_slots(tab.packed, 1, 2, 4, np.array([[9, 7]], dtype=np.int64), enc)
+        kernels.compiled().encode_slots(tab.packed, 1, 2, 4, np.array([[9, 7]], dtype=np.int64), enc)
 
 
 def _column_bytes(kind: str, rows: int, C: int, tail: int, seed: int) -> np.ndarray:
@@ -236,6 +236,6 @@ def test_the_fixed_point_logarithm_is_log2_rounded_to_within_one_unit(x, bits):
 def test_the_column_class_search_refuses_rows_it_does_not_search():
     cls = np.empty(8, dtype=np.int64)
     with pytest.raises(ValueError, match="bad arguments"):
-        tans._loop.column_classes(np.zeros(8 * 31, dtype=np.uint8), 8 * 31, 8, 30, 30, entropy._LOG2_SERIES, 3, 300, cls)
+        kernels.compiled().column_classes(np.zeros(8 * 31, dtype=np.uint8), 8 * 31, 8, 30, 30, entropy._LOG2_SERIES, 3, 300, cls)
     with pytest.raises(ValueError, match="bad arguments"):
-        tans._loop.column_classes(np.zeros(7 * 40, dtype=np.uint8), 7 * 40, 7, 30, 30, entropy._LOG2_SERIES, 3, 300, cls)
+        kernels.compiled().column_classes(np.zeros(7 * 40, dtype=np.uint8), 7 * 40, 7, 30, 30, entropy._LOG2_SERIES, 3, 300, cls)

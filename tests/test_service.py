@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lmzfs.cli import main as lmz
-from lmzfs.codecs import tans
+from lmzfs.codecs import kernels
 from lmzfs.config import load_config, resolve
 from lmzfs.hostresources import default_cache_size
 from lmzfs.daemon.mount import is_mount_point
@@ -419,7 +419,7 @@ def test_doctor_on_a_healthy_store_exits_0_and_reports_versions_counts_and_setti
     assert doc["store"]["packs"] == {"referenced": 1, "missing": [], "damaged": []}
     assert doc["fuse"]["dev_fuse"]["openable"] and doc["versions"]["libfuse"]
     assert doc["versions"]["tans_decoder"] == "compiled"
-    assert doc["versions"]["tans_steps"] == ("AVX-512" if tans._loop.vector_isa() == "avx512" else "scalar")
+    assert doc["versions"]["tans_steps"] == ("AVX-512" if kernels.compiled().vector_isa() == "avx512" else "scalar")
     assert doc["settings"]["store"] == {"value": str(fresh_store.root), "source": "flag"}
     assert doc["host"]["usable_cpus"] >= 1 and doc["host"]["memory_bytes"] > 0
     assert doc["settings"]["cache_size"] == {"value": default_cache_size(), "source": "default"}

@@ -9,19 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmzfs.codecs import CodecError
-from lmzfs.codecs import entropy, tans, uintlist
+from lmzfs.codecs import entropy, kernels, tans, uintlist
 from lmzfs.codecs.ggufblocks import LAYOUTS
 
 
 @pytest.fixture(autouse=True)
 def _compiled_loop_built():
-    if tans._loop is None:
+    if kernels.compiled() is None:
         pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; `pip install -e .` builds it")
-
-
-def _vector_loops() -> list[str]:
-    """The compiled step loops this CPU runs: the vector one where it has AVX-512, the scalar one."""
-    return ["off"] if tans._loop.vector_isa() == "off" else [tans._loop.vector_isa(), "off"]
 
 
 def _outcome(compute, errors):
@@ -35,18 +30,13 @@ def _through_both_loops(compute, errors=(CodecError,)) -> list:
     """compute() run through the compiled tANS loop, then through the numpy one: each result, or
     the message of an error in ``errors`` (so that the two paths can be compared as values). The
     compiled run is made with each of its step loops (vector and scalar), which must agree."""
-    saved, isa = tans._loop, tans._loop.vector_isa()
-    try:
-        compiled = []
-        for isa in _vector_loops():
-            saved.vector_isa(isa)
+    compiled = [_outcome(compute, errors)]
+    if kernels.compiled().vector_isa() != "off":    # the vector steps ran: the scalar ones too
+        with kernels.scalar_steps():
             compiled.append(_outcome(compute, errors))
-        assert all(c == compiled[0] for c in compiled[1:]), "the vector and scalar step loops disagree"
-        tans._loop = None
+    assert all(c == compiled[0] for c in compiled[1:]), "the vector and scalar step loops disagree"
+    with kernels.reference_only():
         return [compiled[0], _outcome(compute, errors)]
-    finally:
-        tans._loop = saved
-        saved.vector_isa(isa)
 
 
 @pytest.mark.parametrize("S,R,K", [(2, 4, 1), (7, 5, 3), (300, 11, 4), (4096, 12, 2), (20000, 15, 1)])
@@ -224,13 +214,12 @@ def test_compiled_and_numpy_varint_tables_agree_on_values_and_errors(body, count
 @settings(max_examples=200, deadline=None)
 @given(st.integers(4, 15), st.integers(1, 300), st.data())
 def test_compiled_and_numpy_bits_back_bytes_agree(R, wp, data):
-    from lmzfs.codecs import floatsplit
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     fin = rng.integers(0, 1 << R, size=wp)
     m = data.draw(st.integers(0, wp * R // 8))
     if data.draw(st.booleans()):
         fin[(8 * m) // R:] = 0        # often nothing past the stored bytes
-    results = _through_both_loops(lambda: floatsplit._bits_back_bytes(fin, R, m).tobytes())
+    results = _through_both_loops(lambda: tans.bits_back_bytes(fin, R, m).tobytes())
     assert results[0] == results[1]
 
 
@@ -414,7 +403,7 @@ def test_the_encoder_refuses_a_row_of_zero_frequency_or_past_the_tables(dtype):
 @given(st.lists(st.integers(0, 2**35 - 1) | st.sampled_from([0, 127, 128, 16383, 16384, 2**35 - 1]), max_size=60))
 def test_the_compiled_varint_writer_writes_the_reference_bytes_and_reads_back(values):
     v = np.array(values, dtype=np.int64)
-    assert tans._loop.to_varints(v) == uintlist._varints(v)
+    assert kernels.compiled().to_varints(v) == uintlist._varints(v)
     blob = uintlist.pack_uints(v)
     assert uintlist.unpack_uints(blob, len(values), "t").tolist() == values
 
@@ -422,7 +411,7 @@ def test_the_compiled_varint_writer_writes_the_reference_bytes_and_reads_back(va
 @pytest.mark.parametrize("bad", [-1, 2**35])
 def test_table_values_outside_35_bits_are_refused_on_both_paths(bad):
     v = np.array([5, bad], dtype=np.int64)
-    assert tans._loop.to_varints(v) is None
+    assert kernels.compiled().to_varints(v) is None
     with pytest.raises(ValueError, match="not an unsigned integer under 2\\*\\*35"):
         uintlist.pack_uints(v)
 
@@ -444,14 +433,10 @@ def test_the_compiled_section_model_chooses_exactly_the_reference_tables_and_tai
     T, wp, _ = tans.layout(n, lanes, True)
     D = min(tans.MAX_R, T)
     freqs = np.empty((K, S), dtype=np.int64)
-    R, g = tans._loop.section_model(entropy._compiled_symbols(sym), entropy._compiled_symbols(ctx), n, S, K, T, wp,
-                                    D, freqs)
-    saved = tans._loop
-    try:
-        tans._loop = None
+    R, g = kernels.compiled().section_model(entropy._compiled_symbols(sym), entropy._compiled_symbols(ctx), n, S,
+                                            K, T, wp, D, freqs)
+    with kernels.reference_only():
         R_ref, g_ref, freqs_ref = entropy._section_model_reference(sym, S, ctx, K, lanes, T, wp, D)
-    finally:
-        tans._loop = saved
     assert (R, g) == (R_ref, g_ref)
     assert freqs.tolist() == freqs_ref.tolist()
     payload = entropy.tans_section(sym, S, ctx, K, lanes)

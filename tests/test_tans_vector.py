@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmzfs.codecs import CodecError, tans
+from lmzfs.codecs import CodecError, kernels, tans
 
 
 def _cpu_has_avx512() -> bool:
@@ -27,34 +27,35 @@ def _cpu_has_avx512() -> bool:
 
 
 def _vector_loop_name(env: dict) -> str:
-    code = "from lmzfs.codecs import tans; print(tans._loop.vector_isa())"
+    code = "from lmzfs.codecs import kernels; print(kernels.compiled().vector_isa())"
     return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True,
                           capture_output=True, text=True).stdout.strip()
 
 
 def test_the_vector_steps_are_chosen_exactly_where_the_cpu_has_avx512():
-    assert tans._loop is not None, "the compiled tANS loop is not built"
+    assert kernels.compiled() is not None, "the compiled tANS loop is not built"
     assert _vector_loop_name({"LMZFS_TANS_VECTOR": ""}) == ("avx512" if _cpu_has_avx512() else "off")
     assert _vector_loop_name({"LMZFS_TANS_VECTOR": "off"}) == "off"
 
 
 def test_asking_for_a_vector_loop_the_module_does_not_have_is_an_error():
     with pytest.raises(ValueError, match="avx2 is not available"):
-        tans._loop.vector_isa("avx2")
+        kernels.compiled().vector_isa("avx2")
     if not _cpu_has_avx512():
         with pytest.raises(ValueError, match="avx512 is not available"):
-            tans._loop.vector_isa("avx512")
+            kernels.compiled().vector_isa("avx512")
 
 
 @pytest.fixture(scope="module")
 def vector_loop():
-    if tans._loop is None:
+    if kernels.compiled() is None:
         pytest.fail("the compiled tANS loop is not built")
     if not _cpu_has_avx512():
         pytest.skip("this CPU has no AVX-512: the compiled loop runs its scalar steps only")
-    saved = tans._loop.vector_isa()
-    yield tans._loop
-    tans._loop.vector_isa(saved)
+    loop = kernels.compiled()
+    saved = loop.vector_isa()
+    yield loop
+    loop.vector_isa(saved)
 
 
 def _both_steps(loop, decode) -> list:

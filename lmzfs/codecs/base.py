@@ -2,29 +2,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+
+from ..chunker import ChunkHint  # defined where chunks are cut; importable from here as it always was
 
 
 class CodecError(ValueError):
     """A payload is corrupt, truncated, of an unknown codec or version, or decodes to the wrong size."""
-
-
-@dataclass(frozen=True)
-class ChunkHint:
-    """What the chunker knows about a chunk's bytes; codecs use it to choose a transform.
-
-    dtype is the Segment dtype ("F32", "BF16", "Q4_1", ...) or None for headers and opaque data;
-    itemsize is the element size in bytes (0 when unknown or block-quantised); block_bytes is the
-    size of one block of a block-quantised dtype (0 otherwise); the chunker cuts such tensors at
-    whole blocks. shape is the tensor's shape (row-major) when known; offset is the chunk's byte
-    offset within its tensor (so a codec can tell where rows start).
-    """
-
-    dtype: str | None = None
-    itemsize: int = 0
-    block_bytes: int = 0
-    shape: tuple[int, ...] | None = None
-    offset: int = 0
 
 
 Buffer = bytes | bytearray | memoryview

@@ -16,7 +16,8 @@ import zlib
 
 import numpy as np
 
-from .base import Buffer, ChunkHint, CodecError, DeltaCodec, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import Buffer, CodecError, DeltaCodec, get_varint, put_varint
 from .ggufblocks import LAYOUTS, TYPE_OF, merge_nibbles
 from .ulpdelta import UlpDeltaCodec
 

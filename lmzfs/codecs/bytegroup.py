@@ -24,7 +24,8 @@ import numpy as np
 import zstandard
 
 from . import zstd as _zstd
-from .base import THREAD_HOP_BYTES, Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import THREAD_HOP_BYTES, Buffer, Codec, CodecError, get_varint, put_varint
 
 ELEMENT_SIZES = (2, 4, 8)
 

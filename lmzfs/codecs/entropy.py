@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import tans, uintlist
+from . import kernels, tans, uintlist
 from . import zstd as _zstd
-from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import Buffer, Codec, CodecError, get_varint, put_varint
 
 RAW, ZSTD, TANS = 0, 1, 2
 EMPTY_SECTION = b"\x01\x00\x01\x00"     # R = 1, g = 0, one lane, no table: the section of zero symbols
@@ -95,13 +96,14 @@ def _compiled_symbols(a: np.ndarray | None) -> np.ndarray | None:
 def _section_histograms(sym, S: int, ctx, K: int, lanes: int, D: int) -> tuple[np.ndarray, np.ndarray]:
     """(K x S counts of (context, symbol) over all of sym; D x K x S counts of those at depth d < D
     from the end of their interleaved lane, the last symbol of a lane at depth 0)."""
+    loop = kernels.compiled()
     n = len(sym)
-    if tans._loop is not None:      # the same integers as the numpy lines below; see _tanssection.c
+    if loop is not None:      # the same integers as the numpy lines below; see _tanssection.c
         counts = np.zeros(K * S, dtype=np.int64)
         depth = np.zeros(D * K * S, dtype=np.int64)
         T, wp, _ = tans.layout(n, lanes, True)
-        if not tans._loop.section_counts(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, D,
-                                         counts, depth):
+        if not loop.section_counts(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, D,
+                                   counts, depth):
             raise ValueError("tans section: a symbol or context out of range")
         return counts.reshape(K, S), depth.reshape(D, K, S)
     sym = np.asarray(sym, dtype=np.int64)
@@ -120,15 +122,16 @@ def _section_stream(sym, S: int, ctx, K: int, freqs: np.ndarray, R: int, g: int,
     """The tANS stream of a section: the last R // g symbols of every lane (g > 0) coded as
     (symbol >> g) under the marginal tables (contexts K..2K-1), their low g bits the lanes' end
     states."""
+    loop = kernels.compiled()
     n = len(sym)
     T, wp, _ = tans.layout(n, lanes, True)
     tab_f = np.concatenate([freqs, _marginal(freqs, g)]) if g else freqs
     k = R // g if g else 0
-    if tans._loop is not None:      # the same rows and end states as the numpy lines below
+    if loop is not None:      # the same rows and end states as the numpy lines below
         rows = np.empty(n, dtype=tans.row_dtype(tab_f.size))
         bb = np.zeros(wp, dtype=np.int64)
-        if not tans._loop.section_rows(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, k, g,
-                                       np.ascontiguousarray(tab_f.ravel()), rows, bb):
+        if not loop.section_rows(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, k, g,
+                                 np.ascontiguousarray(tab_f.ravel()), rows, bb):
             raise ValueError("tans: a symbol has zero frequency in its table")
         return tans.encode_table_rows(rows, tans.Tables(tab_f, R), lanes, bits_back=bb if g else None,
                                       interleaved=True)
@@ -149,15 +152,16 @@ def _section_stream(sym, S: int, ctx, K: int, freqs: np.ndarray, R: int, g: int,
 def tans_section(sym: np.ndarray, S: int, ctx: np.ndarray | None = None, K: int = 1,
                  lanes: int | None = None) -> bytes:
     """A tANS symbol section for ``sym`` (< S) with optional per-symbol contexts (< K)."""
+    loop = kernels.compiled()
     n = len(sym)
     if n == 0:
         return EMPTY_SECTION
     lanes = lanes or tans.lanes_for(n, 128)
     T, wp, _ = tans.layout(n, lanes, True)
     D = min(tans.MAX_R, T)      # tails are at most R // 1 symbols deep, and no deeper than a lane
-    if tans._loop is not None:  # the same integers and doubles as the reference; see _tanssection.c
+    if loop is not None:  # the same integers and doubles as the reference; see _tanssection.c
         freqs = np.empty((K, S), dtype=np.int64)
-        R, best_g = tans._loop.section_model(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, D, freqs)
+        R, best_g = loop.section_model(_compiled_symbols(sym), _compiled_symbols(ctx), n, S, K, T, wp, D, freqs)
     else:
         R, best_g, freqs = _section_model_reference(sym, S, ctx, K, lanes, T, wp, D)
     stream = _section_stream(sym, S, ctx, K, freqs, R, best_g, lanes)
@@ -284,7 +288,7 @@ def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: i
             raise CodecError("tans section: lanes too short for their tails")
         if ctx is not None:
             c = c.copy()
-        loop = tans._loop
+        loop = kernels.compiled()
         if loop is not None:            # the same as the numpy lines below; see _tanstails.c
             loop.tail_contexts(c, n, T, Wp, k, K)
         else:
@@ -410,10 +414,11 @@ def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K:
 
 def order0_bytes(a: np.ndarray, S: int) -> float:
     """The order-0 entropy of symbols a (< S), in bytes."""
+    loop = kernels.compiled()
     a = np.asarray(a).ravel()
-    if tans._loop is not None and len(a):     # the same counts as bincount; see _tanssection.c
+    if loop is not None and len(a):     # the same counts as bincount; see _tanssection.c
         c = np.zeros(S, dtype=np.int64)
-        if not tans._loop.section_counts(_compiled_symbols(a), None, len(a), S, 1, 1, 1, 1, c, None):
+        if not loop.section_counts(_compiled_symbols(a), None, len(a), S, 1, 1, 1, 1, c, None):
             raise ValueError("order0_bytes: a symbol out of range")
     else:
         c = np.bincount(a, minlength=S)
@@ -518,14 +523,15 @@ def _column_classes(a: np.ndarray, C: int) -> tuple[int, np.ndarray] | None:
     class of each column), or None. Compiled (_tanscolumns.c) where the extension is built; the
     numpy lines below are its reference and make the same choices: the logarithms and sums that
     decide are exact integers (see _log2_fixed, _score_bits, _cost_bits)."""
+    loop = kernels.compiled()
     n = len(a)
     rows = n // C
     if C < 8 or rows < 32:
         return None
     F, G = _score_bits(n, rows), _cost_bits(n)
-    if tans._loop is not None:
+    if loop is not None:
         cls = np.empty(C, dtype=np.int64)
-        K = tans._loop.column_classes(a, n, C, F, G, _LOG2_SERIES, _ROUNDS, _TABLE_BYTES, cls)
+        K = loop.column_classes(a, n, C, F, G, _LOG2_SERIES, _ROUNDS, _TABLE_BYTES, cls)
         return (K, cls) if K else None
     mode = int(np.bincount(a).argmax())
     spread, colhist = _column_spreads(a, C, mode)
@@ -570,6 +576,7 @@ class EntropyCodec(Codec):
         return crc + b"\x00", tans_section(a, 256)
 
     def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
+        loop = kernels.compiled()
         p = memoryview(params)
         if len(p) < 5 or p[4] > 1:
             raise CodecError("entropy: bad params")
@@ -586,12 +593,12 @@ class EntropyCodec(Codec):
             if q + ln != len(p):
                 raise CodecError("entropy: class map length does not match params")
             cls = decode_stream(p[q:], C, K).astype(np.uint8)
-        if tans._loop is not None and size:
+        if loop is not None and size:
             # one compiled call, its tables built and the classes tiled in it (_tansblocks.c)
             field = parse_tans_section(body, size, 256, K).field(0, 1, False, K, 256, cls)
             out = np.empty(size, dtype=np.uint8)
             try:
-                tans._loop.decode_fields(out, size, 1, (field,))
+                loop.decode_fields(out, size, 1, (field,))
             except ValueError as exc:
                 raise CodecError(str(exc)) from None
         else:

@@ -17,7 +17,8 @@ import numpy as np
 
 from . import floatsplit as fs
 from . import tans
-from .base import Buffer, ChunkHint, Codec, CodecError, PartDecoder, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import Buffer, Codec, CodecError, PartDecoder, get_varint, put_varint
 
 SEGMENT_LOG = 18                 # encoder choice: 256 KiB of plain bytes per segment
 MIN_SEGMENT_LOG, MAX_SEGMENT_LOG = 12, 24

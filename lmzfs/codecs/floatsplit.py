@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import entropy, tans, uintlist
-from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from . import entropy, kernels, tans, uintlist
+from ..chunker import ChunkHint
+from .base import Buffer, Codec, CodecError, get_varint, put_varint
 
 # format id -> (name, element bits, exponent bits, mantissa bits, k)
 FORMATS = {0: ("BF16", 16, 8, 7, 3), 1: ("F16", 16, 5, 10, 2), 2: ("F32", 32, 8, 23, 3),
@@ -40,16 +41,6 @@ ROW_CLASSES = 0xFF       # the "first context" byte value that selects row-class
 # its class map than grouping by it saves, on every such chunk of the corpus, while measuring it
 # takes a tenth of the chunk's encode. encode_chunk(exhaustive=True) still measures them.
 ROW_CLASS_MIN = 8
-
-
-def _row_scale(counts: np.ndarray, log: int) -> np.ndarray:
-    """Rows scaled to sum <= 2**log, keeping every nonzero entry nonzero: the rows over it are
-    quantised (tans.quantize, all of them in one quantize_rows), the others kept."""
-    out = np.array(counts, dtype=np.int64)
-    over = out.sum(axis=1) > 1 << log
-    if over.any():
-        out[over] = tans.quantize_rows(out[over], log)
-    return out
 
 
 def _sign_mantissa(S: np.ndarray, M: np.ndarray) -> np.ndarray:
@@ -176,11 +167,12 @@ class Fields:
 def chunk_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     """The fields and histograms of n elements (uint64): compiled (one pass, without Python's
     lock) when the loop is built, else numpy's (numpy_fields, the reference)."""
-    if tans._loop is None or n < 1:
+    loop = kernels.compiled()
+    if loop is None or n < 1:
         return numpy_fields(u, n, fmt)
     _, bits, eb, mb, k = FORMATS[fmt]
     u = _compiled_elements(u[:n])
-    emin, emax = tans._loop.float_range(u, n, mb, eb)
+    emin, emax = loop.float_range(u, n, mb, eb)
     E = emax - emin + 1
     e = np.empty(n, dtype=np.uint16)
     # 16-bit symbols where every symbol fits (every format here): a quarter of int64's bytes
@@ -188,7 +180,7 @@ def chunk_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     cM = np.zeros((E, 1 << k), dtype=np.int64)
     sg = np.zeros(2, dtype=np.int64)
     H = np.zeros((16, E), dtype=np.int64)
-    tans._loop.float_fields(u, n, bits, mb, eb, k, emin, emax, e, sym, cM, sg, H)
+    loop.float_fields(u, n, bits, mb, eb, k, emin, emax, e, sym, cM, sg, H)
     return Fields(e, sym, emin, emax, cM, sg, H)
 
 
@@ -228,10 +220,10 @@ def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np
     emin, emax, e, sym = fields.emin, fields.emax, fields.e, fields.sym
     E, T2 = emax - emin + 1, 1 << (k + 1)
     lanes = tans.lanes_for(n, 32 if raw_bits else 256)
-    steps, wp, _ = tans._layout(n, lanes)
+    steps, wp, _ = tans.contiguous_layout(n, lanes)
     starts = np.arange(wp) * steps
-    M = _row_scale(fields.cM, M_LOG)
-    S = _row_scale(fields.sg[None, :], M_LOG)[0]
+    M = tans.scale_rows(fields.cM, M_LOG)
+    S = tans.scale_rows(fields.sg[None, :], M_LOG)[0]
     B = _sign_mantissa(S, M)
     best = None
     # Every candidate context count nb clips the previous exponent at nb - 1, so each one's
@@ -268,7 +260,7 @@ def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np
             ctx = _row_contexts(cls, n, C, shift)
     if ctx is None:
         _, nb, c0, cA = best
-    A = _row_scale(cA, A_LOG)
+    A = tans.scale_rows(cA, A_LOG)
     R = _table_log(n, nb, E * T2)
     tab = tans.Tables(_joint_tables(A, B, R), R)
     cmap = np.minimum(E - 1 - (np.arange(E * T2) // T2), nb - 1)
@@ -297,7 +289,7 @@ def encode_part(fit: Fit, u: np.ndarray, sym: np.ndarray, ctx: np.ndarray | None
              for j, mask in _groups(len(planes), z, n)]
     raw = np.frombuffer(b"".join(parts), dtype=np.uint8)
     m = min(len(raw), wp * fit.R // 8)
-    bb = _bits_back_values(raw[:m], wp, fit.R)
+    bb = tans.bits_back_values(raw[:m], wp, fit.R)
     if ctx is None:
         stream = tans.encode(sym, fit.tab, lanes, dyn=(fit.cmap, fit.c0), bits_back=bb)
     else:
@@ -452,7 +444,7 @@ def decode_part(model: Model, body: memoryview, first: int, lanes: int, slen: in
     raw_len = sum(groups.lens)
     m = min(raw_len, len(fin) * model.R // 8)
     raw = np.empty(raw_len, dtype=np.uint8)
-    raw[:m] = _bits_back_bytes(fin, model.R, m)
+    raw[:m] = tans.bits_back_bytes(fin, model.R, m)
     raw[m:] = np.frombuffer(body, dtype=np.uint8, count=raw_len - m, offset=slen)
     off = 0
     for (j, mask), ln in zip(groups.groups, groups.lens):
@@ -483,9 +475,10 @@ def decode_parts_together(model: Model, body: memoryview, parts: list[PartSpec],
     stored groups are decoded in one call that lets go of Python's lock once for the chunk
     (_tansparts.c); the groups it leaves (zstd or tANS coded) are decoded here afterwards. The
     same elements as decode_part part by part, which is the reference (and the fallback)."""
+    loop = kernels.compiled()
     tab = model.tab
     isz = out.itemsize
-    if tans._loop is None or tab.packed32 is None or isz not in (2, 4, 8) or not parts:
+    if loop is None or tab.packed32 is None or isz not in (2, 4, 8) or not parts:
         for s in parts:
             decode_part(model, body[s.at:], s.first, s.lanes, s.slen, s.groups, out[s.out_at:s.out_at + s.count])
         return
@@ -512,9 +505,9 @@ def decode_parts_together(model: Model, body: memoryview, parts: list[PartSpec],
         nxo, cls = None, np.ascontiguousarray(cls, dtype=np.uint8)
     garr = np.array(groups, dtype=np.int64).reshape(-1, 3)
     try:
-        tans._loop.float_parts(tab.packed32, tab.checked_symbols == len(vals), vals, isz, nxo, cls, C, shift,
-                                model.c0, body, recs, garr, tuple(masks), tuple(raws), out, model.R, tab.L,
-                                _planes_of(model.fmt)[0] // 8)
+        loop.float_parts(tab.packed32, tab.checked_symbols == len(vals), vals, isz, nxo, cls, C, shift,
+                          model.c0, body, recs, garr, tuple(masks), tuple(raws), out, model.R, tab.L,
+                          _planes_of(model.fmt)[0] // 8)
     except ValueError as exc:
         raise CodecError(str(exc)) from None
     tab.checked_symbols = len(vals)
@@ -534,10 +527,11 @@ def decode_parts_together(model: Model, body: memoryview, parts: list[PartSpec],
 
 def _model_tables(vals: np.ndarray, nb: int, E: int, T2: int, R: int) -> tans.Tables:
     """The decoder's nb tANS tables from the transmitted model: A (nb x E), S (2), M (E x T2/2)."""
-    if tans._loop is not None and E * T2 <= tans._COMPILED_MAX_S and tans.MIN_R <= R <= 15:   # float_tables's
+    loop = kernels.compiled()
+    if loop is not None and E * T2 <= kernels.COMPILED_MAX_SYMBOLS and tans.MIN_R <= R <= 15:   # float_tables's
         packed = np.empty(nb << R, dtype=np.uint32)
-        code = tans._loop.float_tables(np.ascontiguousarray(vals, dtype=np.int64), nb, E, T2, R,
-                                       1 << A_LOG, 1 << M_LOG, packed)
+        code = loop.float_tables(np.ascontiguousarray(vals, dtype=np.int64), nb, E, T2, R,
+                                 1 << A_LOG, 1 << M_LOG, packed)
         if code == 1:
             raise CodecError("floatsplit: model table value out of range")
         if code:
@@ -556,11 +550,12 @@ def _model_tables(vals: np.ndarray, nb: int, E: int, T2: int, R: int) -> tans.Ta
 def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
     """Rows (of C elements, the first one shifted) grouped into K classes by mean exponent, with the
     estimated cost; None when no split is possible."""
-    compiled = tans._loop is not None and e.dtype == np.uint16
+    loop = kernels.compiled()
+    compiled = loop is not None and e.dtype == np.uint16
     if compiled:
         nrows = (n - 1 + shift) // C + 1
         mean = np.empty(nrows, dtype=np.float64)
-        tans._loop.row_means(e, n, C, shift, mean)
+        loop.row_means(e, n, C, shift, mean)
     else:
         r = (np.arange(n) + shift) // C
         nrows = int(r[-1]) + 1
@@ -573,7 +568,7 @@ def _row_classes(e: np.ndarray, n: int, C: int, shift: int, E: int):
     if compiled:
         cls8 = np.empty(nrows, dtype=np.int64)
         cA8 = np.zeros((8, E), dtype=np.int64)
-        tans._loop.row_classes(e, n, C, shift, mean, np.ascontiguousarray(edges, dtype=np.float64), E, cls8, cA8)
+        loop.row_classes(e, n, C, shift, mean, np.ascontiguousarray(edges, dtype=np.float64), E, cls8, cA8)
     else:
         cls8 = np.searchsorted(edges, mean, side="right")
         cA8 = np.bincount(cls8[r] * E + e, minlength=8 * E).reshape(8, E)
@@ -593,6 +588,7 @@ def _row_edges(e: np.ndarray, n: int, C: int, shift: int, E: int, mean: np.ndarr
     """np.quantile(mean, _EIGHTHS), the same floats: the compiled pass finds the order statistics
     the interpolation needs from the rows' integer sums (no partition of the means), and they are
     interpolated here exactly as numpy's "linear" method does; a partition where it cannot."""
+    loop = kernels.compiled()
     nrows = len(mean)
     virtual = (nrows - 1) * _EIGHTHS
     prev = np.floor(virtual)
@@ -602,7 +598,7 @@ def _row_edges(e: np.ndarray, n: int, C: int, shift: int, E: int, mean: np.ndarr
     prev, nxt = prev.astype(np.intp), nxt.astype(np.intp)
     ranks = np.unique(np.concatenate((prev, nxt)))
     vals = np.empty(len(ranks), dtype=np.float64)
-    if not tans._loop.row_order_stats(e, n, C, shift, E, ranks.astype(np.int64), vals):
+    if not loop.row_order_stats(e, n, C, shift, E, ranks.astype(np.int64), vals):
         return np.quantile(mean, _EIGHTHS)
     a, b = vals[np.searchsorted(ranks, prev)], vals[np.searchsorted(ranks, nxt)]
     # numpy's gamma uses the floor index, or -1 (the last element) above the bounds
@@ -615,10 +611,11 @@ def _row_edges(e: np.ndarray, n: int, C: int, shift: int, E: int, mean: np.ndarr
 
 def _row_contexts(cls: np.ndarray, n: int, C: int, shift: int) -> np.ndarray:
     """The row class of each element: cls[(i + shift) // C]."""
-    if tans._loop is None:
+    loop = kernels.compiled()
+    if loop is None:
         return cls[(np.arange(n) + shift) // C]
     out = np.empty(n, dtype=np.uint8)      # at most 8 classes (_row_classes)
-    tans._loop.row_contexts(np.ascontiguousarray(cls, dtype=np.int64), n, C, shift, out)
+    loop.row_contexts(np.ascontiguousarray(cls, dtype=np.int64), n, C, shift, out)
     return out
 
 
@@ -647,10 +644,11 @@ def _cost(cA: np.ndarray) -> float:
 
 def _raw_planes(u: np.ndarray, raw_bits: int) -> np.ndarray:
     """Low ``raw_bits`` bits of each element as planes (rows), lowest first: whole bytes, then a nibble."""
+    loop = kernels.compiled()
     nplanes = raw_bits // 8 + (1 if raw_bits % 8 else 0)
     out = np.empty((nplanes, len(u)), dtype=np.uint8)
-    if tans._loop is not None and raw_bits:
-        tans._loop.float_planes(_compiled_elements(u), len(u), raw_bits, out)
+    if loop is not None and raw_bits:
+        loop.float_planes(_compiled_elements(u), len(u), raw_bits, out)
         return out
     u = np.asarray(u, dtype=np.uint64)
     for j in range(raw_bits // 8):
@@ -667,13 +665,14 @@ def _zero_blocks(planes: np.ndarray, n: int) -> tuple[int, bytes, np.ndarray | N
     Compiled (one pass, without Python's lock) where the loop is built; the numpy lines are its
     reference.
     """
+    loop = kernels.compiled()
     if not len(planes):
         return 0, b"", None
     B = 1 << ZERO_BLOCK_LOG
     nblk = -(-n // B)
-    if tans._loop is not None:
+    if loop is not None:
         zb = np.empty(nblk, dtype=np.uint8)
-        if not tans._loop.zero_blocks(np.ascontiguousarray(planes), n, len(planes), ZERO_BLOCK_LOG, zb):
+        if not loop.zero_blocks(np.ascontiguousarray(planes), n, len(planes), ZERO_BLOCK_LOG, zb):
             return 0, b"", None
         z = zb.astype(np.int64)
     else:
@@ -712,9 +711,10 @@ def _pack_group(plane: np.ndarray, mask: np.ndarray | None, nibbles: bool) -> np
 
 def _or_plane(u: np.ndarray, v: np.ndarray, c: int, nib: bool, shift: int, mask: np.ndarray | None) -> None:
     """u (or u[mask]) |= the c plane values v (bytes, or nibble pairs) << shift."""
-    if tans._loop is not None:
+    loop = kernels.compiled()
+    if loop is not None:
         m = None if mask is None else mask.view(np.uint8)
-        err = tans._loop.or_plane(u, u.itemsize, np.ascontiguousarray(v, dtype=np.uint8), nib, shift, m)
+        err = loop.or_plane(u, u.itemsize, np.ascontiguousarray(v, dtype=np.uint8), nib, shift, m)
         if err == 2:
             raise CodecError("floatsplit: nonzero padding nibble")
         if err:
@@ -735,30 +735,3 @@ def _unpack_nibbles(packed: np.ndarray, c: int) -> np.ndarray:
     if c % 2 and v[c]:
         raise CodecError("floatsplit: nonzero padding nibble")
     return v[:c]
-
-
-def _bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
-    """The first bytes of the stored bits, read as a little-endian bit string cut into R-bit fields
-    (wp of them; bits past the bytes are zero)."""
-    if tans._loop is not None:
-        padded = np.zeros(-(-wp * R // 8), dtype=np.uint8)
-        padded[:len(b)] = b
-        out = np.empty(wp, dtype=np.int64)
-        tans._loop.unpack_fields(padded, R, out)
-        return out
-    bits = np.zeros(wp * R, dtype=np.uint8)
-    bits[: 8 * len(b)] = np.unpackbits(b, bitorder="little")
-    return (bits.reshape(wp, R).astype(np.int64) << np.arange(R)).sum(axis=1)
-
-
-def _bits_back_bytes(fin: np.ndarray, R: int, m: int) -> np.ndarray:
-    if tans._loop is not None:
-        packed = tans._loop.pack_fields(np.ascontiguousarray(fin, dtype=np.int64), R, m)
-        if packed is None:
-            raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
-        return np.frombuffer(packed, dtype=np.uint8)
-    f = fin.astype(np.uint16)      # R <= 15: 16-bit lanes keep the bit matrix small
-    bits = ((f[:, None] >> np.arange(R, dtype=np.uint16)) & np.uint16(1)).astype(np.uint8).ravel()
-    if bits[8 * m:].any():
-        raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
-    return np.packbits(bits[: 8 * m], bitorder="little")

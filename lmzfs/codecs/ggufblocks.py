@@ -15,10 +15,11 @@ import zlib
 
 import numpy as np
 
-from . import entropy, tans
+from . import entropy, kernels, tans
 from . import zstd as _zstd
 from .plainbytes import to_bytes
-from .base import Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import Buffer, Codec, CodecError, get_varint, put_varint
 
 # ggml type id -> (name, block bytes, fields as (offset, size, kind)); kind "f16" = fp16 scalar,
 # "q" = quant bytes, "b" = other bytes. Offsets follow ggml's block structs (ggml-common.h).
@@ -46,10 +47,11 @@ def block_bytes(dtype: str | None) -> int:
 def _q4_1_contexts(blocks: np.ndarray) -> np.ndarray:
     """The context of each of the 32 quants of a block: the block's zero point
     clamp(rint(-m / d), 0, 15) in float32, 0 where that is not a finite number."""
+    loop = kernels.compiled()
     nblk, bsize = blocks.shape
-    if tans._loop is not None:
+    if loop is not None:
         out = np.empty(32 * nblk, dtype=np.uint8)
-        tans._loop.q4_1_contexts(np.ascontiguousarray(blocks), nblk, bsize, out)
+        loop.q4_1_contexts(np.ascontiguousarray(blocks), nblk, bsize, out)
         return out
     dm = blocks[:, 0:4].view("<f2").astype(np.float32)
     with np.errstate(all="ignore"):
@@ -61,9 +63,10 @@ def _q4_1_contexts(blocks: np.ndarray) -> np.ndarray:
 def merge_nibbles(out: np.ndarray, nib: np.ndarray, nblk: int, bsize: int, foff: int, fsize: int) -> None:
     """Byte i of each block's quant field = nibble 2i | nibble 2i+1 << 4 of that block's symbols
     (the numpy reference decode here, and blockdelta's 4-bit quant fields)."""
+    loop = kernels.compiled()
     nib = np.ascontiguousarray(nib, dtype=np.uint8)
-    if tans._loop is not None:
-        tans._loop.merge_nibbles(nib, out, nblk, bsize, foff, fsize)
+    if loop is not None:
+        loop.merge_nibbles(nib, out, nblk, bsize, foff, fsize)
         return
     pairs = nib.view("<u2")             # (low | high << 8) per byte; >> 4 moves high into place
     merged = pairs >> 4
@@ -109,6 +112,7 @@ class GgufBlocksCodec(Codec):
         return to_bytes(self.decode_buffer(params, body, size, check=check))
 
     def decode_buffer(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> Buffer:
+        loop = kernels.compiled()
         p = memoryview(params)
         if len(p) < 5 or p[0] not in LAYOUTS:
             raise CodecError("ggufblocks: unknown block type")
@@ -134,7 +138,7 @@ class GgufBlocksCodec(Codec):
         for n in lens:
             streams.append(body[off:off + n])
             off += n
-        if tans._loop is not None and nblk:
+        if loop is not None and nblk:
             _decode_fields(out, nblk, bsize, t, fields, streams)
         else:
             _decode_fields_numpy(out, nblk, bsize, t, fields, streams)
@@ -161,6 +165,7 @@ def _field_streams(fields, nblk: int, t: int):
 def _decode_fields(out: np.ndarray, nblk: int, bsize: int, t: int, fields, streams) -> None:
     """Every stream's header checked here, then all of them decoded into their fields, their
     tables built, by one compiled call that lets go of Python's lock once (_tansblocks.c)."""
+    loop = kernels.compiled()
     items = []
     for (foff, fsize, nib, n, S, K), mv in zip(_field_streams(fields, nblk, t), streams):
         if len(mv) < 1:
@@ -177,7 +182,7 @@ def _decode_fields(out: np.ndarray, nblk: int, bsize: int, t: int, fields, strea
         else:
             raise CodecError(f"stream: unknown mode {mode}")
     try:
-        tans._loop.decode_fields(out, nblk, bsize, tuple(items))
+        loop.decode_fields(out, nblk, bsize, tuple(items))
     except ValueError as exc:
         raise CodecError(str(exc)) from None
 

@@ -5,7 +5,7 @@ large buffers (lmzfs/codecs/_tanscopy.c says why), else by memoryview.tobytes().
 """
 from __future__ import annotations
 
-from . import tans
+from . import kernels
 from .base import Buffer
 
 
@@ -13,7 +13,7 @@ def to_bytes(buf: Buffer) -> bytes:
     """The buffer's bytes; bytes come back as they are. C-contiguous buffers only."""
     if isinstance(buf, bytes):
         return buf
-    loop = tans._loop
+    loop = kernels.compiled()
     if loop is not None:
         return loop.copy_bytes(buf)
     with memoryview(buf) as mv:

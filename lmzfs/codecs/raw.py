@@ -1,7 +1,8 @@
 """Codec 0, ``raw``: the body is the data itself, params are empty."""
 from __future__ import annotations
 
-from .base import THREAD_HOP_BYTES, Buffer, ChunkHint, Codec, CodecError
+from ..chunker import ChunkHint
+from .base import THREAD_HOP_BYTES, Buffer, Codec, CodecError
 
 
 class RawCodec(Codec):

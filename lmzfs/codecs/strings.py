@@ -18,9 +18,10 @@ import zlib
 
 import numpy as np
 
-from . import entropy, tans
+from . import entropy, kernels
 from . import zstd as _zstd
-from .base import THREAD_HOP_BYTES, Buffer, ChunkHint, Codec, CodecError, get_varint, put_varint
+from ..chunker import ChunkHint
+from .base import THREAD_HOP_BYTES, Buffer, Codec, CodecError, get_varint, put_varint
 from .plainbytes import to_bytes
 from .uintlist import read_varints, varints
 
@@ -36,9 +37,10 @@ _LENGTH = struct.Struct("<Q")
 
 def split_strings(data: Buffer) -> tuple[np.ndarray, int]:
     """(lengths of the whole strings at the start of data, where the last of them ends)."""
-    if tans._loop is not None:
+    loop = kernels.compiled()
+    if loop is not None:
         out = np.empty(len(data) // 8 + 1, dtype=np.int64)
-        count, end = tans._loop.string_lengths(data, out)
+        count, end = loop.string_lengths(data, out)
         return out[:count].copy(), end
     return _split_strings_reference(data)
 
@@ -70,12 +72,13 @@ def _length_positions(lengths: np.ndarray) -> np.ndarray:
 def join_strings(lengths: np.ndarray, text: Buffer, size: int) -> np.ndarray:
     """The chunk: each length as eight little-endian bytes, then its string's bytes from text,
     in turn; the rest of text after the last. CodecError unless they make exactly size bytes."""
+    loop = kernels.compiled()
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     if len(text) != size - 8 * len(lengths) or int(lengths.sum()) > len(text) or (lengths < 0).any():
         raise CodecError("strings: the lengths and the text do not make the chunk")
     out = np.empty(size, dtype=np.uint8)
-    if tans._loop is not None:
-        if not tans._loop.join_strings(lengths, text, out):
+    if loop is not None:
+        if not loop.join_strings(lengths, text, out):
             raise CodecError("strings: the lengths and the text do not make the chunk")
         return out
     at, keep = _length_mask(lengths, size)

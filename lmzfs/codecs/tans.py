@@ -26,29 +26,18 @@ long raises CodecError.
 """
 from __future__ import annotations
 
-import os
+import sys
+import types
 
 import numpy as np
 
+from . import kernels
 from .base import CodecError
 
-def _compiled_loop():
-    """The compiled step loop (same results, many times faster), unless absent or LMZFS_PURE_TANS=1."""
-    if os.environ.get("LMZFS_PURE_TANS") == "1":
-        return None
-    try:
-        from . import _tansloop
-    except ImportError:
-        return None
-    return _tansloop
-
-
 MAX_R = 15
-_COMPILED_MAX_S = 1 << 13      # the compiled loop packs a symbol into 13 bits
 MIN_R = 4     # below 16 slots the spreading step is not coprime with L (L = 2 and 8)
 MAX_SYMBOLS = 1 << 16
 MAX_N = 1 << 27          # most symbols one stream may decode to (chunks are far smaller)
-_loop = _compiled_loop()
 _MASK = (np.int64(1) << np.arange(MAX_R + 1, dtype=np.int64)) - 1
 
 
@@ -95,9 +84,10 @@ def quantize_rows(counts: np.ndarray, R: int) -> np.ndarray:
     """``quantize`` applied to every row of a 2-D array (each row needs a positive entry); same result."""
     L = 1 << R
     c = np.ascontiguousarray(counts, dtype=np.int64)
-    if _loop is not None and c.ndim == 2 and c.size:
+    loop = kernels.compiled()
+    if loop is not None and c.ndim == 2 and c.size:
         f = np.empty_like(c)
-        if _loop.quantize_rows(c, c.shape[0], c.shape[1], R, f):
+        if loop.quantize_rows(c, c.shape[0], c.shape[1], R, f):
             return f
         # rows it does not take (negative or huge counts, too many symbols) go the numpy way
     tot = c.sum(axis=1, keepdims=True)
@@ -125,6 +115,16 @@ def quantize_rows(counts: np.ndarray, R: int) -> np.ndarray:
     return f
 
 
+def scale_rows(counts: np.ndarray, log: int) -> np.ndarray:
+    """Rows scaled to sum <= 2**log, keeping every nonzero entry nonzero: the rows over it are
+    quantised (quantize, all of them in one quantize_rows), the others kept."""
+    out = np.array(counts, dtype=np.int64)
+    over = out.sum(axis=1) > 1 << log
+    if over.any():
+        out[over] = quantize_rows(out[over], log)
+    return out
+
+
 class Tables:
     """Decode (and, lazily, encode) tables for K frequency rows of one alphabet."""
 
@@ -144,8 +144,9 @@ class Tables:
         self.checked_symbols = -1   # the compiled loop checked packed32 against this many symbols
         self._order = None
         self._enc = None
-        if _loop is not None and S <= 32767:
-            _loop.build(np.ascontiguousarray(freqs), K, S, R, self.packed)
+        loop = kernels.compiled()
+        if loop is not None and S <= 32767:
+            loop.build(np.ascontiguousarray(freqs), K, S, R, self.packed)
         else:
             self._spread_tables()
 
@@ -187,10 +188,11 @@ class Tables:
                 raise ValueError("tans: prebuilt tables decode only")
             K, R, L, f = self.K, self.R, self.L, self.freqs
             enc = None
-            if self._order is None and _loop is not None and self.S <= 32767:
+            loop = kernels.compiled()
+            if self._order is None and loop is not None and self.S <= 32767:
                 # the entries build() made hold each position's symbol: count them into slots
                 enc = np.empty(K * L, dtype=np.int64)
-                _loop.encode_slots(self.packed, K, self.S, R, np.ascontiguousarray(f), enc)
+                loop.encode_slots(self.packed, K, self.S, R, np.ascontiguousarray(f), enc)
             elif self._order is None:
                 self._spread_tables()
             bitlen = np.where(f > 0, np.frexp(np.maximum(f, 1).astype(np.float64))[1], 0).astype(np.int64)
@@ -205,7 +207,7 @@ class Tables:
         return self._enc
 
 
-def _layout(n: int, lanes: int) -> tuple[int, int, int]:
+def contiguous_layout(n: int, lanes: int) -> tuple[int, int, int]:
     """Contiguous lanes: (steps T, lanes Wp, length of the last lane)."""
     steps = -(-n // lanes)
     wp = -(-n // steps)
@@ -220,7 +222,7 @@ def layout(n: int, lanes: int, interleaved: bool) -> tuple[int, int, np.ndarray]
         act = np.full(T, wp, dtype=np.int64)
         act[-1] = n - (T - 1) * wp
         return T, wp, act
-    T, wp, last = _layout(n, lanes)
+    T, wp, last = contiguous_layout(n, lanes)
     act = np.full(T, wp, dtype=np.int64)
     act[last:] = wp - 1
     return T, wp, act
@@ -244,21 +246,22 @@ def encode(sym: np.ndarray, tab: Tables, lanes: int, ctx: np.ndarray | None = No
     T, Wp, act = layout(n, lanes, interleaved)
     L, S, R = tab.L, tab.S, tab.R
     ks, thr, start, fr, enc = tab._encode_tables()
-    if _loop is not None:
+    loop = kernels.compiled()
+    if loop is not None:
         # the compiled rows read 16-bit symbols and 8-bit contexts as they are (a chunk's worth
         # of int64 copies was a large part of a float chunk's encode); anything else as int64
         sym = compiled_ints(sym, np.uint16)
         if ctx is not None:
             ctx = compiled_ints(ctx, np.uint8)
         si_all = np.empty(n, dtype=row_dtype(fr.size))
-        if not _loop.encode_rows(sym, n, ctx,
-                                 None if dyn is None else np.ascontiguousarray(dyn[0], dtype=np.int64),
-                                 0 if dyn is None else int(dyn[1]), T, S, fr, si_all):
+        if not loop.encode_rows(sym, n, ctx,
+                                None if dyn is None else np.ascontiguousarray(dyn[0], dtype=np.int64),
+                                0 if dyn is None else int(dyn[1]), T, S, fr, si_all):
             raise ValueError("tans: a symbol has zero frequency in its table")
         x = np.full(Wp, L, dtype=np.int64)
         if bits_back is not None:
             x += bits_back
-        return _loop.encode(si_all, n, T, Wp, interleaved, ks, thr, np.ascontiguousarray(start - fr), enc, x, R)
+        return loop.encode(si_all, n, T, Wp, interleaved, ks, thr, np.ascontiguousarray(start - fr), enc, x, R)
     sym = np.asarray(sym, dtype=np.int64)
     if dyn is not None:
         ctx = np.empty(n, dtype=np.int64)
@@ -311,7 +314,8 @@ def encode_table_rows(rows: np.ndarray, tab: Tables, lanes: int, bits_back: np.n
     n = len(rows)
     if n == 0:
         return b""
-    if _loop is None:
+    loop = kernels.compiled()
+    if loop is None:
         raise ValueError("tans: encode_table_rows needs the compiled loop")
     T, Wp, _ = layout(n, lanes, interleaved)
     ks, thr, start, fr, enc = tab._encode_tables()
@@ -319,8 +323,8 @@ def encode_table_rows(rows: np.ndarray, tab: Tables, lanes: int, bits_back: np.n
     if bits_back is not None:
         x += bits_back
     rows = np.ascontiguousarray(rows, dtype=np.uint16 if rows.dtype == np.uint16 else np.int64)
-    return _loop.encode(rows, n, T, Wp, interleaved, ks, thr,
-                        np.ascontiguousarray(start - fr), enc, x, tab.R)
+    return loop.encode(rows, n, T, Wp, interleaved, ks, thr,
+                       np.ascontiguousarray(start - fr), enc, x, tab.R)
 
 
 def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = None,
@@ -347,9 +351,10 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
     if nbits < Wp * R:
         raise CodecError("tans: stream shorter than its initial states")
     # the lanes' first states: the first Wp * R bits
-    if _loop is not None:
+    loop = kernels.compiled()
+    if loop is not None:
         first = np.empty(Wp, dtype=np.int64)
-        _loop.unpack_fields(raw, R, first)
+        loop.unpack_fields(raw, R, first)
     else:
         hb = (Wp * R + 7) >> 3
         head = np.zeros(hb + 4, dtype=np.uint8)
@@ -359,7 +364,7 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
                  >> (o & 7)) & _MASK[R]
     pos = Wp * R
     packed = tab.packed
-    compiled = _loop is not None and S <= _COMPILED_MAX_S
+    compiled = loop is not None and S <= kernels.COMPILED_MAX_SYMBOLS
     cg = None
     if ctx is not None:
         if len(ctx) != n:
@@ -382,7 +387,7 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
             nxt = (dyn[0] * L)[packed >> 20]        # context offset of the symbol after each entry
             packed = packed | (nxt << 36)
     if compiled:
-        return _decode_compiled(raw, n, tab, first, ctx, dyn, values, interleaved, T, Wp, pos, out)
+        return _decode_compiled(loop, raw, n, tab, first, ctx, dyn, values, interleaved, T, Wp, pos, out)
     slack = (Wp * R) // 8 + 8      # one step can overrun the end by at most Wp * R bits
     buf = np.zeros(len(raw) + slack, dtype=np.uint8)
     buf[:len(raw)] = raw
@@ -426,7 +431,7 @@ def decode(stream, n: int, tab: Tables, lanes: int, ctx: np.ndarray | None = Non
     return out, fin
 
 
-def _decode_compiled(raw, n, tab, states, ctx, dyn, values, interleaved, T, Wp, pos, out=None):
+def _decode_compiled(loop, raw, n, tab, states, ctx, dyn, values, interleaved, T, Wp, pos, out=None):
     """tans.decode's result through the compiled loop (see _tansloop.c)."""
     L = tab.L
     vals = np.arange(tab.S, dtype=np.int64) if values is None else np.ascontiguousarray(values)
@@ -442,8 +447,8 @@ def _decode_compiled(raw, n, tab, states, ctx, dyn, values, interleaved, T, Wp, 
         # the loop checks a compact table's entries against the symbol count once per Tables:
         # floatseg decodes several streams with one table
         checked = compact and tab.checked_symbols == len(vals)
-        pos = _loop.decode(tab.packed32 if compact else tab.packed, compact, checked, raw, states, out, vals, ctx,
-                           nxo, interleaved, n, T, Wp, L, pos)
+        pos = loop.decode(tab.packed32 if compact else tab.packed, compact, checked, raw, states, out, vals, ctx,
+                          nxo, interleaved, n, T, Wp, L, pos)
         if compact:
             tab.checked_symbols = len(vals)
     except ValueError as exc:
@@ -456,3 +461,53 @@ def _decode_compiled(raw, n, tab, states, ctx, dyn, values, interleaved, T, Wp, 
 def lanes_for(n: int, target_steps: int = 48, max_lanes: int = 1 << 14) -> int:
     """Encoder choice: enough lanes that decoding takes about ``target_steps`` numpy steps."""
     return max(1, min(max_lanes, -(-n // target_steps)))
+
+
+def bits_back_values(b: np.ndarray, wp: int, R: int) -> np.ndarray:
+    """The lanes' bits-back initial states from plain bytes: the first bytes of the stored bits,
+    read as a little-endian bit string cut into R-bit fields (wp of them; bits past the bytes
+    are zero)."""
+    loop = kernels.compiled()
+    if loop is not None:
+        padded = np.zeros(-(-wp * R // 8), dtype=np.uint8)
+        padded[:len(b)] = b
+        out = np.empty(wp, dtype=np.int64)
+        loop.unpack_fields(padded, R, out)
+        return out
+    bits = np.zeros(wp * R, dtype=np.uint8)
+    bits[: 8 * len(b)] = np.unpackbits(b, bitorder="little")
+    return (bits.reshape(wp, R).astype(np.int64) << np.arange(R)).sum(axis=1)
+
+
+def bits_back_bytes(fin: np.ndarray, R: int, m: int) -> np.ndarray:
+    """bits_back_values reversed: the m plain bytes the lanes' end states (R bits each) hold;
+    CodecError if they hold set bits past those bytes."""
+    loop = kernels.compiled()
+    if loop is not None:
+        packed = loop.pack_fields(np.ascontiguousarray(fin, dtype=np.int64), R, m)
+        if packed is None:
+            raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
+        return np.frombuffer(packed, dtype=np.uint8)
+    f = fin.astype(np.uint16)      # R <= 15: 16-bit lanes keep the bit matrix small
+    bits = ((f[:, None] >> np.arange(R, dtype=np.uint16)) & np.uint16(1)).astype(np.uint8).ravel()
+    if bits[8 * m:].any():
+        raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
+    return np.packbits(bits[: 8 * m], bitorder="little")
+
+
+class _TansModule(types.ModuleType):
+    """``tans._loop``, the name the compiled module had here before kernels.py: kept readable
+    and settable (None: numpy; the built module: compiled) for code outside lmzfs/codecs that
+    still uses it (lmzfs/doctor.py, bench/). New code asks kernels.compiled() and switches
+    with kernels.reference_only()."""
+
+    @property
+    def _loop(self):
+        return kernels.compiled()
+
+    @_loop.setter
+    def _loop(self, value) -> None:
+        kernels.select(value)
+
+
+sys.modules[__name__].__class__ = _TansModule

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import tans
+from . import kernels
 from . import zstd as _zstd
 from .base import CodecError, get_varint, put_varint
 
@@ -26,8 +26,9 @@ def pack_uints(values: np.ndarray) -> bytes:
 
 def varints(values: np.ndarray) -> bytes:
     """``values`` (ints under 2**35) as LEB128 varints, compiled where the module is built."""
+    loop = kernels.compiled()
     v = np.ascontiguousarray(np.asarray(values, dtype=np.int64).ravel())
-    plain = tans._loop.to_varints(v) if tans._loop is not None else None
+    plain = loop.to_varints(v) if loop is not None else None
     if plain is None:       # no compiled module, or a value it refuses (raised below)
         plain = _varints(v)
     return plain
@@ -63,9 +64,10 @@ def unpack_uints(blob, count: int, what: str) -> np.ndarray:
 def read_varints(body, count: int, what: str) -> np.ndarray:
     """Exactly ``count`` canonical varints (each at most 5 bytes) filling ``body``, as int64;
     CodecError on any mismatch."""
-    if tans._loop is not None:
+    loop = kernels.compiled()
+    if loop is not None:
         vals = np.empty(count, dtype=np.int64)
-        code = tans._loop.varints(body, count, vals)
+        code = loop.varints(body, count, vals)
         if code:
             raise CodecError(f"{what}: " + ("table holds a wrong number of values", "table value too large",
                                             "non-canonical table value")[code - 1])

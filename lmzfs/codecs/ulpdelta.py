@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import tans, uintlist
-from .base import Buffer, ChunkHint, CodecError, DeltaCodec, get_varint, put_varint
-from .floatsplit import _bits_back_bytes, _bits_back_values, _row_scale
+from . import kernels, tans, uintlist
+from ..chunker import ChunkHint
+from .base import Buffer, CodecError, DeltaCodec, get_varint, put_varint
 from .ggufblocks import TYPE_OF as BLOCK_LAYOUTS
 
 
@@ -121,20 +121,21 @@ class Residuals:
 
 def _compiled_loops():
     """The compiled tANS module if it has ulpdelta's loops (a build older than them does not:
-    then the numpy paths run), else None. Looked up per call, as tans._loop may be swapped."""
-    loop = tans._loop
+    then the numpy paths run), else None. Asked per call: kernels.reference_only() switches it."""
+    loop = kernels.compiled()
     return loop if loop is not None and hasattr(loop, "ulp_apply") else None
 
 
 def residuals(u: np.ndarray, v: np.ndarray, fmt: ElementFormat, r: int) -> Residuals:
     """Symbols, context fields and stored bits of elements u against reference elements v (both
     of the format's unsigned type)."""
-    if _compiled_loops() is not None:
+    loop = _compiled_loops()
+    if loop is not None:
         sym = np.empty(len(u), dtype=np.int64)
         field = np.empty(len(u), dtype=np.uint8)
         raw = bytearray(len(u) * fmt.bits // 8 + 8)
-        nbits = tans._loop.ulp_residuals(u, v, fmt.bits, fmt.floating, fmt.field_shift, fmt.field_bits,
-                                         fmt.field_of_key, r, sym, field, raw)
+        nbits = loop.ulp_residuals(u, v, fmt.bits, fmt.floating, fmt.field_shift, fmt.field_bits,
+                                   fmt.field_of_key, r, sym, field, raw)
         return Residuals(sym, field, bytes(raw[:(nbits + 7) >> 3]), nbits)
     u, v = u.astype(np.uint64), v.astype(np.uint64)
     mask = np.uint64((1 << fmt.bits) - 1)
@@ -300,7 +301,7 @@ class UlpDeltaCodec(DeltaCodec):
         S = alphabet(fmt.bits, r)
         H = np.bincount(res.field.astype(np.int64) * S + res.sym, minlength=(1 << fmt.field_bits) * S).reshape(-1, S)
         choice = choose_contexts(H)
-        counts = _row_scale(choice.counts, ROW_LOG)
+        counts = tans.scale_rows(choice.counts, ROW_LOG)
         R = _table_log(n, S)
         tab = _tables(counts, R)
         ctx = _context_map(choice.cuts, fmt.field_bits)[res.field]
@@ -308,7 +309,7 @@ class UlpDeltaCodec(DeltaCodec):
         wp = tans.layout(n, lanes, True)[1]
         raw = np.frombuffer(res.raw, dtype=np.uint8)
         m = min(len(raw), wp * R // 8)
-        bb = _bits_back_values(raw[:m], wp, R)
+        bb = tans.bits_back_values(raw[:m], wp, R)
         stream = tans.encode(res.sym, tab, lanes, ctx=ctx, bits_back=bb, interleaved=True)
         params = bytes((fid, r, R, len(choice.cuts) + 1)) + b"".join(put_varint(c) for c in choice.cuts) + \
             put_varint(lanes) + crc.to_bytes(4, "little") + put_varint(len(stream)) + put_varint(len(raw)) + \
@@ -377,23 +378,24 @@ class UlpDeltaCodec(DeltaCodec):
     @staticmethod
     def _decode_elements(body: memoryview, slen: int, rlen: int, m: int, n: int, tab: tans.Tables, lanes: int,
                          v: np.ndarray, cmap: np.ndarray, fmt: ElementFormat, r: int, S: int) -> np.ndarray:
-        compiled = _compiled_loops() is not None
+        loop = _compiled_loops()
+        compiled = loop is not None
         if compiled:
             # the contexts live in the output's first n bytes: dead once the symbols are decoded,
             # and the output's pages are then already mapped when the rebuild writes them
             out = np.empty(n, dtype=_UINT[fmt.bits])
             ctx = out.view(np.uint8)[:n]
-            tans._loop.ulp_contexts(v, fmt.bits, fmt.floating, fmt.field_shift, fmt.field_bits, fmt.field_of_key,
-                                    cmap, ctx)
+            loop.ulp_contexts(v, fmt.bits, fmt.floating, fmt.field_shift, fmt.field_bits, fmt.field_of_key,
+                              cmap, ctx)
         else:
             ctx = cmap[_fields(v.astype(np.uint64), fmt)]
         sym, fin = tans.decode(body[:slen], n, tab, lanes, ctx=ctx, values=np.arange(S, dtype=np.uint8),
                                interleaved=True)
         raw = np.zeros(rlen + 8, dtype=np.uint8)      # 8 bytes of slack for the compiled loop's reads
-        raw[:m] = _bits_back_bytes(fin, tab.R, m)
+        raw[:m] = tans.bits_back_bytes(fin, tab.R, m)
         raw[m:rlen] = np.frombuffer(body, dtype=np.uint8, count=rlen - m, offset=slen)
         if compiled:
-            err = tans._loop.ulp_apply(sym, v, raw, rlen, fmt.bits, fmt.floating, r, out)
+            err = loop.ulp_apply(sym, v, raw, rlen, fmt.bits, fmt.floating, r, out)
             if err:
                 raise CodecError("ulpdelta: stored bits do not match the symbols")
             return out

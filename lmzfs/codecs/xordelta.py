@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Buffer, ChunkHint, CodecError, DeltaCodec
+from ..chunker import ChunkHint
+from .base import Buffer, CodecError, DeltaCodec
 from .zstd import DEFAULT_LEVEL, compress, decompress
 
 

@@ -14,7 +14,8 @@ import threading
 
 import zstandard
 
-from .base import THREAD_HOP_BYTES, Buffer, ChunkHint, Codec, CodecError
+from ..chunker import ChunkHint
+from .base import THREAD_HOP_BYTES, Buffer, Codec, CodecError
 
 DEFAULT_LEVEL = 3
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

@@ -4,24 +4,20 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from lmzfs.codecs import CodecError, tans
+from lmzfs.codecs import CodecError, kernels
 
 T = TypeVar("T")
 
 
 def compiled_then_numpy(compute: Callable[[], T]) -> tuple[T, T]:
-    """(compute() with the compiled loop, compute() with numpy only); the loop is put back after."""
-    if tans._loop is None:
+    """(compute() with the compiled kernels, compute() with numpy only, in
+    kernels.reference_only()); the compiled kernels are back after it."""
+    if kernels.compiled() is None:
         raise AssertionError("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; "
                              "`pip install -e .` builds it")
-    saved = tans._loop
-    try:
-        compiled = compute()
-        tans._loop = None
+    compiled = compute()
+    with kernels.reference_only():
         return compiled, compute()
-    finally:
-        tans._loop = saved
-
 
 
 def value_or_error(compute: Callable[[], T]) -> T | str:
