@@ -31,7 +31,7 @@ from pathlib import Path
 
 def measure_file(path: Path, every: int, runs: int) -> dict:
     from lmzfs.chunker import plan_chunks
-    from lmzfs.codecs import REGISTRY, decode_chunk, encode_chunk, parse_payload, tans
+    from lmzfs.codecs import REGISTRY, decode_chunk, encode_chunk, kernels, parse_payload
     from lmzfs.formats import parse_file
     import xxhash
 
@@ -72,23 +72,18 @@ def measure_file(path: Path, every: int, runs: int) -> dict:
         if decode_chunk(payloads[i], len(plain[i])) != plain[i]:
             raise SystemExit(f"{path.name}: chunk {i} does not decode to its plain bytes")
     dec = best_decode(every_index, None)
-    steps = tans._loop.vector_isa() if tans._loop is not None else None
+    loop = kernels.compiled()
+    steps = loop.vector_isa() if loop is not None else None
     dec_scalar = None
     if steps not in (None, "off"):      # the same decode with the compiled loop's scalar steps
-        try:
-            tans._loop.vector_isa("off")
+        with kernels.scalar_steps():
             dec_scalar = best_decode(every_index, None)
-        finally:
-            tans._loop.vector_isa(steps)
     dec_read = best_decode(every_index, "xxh3")
     dec_verify = best_decode(every_index, "sha256")
     sparse = every_index[::4]
     sparse_bytes = sum(len(plain[i]) for i in sparse)
-    saved_loop, tans._loop = tans._loop, None
-    try:
+    with kernels.reference_only():
         dec_numpy = best_decode(sparse, None) if sparse else None
-    finally:
-        tans._loop = saved_loop
     mb = 1e6
     return {
         "file": path.name, "sample_chunks": len(plain), "sample_bytes": total, "every": every,
@@ -100,7 +95,7 @@ def measure_file(path: Path, every: int, runs: int) -> dict:
         "decode_verify_mbps": total / dec_verify / mb if dec_verify else None,    # + SHA-256
         "numpy_decode_mbps": sparse_bytes / dec_numpy / mb if dec_numpy else None,
         "scalar_steps_decode_mbps": total / dec_scalar / mb if dec_scalar else None,
-        "compiled_loop": saved_loop is not None,
+        "compiled_loop": loop is not None,
         "step_loop": steps,
     }
 

@@ -385,9 +385,9 @@ def freeze_lmzfs(dest: Path) -> tuple[Path, dict]:
         raise ToolError(f"the frozen copy is not the one imported ({probe})")
     # which tANS decoder the copy runs: the compiled loop (copied with lmzfs/) or the numpy one
     state["tans_decoder"] = run([*lmzfs_python(dest), "-c",
-                                 "from lmzfs.codecs import tans; print(('compiled, ' + "
-                                 "('AVX-512 steps' if tans._loop.vector_isa() == 'avx512' else 'scalar steps')) "
-                                 "if tans._loop else 'numpy')"],
+                                 "from lmzfs.codecs.kernels import compiled; loop = compiled(); print(('compiled, ' + "
+                                 "('AVX-512 steps' if loop.vector_isa() == 'avx512' else 'scalar steps')) "
+                                 "if loop else 'numpy')"],
                                 timeout=60).strip()
     return cli, state
 

@@ -118,10 +118,11 @@ def check_versions(problems: list[str]) -> dict:
             problems.append(f"python package {name} is not installed (pip install lmzfs pulls it in)")
     out["libfuse"] = _fusermount_version(shutil.which("fusermount3"))
     # Not a problem when missing (the numpy loop reads every store), but several times slower to decode.
-    from lmzfs.codecs import tans
-    out["tans_decoder"] = "compiled" if tans._loop is not None else "numpy (slower; a C compiler at install builds the loop)"
-    if tans._loop is not None:      # the compiled loop's steps: AVX-512 where the CPU has it
-        out["tans_steps"] = "AVX-512" if tans._loop.vector_isa() == "avx512" else "scalar"
+    from lmzfs.codecs import kernels
+    loop = kernels.compiled()
+    out["tans_decoder"] = "compiled" if loop is not None else "numpy (slower; a C compiler at install builds the loop)"
+    if loop is not None:            # the compiled loop's steps: AVX-512 where the CPU has it
+        out["tans_steps"] = "AVX-512" if loop.vector_isa() == "avx512" else "scalar"
     return out
 
 

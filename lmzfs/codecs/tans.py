@@ -26,8 +26,6 @@ long raises CodecError.
 """
 from __future__ import annotations
 
-import sys
-import types
 
 import numpy as np
 
@@ -493,21 +491,3 @@ def bits_back_bytes(fin: np.ndarray, R: int, m: int) -> np.ndarray:
     if bits[8 * m:].any():
         raise CodecError("floatsplit: lane end states hold bits past the stored bytes")
     return np.packbits(bits[: 8 * m], bitorder="little")
-
-
-class _TansModule(types.ModuleType):
-    """``tans._loop``, the name the compiled module had here before kernels.py: kept readable
-    and settable (None: numpy; the built module: compiled) for code outside lmzfs/codecs that
-    still uses it (lmzfs/doctor.py, bench/). New code asks kernels.compiled() and switches
-    with kernels.reference_only()."""
-
-    @property
-    def _loop(self):
-        return kernels.compiled()
-
-    @_loop.setter
-    def _loop(self, value) -> None:
-        kernels.select(value)
-
-
-sys.modules[__name__].__class__ = _TansModule
