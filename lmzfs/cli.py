@@ -267,6 +267,9 @@ def _repair(store: StorePaths) -> bool:
     print(f"  restored {r.restored_from.name}" +
           (f"; {r.relocated_chunks} chunk(s) found in payloads newer than the copy (moved by a gc, recoded or "
            f"rewritten since)" if r.relocated_chunks else ""))
+    for name in r.recovered_models:
+        print(f"  recovered {name} from the rows the damaged catalog still holds (every file checked against "
+              f"its SHA-256)")
     for name in r.lost_models:
         print(f"LOST {name}: not in the restored copy, or its chunks are in no pack")
     if r.unnamed_losses:

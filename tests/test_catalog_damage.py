@@ -28,7 +28,7 @@ from lmzfs.testing.catalogdamage import (PAGE, Damage, damage_file, file_digests
 from lmzfs.testing.checkpoints import bf16_checkpoints
 from lmzfs.testing.killpoints import kill_at_marker
 from lmzfs.testing.smalldisk import fill
-from lmzfs.testing.synthetic import small_model
+from lmzfs.testing.synthetic import flip_byte_in_chunk_of, small_model
 
 COMMANDS = [["ls"], ["ls", "--json"], ["ls", "m1"], ["cat", "m0/model.safetensors"], ["verify"], ["gc"]]
 
@@ -143,17 +143,36 @@ def test_repair_prints_what_it_found_and_did(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[0] == f"catalog {store.catalog}: sound"
 
 
-def test_a_model_committed_after_the_newest_copy_is_named_as_lost_and_the_rest_recovered(tmp_path, capsys):
-    store = store_of_two(tmp_path)
-    of_a = {k: v for k, v in file_digests(store.root).items() if k.startswith("a/")}
-    # what a writer killed between committing b and writing b's copy leaves
+def _commit_left_without_its_copy(store: StorePaths) -> None:
+    """What a writer killed between committing b and writing b's copy leaves, then a damaged catalog."""
     list_copies(store.catalog)[0].path.unlink()
     due_marker(store.catalog).touch()
     damage_file(store.catalog, Damage("flip-bit", store.catalog.stat().st_size - 100, 3))
+
+
+def test_a_model_committed_after_the_newest_copy_is_recovered_from_the_damaged_catalogs_rows(tmp_path, capsys):
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    _commit_left_without_its_copy(store)
+    from lmzfs.cli import main
+    assert main(["--store", str(store.root), "verify", "--repair"]) == 0
+    out = capsys.readouterr().out
+    assert "  recovered b from the rows the damaged catalog still holds (every file checked against its SHA-256)\n" in out
+    assert "LOST" not in out
+    assert file_digests(store.root) == before
+    assert not due_marker(store.catalog).exists() and diagnose(store).sound
+
+
+def test_a_model_only_the_damaged_catalog_names_whose_chunks_do_not_decode_is_named_as_lost(tmp_path, capsys):
+    store = store_of_two(tmp_path)
+    of_a = {k: v for k, v in file_digests(store.root).items() if k.startswith("a/")}
+    flip_byte_in_chunk_of(store, "b", "model.safetensors")
+    _commit_left_without_its_copy(store)
     from lmzfs.cli import main
     assert main(["--store", str(store.root), "verify", "--repair"]) == 1
     out = capsys.readouterr().out
     assert "LOST b: not in the restored copy, or its chunks are in no pack\n" in out
+    assert "recovered" not in out
     assert file_digests(store.root) == of_a
     assert not due_marker(store.catalog).exists() and diagnose(store).sound
 

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import sqlite3
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +34,7 @@ import xxhash
 
 from lmzfs.codecs import REGISTRY, Codec, CodecError, decode_chunk, parse_payload
 from lmzfs.store.catalog.check import PackIndex
+from lmzfs.store.catalog.salvage import SalvagedModel, scratch_open
 from lmzfs.store.chains.recode import Recode
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.packs import ChunkLocation, PackDamaged, read_payload
@@ -65,6 +64,7 @@ class Placement:
     changed: dict[bytes, Recode]        # chunk -> the payload that now serves it, where the copy's row does not
     lost: set[bytes]                    # chunks no payload of which decodes to their bytes
     brought_back: dict[bytes, BroughtBack]
+    recovered: list[SalvagedModel] = field(default_factory=list)    # salvaged models the packs bear out
 
 
 def location_of(row: Recode) -> ChunkLocation:
@@ -90,23 +90,14 @@ def salvage_chunk_rows(path: Path | None) -> RowsRead:
     out = RowsRead()
     if path is None or not path.exists():
         return out
-    with tempfile.TemporaryDirectory(prefix="lmz-salvage-") as scratch:
-        copy = Path(scratch) / "catalog.sqlite"
-        try:
-            shutil.copyfile(path, copy)
-            wal = path.with_name(path.name + "-wal")
-            if wal.exists():
-                shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
-            db = sqlite3.connect(copy, isolation_level=None)
-        except (OSError, sqlite3.Error):
+    with scratch_open(path) as db:
+        if db is None:
             return out
         try:
             for cid, size, row in _rows(db):
                 out.rows[cid], out.sizes[cid] = row, size
         except sqlite3.Error:
             pass        # what was read before the damage stands
-        finally:
-            db.close()
     return out
 
 
@@ -139,6 +130,8 @@ class _Search:
     def place(self, cid: bytes) -> Recode | None:
         if cid in self.placed:
             return self.placed[cid]
+        if cid not in self.sizes:
+            self._size_from_records(cid)
         if cid in self.lost or cid in self._busy or cid not in self.sizes:
             return None
         self._busy.add(cid)
@@ -172,6 +165,35 @@ class _Search:
         if row is not None:
             out.append(row)
         return list(dict.fromkeys(out))
+
+    def _size_from_records(self, cid: bytes) -> None:
+        """A chunk no catalog row gives a size: the plain size its payloads' headers record
+        (checked, like everything here, by the decode against its id)."""
+        for loc in self.index.records.get(cid, ()):
+            payload = self._payload(cid, loc)
+            try:
+                size = parse_payload(payload).size if payload is not None else None
+            except CodecError:
+                continue
+            if size is not None:
+                self.sizes[cid] = size
+                return
+
+    def bears_out(self, model: SalvagedModel) -> bool:
+        """Every file of the model tiles with chunks that decode from the packs, and its bytes so
+        assembled have the SHA-256 its row records."""
+        for f in model.files:
+            whole = hashlib.sha256()
+            end = 0
+            for offset, cid in f.extents:
+                plain = self.plain(cid) if offset == end and self.place(cid) is not None else None
+                if plain is None:
+                    return False
+                whole.update(plain)
+                end += len(plain)
+            if end != f.size or whole.hexdigest() != f.sha256:
+                return False
+        return True
 
     def _fd(self, pack: int) -> int:
         if pack not in self._fds:
@@ -231,9 +253,11 @@ class _Search:
             self._plain_bytes -= len(old)
 
 
-def place_chunks(store: StorePaths, db: sqlite3.Connection, salvaged: RowsRead, index: PackIndex) -> Placement:
+def place_chunks(store: StorePaths, db: sqlite3.Connection, salvaged: RowsRead, index: PackIndex,
+                 models: list[SalvagedModel] = ()) -> Placement:
     """For every chunk row of `db` (the restored copy), the payload that serves it now, and the
-    references it needs that the copy does not hold."""
+    references it needs that the copy does not hold; and of the salvaged `models` (not in the
+    copy), those the packs bear out, with the chunks they need brought back."""
     restored = RowsRead()
     for cid, size, row in _rows(db):
         restored.rows[cid], restored.sizes[cid] = row, size
@@ -242,6 +266,7 @@ def place_chunks(store: StorePaths, db: sqlite3.Connection, salvaged: RowsRead, 
     try:
         for cid in sorted(rows):
             search.place(cid)
+        recovered = [m for m in models if search.bears_out(m)]
         back = {}
         for cid in sorted(search.placed.keys() - rows.keys()):
             plain = search.plain(cid)
@@ -250,4 +275,4 @@ def place_chunks(store: StorePaths, db: sqlite3.Connection, salvaged: RowsRead, 
     finally:
         search.close()
     changed = {cid: row for cid, row in search.placed.items() if cid in rows and row != rows[cid]}
-    return Placement(changed, set(rows.keys() - search.placed.keys()), back)
+    return Placement(changed, set(rows.keys() - search.placed.keys()), back, recovered)

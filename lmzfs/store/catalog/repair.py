@@ -3,9 +3,12 @@
 Under the writer lock: judge the live catalog (catalogcheck.diagnose); if it is not sound, rename
 it (with its -wal) to ``catalog.sqlite.damaged-TIMESTAMP`` for inspection, install the newest copy
 that checks clean, and re-derive from the packs what the copy cannot know: where each chunk lies
-now (a gc since the copy moved records), how many extents use it. Models whose chunks no pack
-holds, and models the damaged catalog names but the copy does not (added after the last copy
-was written), are reported by name. A second run finds a sound catalog and changes nothing.
+now (a gc since the copy moved records), how many extents use it. A model the copy does not hold
+(added after it was written) is taken back from the rows the damaged catalog, or a newer damaged
+copy, still yields (catalog/salvage.py), when every chunk its extents name decodes from the packs
+and every file so assembled has the SHA-256 its row records. A model is reported lost, by name,
+only when no copy and no surviving row can bring it back. A second run finds a sound catalog and
+changes nothing.
 """
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ from lmzfs.store.catalog.check import PackIndex, broken_models, diagnose, index_
 from lmzfs.store.catalog.copies import DIGEST_KEY, due_marker, write_copy
 from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
 from lmzfs.store.lock import WriterLock
+from lmzfs.store.names import validate_model_name
 from lmzfs.store.catalog.payloadsearch import place_chunks, salvage_chunk_rows
+from lmzfs.store.catalog.salvage import SalvagedModel, insert_recovered, salvage_models
 from lmzfs.store.catalog.uri import sqlite_uri
 
 
@@ -32,6 +37,7 @@ class RepairReport:
     damaged_kept: Path | None = None
     relocated_chunks: int = 0
     lost_models: list[str] = field(default_factory=list)      # named, but not recoverable
+    recovered_models: list[str] = field(default_factory=list)  # only a damaged file named them; taken back
     unnamed_losses: bool = False        # the damaged catalog's model list could not be read
     copy_written: bool = False          # a sound catalog that had no copy of its generation got one
 
@@ -56,6 +62,7 @@ def repair_catalog(store: StorePaths) -> RepairReport:
                              f"clean ({len(verdict.copies)} found); it is left as it is")
         names_before = _salvage_model_names(store.catalog)
         copy, _ = clean[0]
+        newer_copies = [c.path for c, _ in verdict.copies if c.generation > copy.generation]
         # Nothing can be newer than this copy if it is the newest one there is and no commit was
         # left without its copy; else name what the damaged catalog and newer copies still yield.
         complete = copy.generation == verdict.copies[0][0].generation and not due_marker(store.catalog).exists()
@@ -72,7 +79,7 @@ def repair_catalog(store: StorePaths) -> RepairReport:
         os.replace(staged, store.catalog)
         fsync_dir(store.root)
         try:
-            _rederive(store, report)
+            _rederive(store, report, None if complete else newer_copies)
         except StoreError as exc:       # e.g. a disk that the restored file filled
             kept = f" (the damaged file is kept as {report.damaged_kept.name})" if report.damaged_kept else ""
             raise StoreError(f"restored the catalog from {copy.path.name}{kept}, but could not bring it up "
@@ -153,15 +160,25 @@ def _stage(copy: Path, store: StorePaths) -> Path:
     return tmp
 
 
-def _rederive(store: StorePaths, report: RepairReport) -> None:
+def _rederive(store: StorePaths, report: RepairReport, newer_copies: list[Path] | None) -> None:
     """Point chunk rows at the payloads that serve them now (payloadsearch: the copy may be older
-    than a recode, a rewrite or a gc), drop models no pack can serve, recount references, and
-    commit (which writes a copy of the repaired catalog)."""
+    than a recode, a rewrite or a gc), take back the models that only the damaged catalog (or a
+    newer, damaged copy) still names where the packs bear them out, drop models no pack can
+    serve, recount references, and commit (which writes a copy of the repaired catalog)."""
     catalog = Catalog(store.catalog)        # upgrades a copy of a version 1 catalog
     try:
         index = index_packs(store)
-        placement = place_chunks(store, catalog.db, salvage_chunk_rows(report.damaged_kept), index)
+        present = {m.name: m.id for m in catalog.models()}
+        salvaged: dict[int, SalvagedModel] = {}
+        if newer_copies is not None:
+            for source in ([report.damaged_kept] if report.damaged_kept else []) + newer_copies:
+                for m in salvage_models(source, skip_ids=set(present.values())):
+                    if m.name not in present and _valid_name(m.name):
+                        salvaged.setdefault(m.model_id, m)
+        placement = place_chunks(store, catalog.db, salvage_chunk_rows(report.damaged_kept), index,
+                                 list(salvaged.values()))
         report.relocated_chunks = len(placement.changed)
+        report.recovered_models = sorted(m.name for m in placement.recovered)
         report.lost_models = sorted(m for m in broken_models(catalog.db, placement.lost) if not m.startswith("("))
         with catalog.transaction() as db:
             db.executemany("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ? WHERE id = ?",
@@ -170,11 +187,16 @@ def _rederive(store: StorePaths, report: RepairReport) -> None:
             if catalog.has_base:
                 db.executemany("UPDATE chunks SET base = ? WHERE id = ?",
                                [(r.base, cid) for cid, r in placement.changed.items()])
-                # references made since the copy, which its chunks now decode against (refs below)
-                db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3, base) "
-                               "VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
-                               [(cid, b.size, b.row.codec, b.row.pack, b.row.offset, b.row.length, b.xxh3, b.row.base)
-                                for cid, b in placement.brought_back.items()])
+            # references made since the copy, which its chunks now decode against, and the
+            # chunks of the models taken back (refs below)
+            db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3, base) "
+                           "VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                           [(cid, b.size, b.row.codec, b.row.pack, b.row.offset, b.row.length, b.xxh3,
+                             b.row.base if catalog.has_base else None)
+                            for cid, b in placement.brought_back.items()
+                            if catalog.has_base or b.row.base is None])
+            for model in placement.recovered:
+                insert_recovered(db, model)
             for name in report.lost_models:
                 row = db.execute("SELECT id FROM models WHERE name = ?", (name,)).fetchone()
                 db.execute("DELETE FROM extents WHERE file IN (SELECT id FROM files WHERE model = ?)", (row[0],))
@@ -189,6 +211,14 @@ def _rederive(store: StorePaths, report: RepairReport) -> None:
                 Catalog.record_pack_ids(db, *_last_pack(db, index))
     finally:
         catalog.close()
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        validate_model_name(name)
+    except StoreError:
+        return False
+    return True
 
 
 def _recount_refs(db: sqlite3.Connection, has_base: bool) -> None:
