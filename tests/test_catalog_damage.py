@@ -485,3 +485,36 @@ def test_a_repair_with_no_room_for_the_copy_changes_nothing(full_disk_store):
     filler.unlink()
     assert repair(store).rc == 0
     assert verify_store(store).ok
+
+
+def _pages_of(path: Path, table: str) -> list[int]:
+    """The 0-based page numbers of a table's b-tree in a catalog file (read from a scratch copy)."""
+    scratch = path.with_name("pages-scratch.sqlite")
+    scratch.write_bytes(path.read_bytes())
+    db = sqlite3.connect(scratch)
+    try:
+        return [n - 1 for (n,) in db.execute("SELECT pageno FROM dbstat WHERE name = ?", (table,))]
+    finally:
+        db.close()
+        scratch.unlink()
+
+
+def test_a_running_mount_keeps_opening_its_files_when_the_catalogs_models_page_goes_bad(tmp_path):
+    from lmzfs.testing.mount import mounted
+    store = store_of_two(tmp_path)
+    want = file_digests(store.root)
+    (page,) = _pages_of(store.catalog, "models")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with mounted(mnt, store.root) as fs:
+        assert sorted(p.relative_to(mnt).as_posix() for p in mnt.rglob("*") if p.is_file()
+                      and ".lmzfs" not in p.parts) == sorted(want)
+        damage_file(store.catalog, Damage("zero-page", page * PAGE))
+        for _ in range(2):          # every open, not only the first
+            for name, digest in want.items():
+                assert hashlib.sha256((mnt / name).read_bytes()).hexdigest() == digest
+        log = fs.log()
+    # one line says so, naming the copy files open from; no open failed
+    assert log.count("files open from its copy catalog.sqlite.copy-0000000002 until it is repaired") == 1, log
+    assert "Traceback" not in log
+    assert diagnose(store).problem is not None          # the file on disk is still damaged: repair is due

@@ -2,6 +2,7 @@
 (lmzfs/reader/filereader.py) that share the store's chunk source and one read-ahead pool."""
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -10,13 +11,17 @@ from lmzfs.hostresources import MAX_CACHE, usable_cpus
 from lmzfs.reader.api import FileEntry, StoreTotals
 from lmzfs.reader.filereader import FileReader
 from lmzfs.reader.readahead import Prefetcher
-from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog import Catalog, CatalogDamaged
+from lmzfs.store.catalog.check import examine
+from lmzfs.store.catalog.copies import list_copies
 from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StorePaths
 
 __all__ = ["Archive", "DEFAULT_CACHE_BYTES", "FileReader"]
 
 DEFAULT_CACHE_BYTES = MAX_CACHE
+
+log = logging.getLogger(__name__)
 
 
 class Archive:
@@ -31,6 +36,7 @@ class Archive:
         self.store = StorePaths(Path(store_dir))
         self.store.check_format()
         self._catalog = Catalog(self.store.catalog, readonly=True)
+        self._snapshot: Catalog | None = None      # the newest clean copy, once the live file went bad
         self._lock = threading.Lock()
         self.counters = ReadCounters()
         self.source = ChunkSource(self.store, cache_bytes, check_ids=check_ids, counters=self.counters)
@@ -78,15 +84,41 @@ class Archive:
         return self.prefetcher is not None and self.prefetcher.active_streams() > 0
 
     def open(self, entry: FileEntry) -> FileReader:
+        """A reader of the file. If the live catalog file has gone bad under a running mount, the
+        file's rows come from the newest copy of the catalog that checks clean (written after
+        every commit), so the tree the mount lists keeps opening; every chunk read is checked as
+        always, so a copy that is behind the packs gives EIO, never wrong bytes."""
         with self._lock:
-            row = self._catalog.file_by_id(entry.file_id)
-            if row is None or (row.model, row.path) != (entry.model, entry.path):
-                raise FileNotFoundError(f"{entry.model}/{entry.path}: no longer in the store")
-            extents = self._catalog.extents(entry.file_id)
+            try:
+                row, extents = self._rows_of(self._catalog, entry)
+            except CatalogDamaged as exc:
+                snapshot = self._snapshot_catalog(exc)
+                if snapshot is None:
+                    raise
+                row, extents = self._rows_of(snapshot, entry)
         return FileReader(self.source, self.prefetcher, f"{row.model}/{row.path}", row.size, extents)
+
+    @staticmethod
+    def _rows_of(catalog: Catalog, entry: FileEntry):
+        row = catalog.file_by_id(entry.file_id)
+        if row is None or (row.model, row.path) != (entry.model, entry.path):
+            raise FileNotFoundError(f"{entry.model}/{entry.path}: no longer in the store")
+        return row, catalog.extents(entry.file_id)
+
+    def _snapshot_catalog(self, damage: CatalogDamaged) -> Catalog | None:
+        """The newest clean copy (opened once, logged once), or None if no copy checks clean."""
+        if self._snapshot is None:
+            for copy in list_copies(self.store.catalog):
+                if examine(copy.path, copy=True).clean:
+                    self._snapshot = Catalog(copy.path, readonly=True)
+                    log.error("%s; files open from its copy %s until it is repaired", damage, copy.path.name)
+                    break
+        return self._snapshot
 
     def close(self) -> None:
         if self.prefetcher is not None:
             self.prefetcher.close()
         self.source.close()
         self._catalog.close()
+        if self._snapshot is not None:
+            self._snapshot.close()
