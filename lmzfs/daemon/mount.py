@@ -89,7 +89,7 @@ def _factory_spec(factory) -> str:
 
 def _default_factory(store_dir: Path, cache_bytes: int, workers: int | None = None):
     from lmzfs.reader.archive import Archive
-    return Archive(store_dir, cache_bytes=cache_bytes, workers=workers)
+    return Archive(store_dir, cache_bytes=cache_bytes, workers=workers, copy_on_damage=True)
 
 
 def configure_logging(debug: bool = False) -> None:

@@ -29,13 +29,15 @@ class Archive:
 
     `workers` threads decode ahead of sequential readers (0 turns read-ahead off; None: one per
     usable CPU). With check_ids, every chunk is also checked against its SHA-256 id, not only
-    against its read checksum (`lmz verify`)."""
+    against its read checksum (`lmz verify`). With copy_on_damage (a running mount), files open
+    from the newest clean copy of the catalog once the live file has gone bad (see open)."""
 
     def __init__(self, store_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES, workers: int | None = None,
-                 check_ids: bool = False):
+                 check_ids: bool = False, copy_on_damage: bool = False):
         self.store = StorePaths(Path(store_dir))
         self.store.check_format()
         self._catalog = Catalog(self.store.catalog, readonly=True)
+        self._copy_on_damage = copy_on_damage
         self._snapshot: Catalog | None = None      # the newest clean copy, once the live file went bad
         self._lock = threading.Lock()
         self.counters = ReadCounters()
@@ -84,7 +86,7 @@ class Archive:
         return self.prefetcher is not None and self.prefetcher.active_streams() > 0
 
     def open(self, entry: FileEntry) -> FileReader:
-        """A reader of the file. If the live catalog file has gone bad under a running mount, the
+        """A reader of the file. With copy_on_damage, if the live catalog file has gone bad, the
         file's rows come from the newest copy of the catalog that checks clean (written after
         every commit), so the tree the mount lists keeps opening; every chunk read is checked as
         always, so a copy that is behind the packs gives EIO, never wrong bytes."""
@@ -92,7 +94,7 @@ class Archive:
             try:
                 row, extents = self._rows_of(self._catalog, entry)
             except CatalogDamaged as exc:
-                snapshot = self._snapshot_catalog(exc)
+                snapshot = self._snapshot_catalog(exc) if self._copy_on_damage else None
                 if snapshot is None:
                     raise
                 row, extents = self._rows_of(snapshot, entry)
