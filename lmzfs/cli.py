@@ -98,7 +98,8 @@ def _reclaim_clause(g) -> str:
 
 
 def cmd_ls(args) -> int:
-    from lmzfs.store.catalog import Catalog
+    from lmzfs.store.catalog import Catalog, CatalogDamaged
+    from lmzfs.store.catalog.check import examine
     store = _store(args)
     if not store.exists():
         if args.json:
@@ -107,6 +108,10 @@ def cmd_ls(args) -> int:
             print(f"no store at {store.root} yet (lmz add DIR creates it)")
         return 0
     store.check_format()
+    # damage in a page no listing query reads would go unseen: ls judges the file as mount does
+    check = examine(store.catalog)
+    if not check.clean and not check.unreadable:
+        raise CatalogDamaged(store.catalog, check.problem)
     catalog = Catalog(store.catalog, readonly=True)
     try:
         if args.model:

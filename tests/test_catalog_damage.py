@@ -518,3 +518,13 @@ def test_a_running_mount_keeps_opening_its_files_when_the_catalogs_models_page_g
     assert log.count("files open from its copy catalog.sqlite.copy-0000000002 until it is repaired") == 1, log
     assert "Traceback" not in log
     assert diagnose(store).problem is not None          # the file on disk is still damaged: repair is due
+
+
+def test_ls_names_damage_in_a_page_no_listing_reads(tmp_path, capsys):
+    store = store_of_two(tmp_path)
+    (page,) = _pages_of(store.catalog, "chunks_by_pack")        # an index no listing query uses
+    damage_file(store.catalog, Damage("zero-page", page * PAGE))
+    from lmzfs.cli import main
+    assert main(["--store", str(store.root), "ls"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lmz: catalog {store.catalog} is damaged: run lmz verify --repair (") and err.count("\n") == 1
