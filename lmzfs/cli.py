@@ -108,12 +108,12 @@ def cmd_ls(args) -> int:
             print(f"no store at {store.root} yet (lmz add DIR creates it)")
         return 0
     store.check_format()
-    # damage in a page no listing query reads would go unseen: ls judges the file as mount does
-    check = examine(store.catalog)
-    if not check.clean and not check.unreadable:
-        raise CatalogDamaged(store.catalog, check.problem)
-    catalog = Catalog(store.catalog, readonly=True)
+    catalog = Catalog(store.catalog, readonly=True)      # refuses a version it does not know
     try:
+        # damage in a page no listing query reads would go unseen: ls judges the file as mount does
+        check = examine(store.catalog)
+        if not check.clean and not check.unreadable:
+            raise CatalogDamaged(store.catalog, check.problem)
         if args.model:
             return _ls_model(catalog, args)
         usage = catalog.usage()

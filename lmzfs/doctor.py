@@ -197,23 +197,24 @@ def _open_catalog(store: StorePaths) -> Catalog:
 
 
 def _check_catalog(catalog: Catalog, store: StorePaths, out: dict, problems: list[str]) -> None:
+    from lmzfs.store.catalog.chunkrows import pack_use
+    from lmzfs.store.catalog.stats import counts, quick_check
     db = catalog.db
-    rows = [r[0] for r in db.execute("PRAGMA quick_check")]
+    rows = quick_check(db)
     out["quick_check"] = "ok" if rows == ["ok"] else rows[:10]
     if rows != ["ok"]:
         problems.append(f"catalog {store.catalog} fails PRAGMA quick_check: {'; '.join(rows[:3])}")
-    one = lambda q: db.execute(q).fetchone()                                  # noqa: E731
-    out["models"] = one("SELECT COUNT(*) FROM models")[0]
-    out["files"], out["logical_bytes"] = one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM files")
-    out["chunks"] = one("SELECT COUNT(*) FROM chunks")[0]
+    n = counts(db)
+    out["models"] = n.models
+    out["files"], out["logical_bytes"] = n.files, n.logical_bytes
+    out["chunks"] = n.chunks
     out["catalog_version"] = catalog.version
     out["chunks_checked_by_sha256"] = catalog.chunks_checked_by_id()
-    out["unreferenced_chunks"], out["unreferenced_bytes"] = one(
-        "SELECT COUNT(*), COALESCE(SUM(length), 0) FROM chunks WHERE refs = 0")
-    packs = db.execute("SELECT pack, COUNT(*), MAX(offset + length) FROM chunks GROUP BY pack ORDER BY pack").fetchall()
+    out["unreferenced_chunks"], out["unreferenced_bytes"] = n.unreferenced_chunks, n.unreferenced_bytes
+    packs = pack_use(db)
     out["packs"] = {"referenced": len(packs), "missing": [], "damaged": []}
-    for pack_id, chunks, end in packs:
-        _check_pack(store, pack_id, chunks, end, out["packs"], problems)
+    for u in packs.values():
+        _check_pack(store, u.pack, u.chunks, u.end, out["packs"], problems)
     on_disk = store.disk_bytes()
     out["on_disk_bytes"] = on_disk
 

@@ -16,9 +16,10 @@ from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import RENAME_EXCHANGE, Attributes, Node, fs_error
 from lmzfs.fsmodel.records import SpoolRecords
-from lmzfs.store.catalog.fsrows import (EntryMeta, delete_entry, delete_model, delete_model_named, insert_model,
+from lmzfs.store.catalog.fsrows import (EntryMeta, delete_entry, delete_model, delete_model_named,
                                         model_id, model_names, models_by_id, move_subtree, put_entry, remove_file_row,
                                         remove_subtree, rename_model)
+from lmzfs.store.catalog.modelrows import insert_model
 from lmzfs.store.layout import StoreError
 from lmzfs.store.names import RESERVED_TOP, validate_model_name
 

@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from lmzfs.chunker import CHUNK_SIZE
-from lmzfs.store.catalog.fsrows import EntryMeta, model_id, put_entry, record_spool_commit, remove_file_row
+from lmzfs.store.catalog.fsrows import EntryMeta, model_id, put_entry, record_spool_commit, replace_file_row
+from lmzfs.store.catalog.modelrows import NewFile
 from lmzfs.store.add import DEFAULT_CHAIN_DEPTH
 from lmzfs.store.chains.plan import choose_base
 from lmzfs.store.chains.recode import ChainRecoder, RecodedBefore, record_recoded
@@ -90,19 +91,8 @@ def _publish(db: sqlite3.Connection, model: str, path: str, plan: FilePlan, new:
              meta: EntryMeta, replaces: int | None) -> int:
     insert_new_chunks(db, [plan], new)
     mid = model_id(db, model)
-    mtime = meta.mtime_ns / 1e9
-    if replaces is not None and db.execute("SELECT 1 FROM files WHERE id = ?", (replaces,)).fetchone():
-        remove_file_row(db, replaces)
-        db.execute("INSERT INTO files (id, model, path, size, mtime, sha256, format) VALUES (?,?,?,?,?,?,?)",
-                   (replaces, mid, path, plan.size, mtime, plan.sha256, plan.format))
-        file_id = replaces
-    else:
-        # a file stored at this path meanwhile (an `lmz add` cannot make one; an earlier commit can)
-        old = db.execute("SELECT id FROM files WHERE model = ? AND path = ?", (mid, path)).fetchone()
-        if old is not None:
-            remove_file_row(db, old[0])
-        file_id = db.execute("INSERT INTO files (model, path, size, mtime, sha256, format) VALUES (?,?,?,?,?,?)",
-                             (mid, path, plan.size, mtime, plan.sha256, plan.format)).lastrowid
+    file_id = replace_file_row(db, NewFile(mid, path, plan.size, meta.mtime_ns / 1e9, plan.sha256, plan.format),
+                               replaces)
     # extents, and tensors so that a later `lmz add` can pair a checkpoint with this file
     add_refs(db, insert_file_rows(db, file_id, plan))
     put_entry(db, mid, path, meta)

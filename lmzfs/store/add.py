@@ -24,6 +24,7 @@ from typing import Callable
 from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from lmzfs.formats import ExternalRef, FormatError, external_refs
 from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog.modelrows import NewFile, insert_file, insert_model
 from lmzfs.store.chains.plan import BaseChoice, NewTensor, choose_base
 from lmzfs.store.chains.recode import ChainRecoder, RecodedBefore, RecodeTotals, record_recoded
 from lmzfs.store.gc import GcResult, reclaim_packs
@@ -227,12 +228,10 @@ def _record_model(tx: sqlite3.Connection, name: str, source: str, plans: list[Fi
     """Inside the add's one transaction: the model, its files, extents and new chunks, and the
     recoded chunks of its base."""
     insert_new_chunks(tx, plans, encoder.new)
-    model_id = tx.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)",
-                          (name, time.time(), source)).lastrowid
+    model_id = insert_model(tx, name, time.time(), source)
     refs: dict[bytes, int] = {}
     for p in plans:
-        file_id = tx.execute("INSERT INTO files (model, path, size, mtime, sha256, format) VALUES (?,?,?,?,?,?)",
-                             (model_id, p.rel, p.size, p.mtime, p.sha256, p.format)).lastrowid
+        file_id = insert_file(tx, NewFile(model_id, p.rel, p.size, p.mtime, p.sha256, p.format))
         for cid, n in insert_file_rows(tx, file_id, p).items():
             refs[cid] = refs.get(cid, 0) + n
     record_recoded(tx, recoded, before, refs)

@@ -14,12 +14,12 @@ from typing import Callable
 import xxhash
 
 from lmzfs.errors import CorruptChunk
-from lmzfs.store.catalog import Catalog, Extent
+from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog.chunkrows import fill_checksums, unchecked_chunks
 from lmzfs.store.read.chunkread import read_chunk
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.read.packfds import PackDescriptors
-from lmzfs.store.packs import ChunkLocation
 
 BATCH = 256       # chunks per catalog transaction
 
@@ -39,12 +39,11 @@ def record_checksums(store: StorePaths, progress: Callable[[int, int], None] | N
         packs = PackDescriptors(store)
         fds: dict[int, int] = {}
         try:
-            rows = catalog.db.execute("SELECT id, size, codec, pack, offset, length FROM chunks "
-                                      "WHERE xxh3 IS NULL AND refs > 0 ORDER BY pack, offset").fetchall()
-            total = sum(r[1] for r in rows)
-            pending: list[tuple[bytes, bytes]] = []
-            for cid, size, codec, pack, offset, length in rows:
-                extent = Extent(0, size, cid, codec, ChunkLocation(pack, offset, length))
+            extents = unchecked_chunks(catalog.db)
+            total = sum(e.size for e in extents)
+            pending: dict[bytes, bytes] = {}        # chunk id -> its XXH3-128
+            for extent in extents:
+                cid, size, pack = extent.chunk_id, extent.size, extent.location.pack
                 try:
                     if pack not in fds:
                         fds.update(packs.acquire({pack}))
@@ -52,7 +51,7 @@ def record_checksums(store: StorePaths, progress: Callable[[int, int], None] | N
                 except CorruptChunk as exc:
                     report.damaged.append(f"chunk {cid.hex()[:16]}: {exc.strerror}")
                     continue
-                pending.append((xxhash.xxh3_128_digest(plain), cid))
+                pending[cid] = xxhash.xxh3_128_digest(plain)
                 report.bytes += size
                 if len(pending) >= BATCH:
                     report.recorded += _commit(catalog, pending)
@@ -65,9 +64,9 @@ def record_checksums(store: StorePaths, progress: Callable[[int, int], None] | N
     return report
 
 
-def _commit(catalog: Catalog, pending: list[tuple[bytes, bytes]]) -> int:
+def _commit(catalog: Catalog, pending: dict[bytes, bytes]) -> int:
     with catalog.transaction() as db:
-        db.executemany("UPDATE chunks SET xxh3 = ? WHERE id = ? AND xxh3 IS NULL", pending)
+        fill_checksums(db, pending)
     n = len(pending)
     pending.clear()
     return n

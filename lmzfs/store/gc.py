@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog import Catalog, chunkrows
+from lmzfs.store.catalog.chunkrows import ChunkMove, PackUse
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.packbackend import LocalPacks
-from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation
+from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER
 from lmzfs.store.write.session import PackSession
 
 
@@ -50,16 +51,15 @@ def collect_garbage(store: StorePaths) -> GcResult:
 def dead_chunks(db) -> tuple[set[bytes], dict[bytes, int]]:
     """(the chunks to collect, references each surviving base loses with them): chunks with no
     reference, then each base all of whose references are among them, and so on down the chain."""
-    dead = {cid for (cid,) in db.execute("SELECT id FROM chunks WHERE refs <= 0")}
+    dead = chunkrows.unreferenced(db)
     lost: dict[bytes, int] = {}
     todo = list(dead)
     while todo:
         cid = todo.pop()
-        row = db.execute("SELECT c.base, b.refs FROM chunks c JOIN chunks b ON b.id = c.base WHERE c.id = ?",
-                         (cid,)).fetchone()
-        if row is None or row[0] in dead:
+        row = chunkrows.base_refs(db, cid)
+        if row is None or row.base in dead:
             continue
-        base, refs = row
+        base, refs = row.base, row.refs
         lost[base] = lost.get(base, 0) + 1
         if refs - lost[base] <= 0:
             dead.add(base)
@@ -71,10 +71,8 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     on_disk = LocalPacks(store).list_packs()
     db = catalog.db
     dead, lost = dead_chunks(db)
-    _mark_dead(db, dead)
-    live = {pid: _Live(n, used, end) for pid, n, used, end in db.execute(
-        "SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks "
-        "WHERE id NOT IN (SELECT id FROM gc_dead) GROUP BY pack")}
+    chunkrows.mark_dead(db, dead)
+    live = _live(chunkrows.unmarked_pack_use(db))
     return _remedy(store, catalog, on_disk, live, len(dead), lost, LocalPacks(store).in_use())
 
 
@@ -94,14 +92,11 @@ def reclaim_packs(store: StorePaths, catalog: Catalog, pack_ids: set[int]) -> Gc
     if not on_disk:
         return result
     db = catalog.db
-    marks = ",".join("?" * len(on_disk))
-    live = {pid: _Live(n, used, end) for pid, n, used, end in db.execute(
-        f"SELECT pack, COUNT(*), SUM(length), MAX(offset + length) FROM chunks WHERE pack IN ({marks}) "
-        f"GROUP BY pack", sorted(on_disk))}
+    live = _live(chunkrows.pack_use(db, on_disk))
     if LocalPacks(store).in_use():
         result.left_for_gc = sum(max(0, size - live.get(pid, _Live()).bytes) for pid, size in on_disk.items())
         return result
-    _mark_dead(db, set())
+    chunkrows.mark_dead(db, set())
     return _remedy(store, catalog, on_disk, live, 0, {}, False)
 
 
@@ -118,16 +113,14 @@ class _Live:
         return len(PACK_HEADER) + self.n * RECORD_HEADER.size + self.used if self.n else 0
 
 
-def _mark_dead(db, dead: set[bytes]) -> None:
-    db.execute("CREATE TEMP TABLE IF NOT EXISTS gc_dead (id BLOB PRIMARY KEY) WITHOUT ROWID")
-    db.execute("DELETE FROM gc_dead")
-    db.executemany("INSERT INTO gc_dead VALUES (?)", [(cid,) for cid in dead])
+def _live(use: dict[int, PackUse]) -> dict[int, _Live]:
+    return {pid: _Live(u.chunks, u.payload, u.end) for pid, u in use.items()}
 
 
 def _remedy(store: StorePaths, catalog: Catalog, on_disk: dict[int, int], live: dict[int, _Live], dropped: int,
             lost: dict[bytes, int], in_use: bool) -> GcResult:
     """Cut, delete or rewrite each pack of `on_disk` (id -> size) so that it holds only its live
-    records (`live`; the chunks in the temp table gc_dead are dropped), in one transaction."""
+    records (`live`; the chunks chunkrows.mark_dead marked are dropped), in one transaction."""
     db = catalog.db
     result = GcResult(chunks_dropped=dropped, bytes_before=sum(on_disk.values()))
     # Three remedies, cheapest first. A pack whose live records lie back to back from its header
@@ -156,19 +149,17 @@ def _remedy(store: StorePaths, catalog: Catalog, on_disk: dict[int, int], live: 
         return result
 
     last, _ = catalog.pack_ids()
-    moves: list[tuple[int, int, int, bytes]] = []
+    moves: list[ChunkMove] = []
     with PackSession(store, catalog, fresh_packs=True) as session:
         for pid in rewrite:
-            rows = [(cid, ChunkLocation(pid, off, length)) for cid, off, length in db.execute(
-                "SELECT id, offset, length FROM chunks WHERE pack = ? AND id NOT IN "
-                "(SELECT id FROM gc_dead) ORDER BY offset", (pid,))]
-            for (cid, _), loc in zip(rows, session.copy_records(rows, "gc")):
-                moves.append((loc.pack, loc.offset, loc.length, cid))
+            rows = list(chunkrows.unmarked_in_pack(db, pid).items())
+            for (cid, old), loc in zip(rows, session.copy_records(rows, "gc")):
+                moves.append(ChunkMove(cid, old, loc))
 
         def record(tx) -> None:
-            tx.executemany("UPDATE chunks SET pack = ?, offset = ?, length = ? WHERE id = ?", moves)
-            tx.execute("DELETE FROM chunks WHERE id IN (SELECT id FROM gc_dead)")
-            tx.executemany("UPDATE chunks SET refs = refs - ? WHERE id = ?", [(n, b) for b, n in lost.items()])
+            chunkrows.relocate(tx, moves)
+            chunkrows.delete_marked(tx)
+            chunkrows.add_refs(tx, {b: -n for b, n in lost.items()})
             if not session.appended and (last in delete or last in rewrite):
                 Catalog.record_pack_ids(tx, None, 0)
         # Bytes no catalog row names (what a killed add appended) go without a transaction: on a

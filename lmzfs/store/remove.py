@@ -5,6 +5,7 @@ A chunk that another chunk is coded against keeps that reference in its count (c
 from __future__ import annotations
 
 from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog.modelrows import delete_model
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 
@@ -24,16 +25,7 @@ def remove_models(store: StorePaths, names: list[str]) -> int:
             removed = 0
             with catalog.transaction() as db:
                 for row in rows:
-                    db.execute("CREATE TEMP TABLE IF NOT EXISTS gone(chunk BLOB, n INTEGER)")
-                    db.execute("DELETE FROM gone")
-                    db.execute("INSERT INTO gone SELECT e.chunk, COUNT(*) FROM extents e JOIN files f ON f.id = e.file "
-                               "WHERE f.model = ? GROUP BY e.chunk", (row.id,))
-                    db.execute("UPDATE chunks SET refs = refs - (SELECT n FROM gone WHERE gone.chunk = chunks.id) "
-                               "WHERE id IN (SELECT chunk FROM gone)")
-                    db.execute("DELETE FROM extents WHERE file IN (SELECT id FROM files WHERE model = ?)", (row.id,))
-                    db.execute("DELETE FROM tensors WHERE file IN (SELECT id FROM files WHERE model = ?)", (row.id,))
-                    removed += db.execute("DELETE FROM files WHERE model = ?", (row.id,)).rowcount
-                    db.execute("DELETE FROM models WHERE id = ?", (row.id,))
+                    removed += delete_model(db, row.id)
             return removed
         finally:
             catalog.close()

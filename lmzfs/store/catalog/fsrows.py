@@ -23,6 +23,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
+from lmzfs.store.catalog.modelrows import NewFile, insert_file
 from lmzfs.store.layout import StoreError
 
 FS_VERSION = 1
@@ -198,6 +199,21 @@ def remove_file_row(db: sqlite3.Connection, file_id: int) -> None:
     db.execute("DELETE FROM files WHERE id = ?", (file_id,))
 
 
+def replace_file_row(db: sqlite3.Connection, f: NewFile, replaces: int | None) -> int:
+    """Inside a commit's transaction: a committed file's row, replacing stored file `replaces`
+    (keeping its id) or, failing that, whatever file the model holds at that path (an earlier
+    commit can have stored one meanwhile; an `lmz add` cannot). Returns the file's id."""
+    if replaces is not None and db.execute("SELECT 1 FROM files WHERE id = ?", (replaces,)).fetchone():
+        remove_file_row(db, replaces)
+        db.execute("INSERT INTO files (id, model, path, size, mtime, sha256, format) VALUES (?,?,?,?,?,?,?)",
+                   (replaces, f.model, f.path, f.size, f.mtime, f.sha256, f.format))
+        return replaces
+    old = db.execute("SELECT id FROM files WHERE model = ? AND path = ?", (f.model, f.path)).fetchone()
+    if old is not None:
+        remove_file_row(db, old[0])
+    return insert_file(db, f)
+
+
 def files_below(db: sqlite3.Connection, model: int, path: str) -> list[int]:
     where, args = _below(path)
     return [r[0] for r in db.execute(f"SELECT id FROM files WHERE model = ? AND {where}", (model, *args))]
@@ -241,10 +257,6 @@ def model_names(db: sqlite3.Connection) -> list[str]:
 def models_by_id(db: sqlite3.Connection) -> list[tuple[int, str]]:
     """(id, name) of every model."""
     return db.execute("SELECT id, name FROM models").fetchall()
-
-
-def insert_model(db: sqlite3.Connection, name: str, added: float, source: str) -> int:
-    return db.execute("INSERT INTO models (name, added, source) VALUES (?,?,?)", (name, added, source)).lastrowid
 
 
 def rename_model(db: sqlite3.Connection, model: int, name: str) -> None:

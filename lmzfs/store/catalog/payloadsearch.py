@@ -34,8 +34,8 @@ import xxhash
 
 from lmzfs.codecs import REGISTRY, Codec, CodecError, decode_chunk, parse_payload
 from lmzfs.store.catalog.check import PackIndex
+from lmzfs.store.catalog.chunkrows import Recode
 from lmzfs.store.catalog.salvage import SalvagedModel, scratch_open
-from lmzfs.store.chains.recode import Recode
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.packs import ChunkLocation, PackDamaged, read_payload
 

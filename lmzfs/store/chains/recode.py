@@ -21,6 +21,7 @@ from lmzfs.codecs import EncodedChunk, encode_delta_chunk
 from lmzfs.codecs.base import ChunkHint
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Catalog, Extent
+from lmzfs.store.catalog.chunkrows import Recode, chunk_pack, record_payloads
 from lmzfs.store.chains.plan import ChainGraph
 from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.write.session import PackSession
@@ -28,17 +29,6 @@ from lmzfs.store.write.session import PackSession
 # Decoded chunks of the base kept while recoding (a base chunk is read once; its own chain's
 # references are what this holds).
 _CACHE_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class Recode:
-    """A chunk's new payload: where it lies, its codec and its base (None: coded alone)."""
-    chunk_id: bytes
-    codec: str
-    pack: int
-    offset: int
-    length: int
-    base: bytes | None
 
 
 @dataclass(frozen=True)
@@ -182,9 +172,9 @@ class RecodedBefore:
     def of(cls, catalog: Catalog, recoded: dict[bytes, Recode]) -> "RecodedBefore":
         packs: set[int] = set()
         for cid in recoded:
-            row = catalog.db.execute("SELECT pack FROM chunks WHERE id = ?", (cid,)).fetchone()
-            if row is not None:
-                packs.add(row[0])
+            pack = chunk_pack(catalog.db, cid)
+            if pack is not None:
+                packs.add(pack)
         return cls({cid: catalog.chunk_base(cid) for cid in recoded}, packs)
 
 
@@ -192,8 +182,7 @@ def record_recoded(db: sqlite3.Connection, recoded: dict[bytes, Recode], before:
                    refs: dict[bytes, int]) -> None:
     """Inside a write transaction: the recoded chunks' new payloads and bases; `refs` gains the
     reference changes (a base's refs count the chunks coded against it) for the caller to apply."""
-    db.executemany("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ?, base = ? WHERE id = ?",
-                   [(r.codec, r.pack, r.offset, r.length, r.base, r.chunk_id) for r in recoded.values()])
+    record_payloads(db, recoded.values())
     for cid, r in recoded.items():
         if r.base is not None:
             refs[r.base] = refs.get(r.base, 0) + 1

@@ -14,9 +14,11 @@ catalog names; after it, the old packs do not: either way the next compact delet
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog.chunkrows import (ChunkMove, add_refs, chunk_locations, delete_chunks,
+                                          move_payload)
+from lmzfs.store.catalog.modelrows import chunks_in_file_order
 # gc's own rule for what is garbage (cascading down chains), so that compact and gc agree on it
 from lmzfs.store.gc import dead_chunks
 from lmzfs.store.layout import StoreError, StorePaths
@@ -29,20 +31,12 @@ DEFAULT_MIN_DEAD = 0.10     # rewrite a pack once more than this share of its by
 UNLINK_GRACE_SECONDS = 1.0  # between the commit and unlinking old packs, while readers have packs open
 
 
-@dataclass(frozen=True)
-class _Move:
-    chunk_id: bytes
-    old: ChunkLocation
-    new: ChunkLocation
-
-
 def _locality_order(db, wanted: dict[bytes, ChunkLocation]) -> list[bytes]:
     """The wanted chunks in the order the store's files first use them (model, path, offset);
     the rest (references only) after, in their pack order."""
     order: list[bytes] = []
     seen: set[bytes] = set()
-    for (cid,) in db.execute("SELECT e.chunk FROM extents e JOIN files f ON f.id = e.file "
-                             "JOIN models m ON m.id = f.model ORDER BY m.name, f.path, e.seq"):
+    for cid in chunks_in_file_order(db):
         if cid in wanted and cid not in seen:
             seen.add(cid)
             order.append(cid)
@@ -71,8 +65,7 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
     db = catalog.db
     on_disk = packs_on_disk(store)
     dead, lost = dead_chunks(db)
-    rows = {cid: ChunkLocation(p, o, n) for cid, p, o, n in db.execute("SELECT id, pack, offset, length FROM chunks")
-            if cid not in dead}
+    rows = {cid: loc for cid, loc in chunk_locations(db).items() if cid not in dead}
     live_bytes: dict[int, int] = {}
     for loc in rows.values():
         live_bytes[loc.pack] = live_bytes.get(loc.pack, len(PACK_HEADER)) + RECORD_HEADER.size + loc.length
@@ -90,21 +83,21 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
         raise StoreError(f"compact needs {need} bytes free for the live chunks it copies, and "
                          f"{free} are; nothing changed (free some space, or raise --min-dead)")
     last, _ = catalog.pack_ids()
-    changes: list[_Move] = []
+    changes: list[ChunkMove] = []
     total = sum(rows[cid].length for cid in moving)
     done = 0
     with PackSession(store, catalog, fresh_packs=True) as session:
         order = _locality_order(db, moving)
         for cid, new in zip(order, session.copy_records(((cid, rows[cid]) for cid in order), "compact")):
-            changes.append(_Move(cid, rows[cid], new))
+            changes.append(ChunkMove(cid, rows[cid], new))
             done += rows[cid].length
             if progress:
                 progress(done, total)
 
         def record(tx) -> None:
             _move_rows(tx, changes)
-            tx.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in dead])
-            tx.executemany("UPDATE chunks SET refs = refs - ? WHERE id = ?", [(n, b) for b, n in lost.items()])
+            delete_chunks(tx, dead)
+            add_refs(tx, {b: -n for b, n in lost.items()})
             if not session.appended and (last in delete or last in rewrite):
                 Catalog.record_pack_ids(tx, None, 0)
         session.commit(record)
@@ -122,11 +115,9 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
     result.packs_deleted = len(delete) + len(rewrite)
 
 
-def _move_rows(tx, changes: list[_Move]) -> None:
+def _move_rows(tx, changes: list[ChunkMove]) -> None:
     """A moved payload keeps its codec: only the location changes."""
     for c in changes:
-        n = tx.execute("UPDATE chunks SET pack = ?, offset = ?, length = ? WHERE id = ? AND pack = ? AND offset = ?",
-                       (c.new.pack, c.new.offset, c.new.length, c.chunk_id, c.old.pack, c.old.offset)).rowcount
-        if n != 1:
+        if not move_payload(tx, c):
             raise StoreError(f"compact stopped and nothing changed: chunk {c.chunk_id.hex()[:16]} is no longer "
                              f"where it was read; run `lmz verify`")

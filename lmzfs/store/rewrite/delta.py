@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from lmzfs.codecs import encode_delta_chunk
 from lmzfs.store.add import DEFAULT_CHAIN_DEPTH
 from lmzfs.store.catalog import MAX_CHAIN_HOPS, Catalog, Extent
+from lmzfs.store.catalog.chunkrows import chunk_bases
 from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.rewrite.run import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
@@ -47,7 +48,7 @@ class ChainLimits:
 
     @classmethod
     def of(cls, catalog: Catalog, cap: int) -> "ChainLimits":
-        return cls(list(catalog.db.execute("SELECT id, base FROM chunks WHERE base IS NOT NULL")), cap)
+        return cls(list(chunk_bases(catalog.db).items()), cap)
 
     def _link(self, child: bytes, base: bytes) -> None:
         self._up.setdefault(child, set()).add(base)

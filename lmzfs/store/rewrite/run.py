@@ -26,11 +26,12 @@ from typing import Callable, Iterator
 from lmzfs.codecs import CodecError, decode_chunk
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Catalog, Extent
+from lmzfs.store.catalog.chunkrows import RowChange, add_ref, switch_payload
+from lmzfs.store.catalog.stats import live_payload_bytes
 from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.packbackend import LocalPacks
-from lmzfs.store.packs import ChunkLocation
 from lmzfs.store.rewrite.scan import StoredChunk
 from lmzfs.store.write.session import PackSession
 
@@ -68,8 +69,7 @@ def packs_on_disk(store: StorePaths) -> dict[int, int]:
 
 
 def measure(store: StorePaths, catalog: Catalog) -> StoreBytes:
-    payload = catalog.db.execute("SELECT COALESCE(SUM(length), 0) FROM chunks WHERE refs > 0").fetchone()[0]
-    return StoreBytes(payload, sum(packs_on_disk(store).values()))
+    return StoreBytes(live_payload_bytes(catalog.db), sum(packs_on_disk(store).values()))
 
 
 @contextmanager
@@ -127,16 +127,6 @@ class RecodeJob:
 # What a pass makes of one chunk: its plain bytes and, if the job names a reference, the
 # reference's plain bytes in; a new payload out, or None to leave the chunk as it is.
 Encode = Callable[[RecodeJob, bytes, bytes | None], Recoding | None]
-
-
-@dataclass(frozen=True)
-class RowChange:
-    chunk_id: bytes
-    old: ChunkLocation
-    new: ChunkLocation
-    codec: str
-    old_base: bytes | None = None       # the reference it was coded against
-    new_base: bytes | None = None       # the one it is coded against now
 
 
 def _checked(job: RecodeJob, encode: Encode, source: ChunkSource) -> tuple[RecodeJob, Recoding | None]:
@@ -204,11 +194,7 @@ def switch_rows(tx: sqlite3.Connection, changes: list[RowChange]) -> None:
     chunks coded against it (chunks.refs): the old one loses one, the new one gains one."""
     refs: dict[bytes, int] = {}
     for c in changes:
-        n = tx.execute("UPDATE chunks SET codec = ?, pack = ?, offset = ?, length = ?, base = ? "
-                       "WHERE id = ? AND pack = ? AND offset = ? AND length = ? AND base IS ?",
-                       (c.codec, c.new.pack, c.new.offset, c.new.length, c.new_base,
-                        c.chunk_id, c.old.pack, c.old.offset, c.old.length, c.old_base)).rowcount
-        if n != 1:
+        if not switch_payload(tx, c):
             raise StoreError(f"the rewrite stopped and nothing changed: chunk {c.chunk_id.hex()[:16]} "
                              f"is no longer as it was read; run `lmz verify`")
         if c.old_base != c.new_base:
@@ -216,6 +202,6 @@ def switch_rows(tx: sqlite3.Connection, changes: list[RowChange]) -> None:
                 if base is not None:
                     refs[base] = refs.get(base, 0) + step
     for base, step in refs.items():
-        if step and tx.execute("UPDATE chunks SET refs = refs + ? WHERE id = ?", (step, base)).rowcount != 1:
+        if step and not add_ref(tx, base, step):
             raise StoreError(f"the rewrite stopped and nothing changed: reference chunk {base.hex()[:16]} "
                              f"is not in the catalog; run `lmz verify`")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable
 
@@ -16,7 +17,9 @@ import xxhash
 
 from lmzfs.chunker import plan_chunks
 from lmzfs.formats import ExternalRef, parse_open_file
-from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog import Catalog, TensorRow, chunkrows
+from lmzfs.store.catalog.chunkrows import NewChunk     # also named here by the mount's commit
+from lmzfs.store.catalog.modelrows import ExtentRow, insert_extents, insert_tensors
 from lmzfs.store.chains.plan import BaseIndex, NewTensor
 from lmzfs.store.chains.recode import ChainRecoder
 from lmzfs.store.layout import StoreError
@@ -33,18 +36,6 @@ class EncodeTotals:
     new_payload_bytes: int = 0
     reused_chunks: int = 0
     warnings: list[str] = field(default_factory=list)   # files stored as opaque bytes, and why
-
-
-@dataclass
-class NewChunk:
-    chunk_id: bytes
-    size: int
-    codec: str
-    pack: int
-    offset: int
-    length: int
-    xxh3: bytes           # XXH3-128 of the plain bytes: what reads check
-    base: bytes | None = None   # the chunk of this session it is coded against (write/siblings.py)
 
 
 @dataclass(frozen=True)
@@ -195,22 +186,21 @@ def insert_new_chunks(db: sqlite3.Connection, plans: list[FilePlan], new: dict[b
     """Inside a write transaction: record the chunks a FileEncoder appended (no extent refers to
     them yet; a base counts the chunks coded against it) and the read checksums of reused
     chunks stored without one."""
-    db.executemany("INSERT INTO chunks (id, size, codec, pack, offset, length, refs, xxh3, base) "
-                   "VALUES (?,?,?,?,?,?,0,?,?)",
-                   [(c.chunk_id, c.size, c.codec, c.pack, c.offset, c.length, c.xxh3, c.base) for c in new.values()])
+    chunkrows.insert_chunks(db, new.values())
     # a base's refs count the chunks coded against it, as its extents do
-    db.executemany("UPDATE chunks SET refs = refs + 1 WHERE id = ?", [(c.base,) for c in new.values() if c.base])
-    db.executemany("UPDATE chunks SET xxh3 = ? WHERE id = ? AND xxh3 IS NULL",
-                   [(check, cid) for p in plans for cid, check in p.checks.items()])
+    chunkrows.add_refs(db, Counter(c.base for c in new.values() if c.base))
+    checks: dict[bytes, bytes] = {}
+    for p in plans:
+        for cid, check in p.checks.items():
+            checks.setdefault(cid, check)       # the first, as the guarded UPDATE keeps it
+    chunkrows.fill_checksums(db, checks)
 
 
 def insert_file_rows(db: sqlite3.Connection, file_id: int, plan: FilePlan) -> dict[bytes, int]:
     """Inside a write transaction: a stored file's extents and tensors rows (what chain pairing
     reads); returns the references its extents add to each chunk, for the caller to apply."""
-    db.executemany("INSERT INTO extents (file, seq, offset, chunk) VALUES (?,?,?,?)",
-                   [(file_id, i, off, cid) for i, (off, cid) in enumerate(plan.extents)])
-    db.executemany("INSERT OR IGNORE INTO tensors (file, name, dtype, shape, offset, size) VALUES (?,?,?,?,?,?)",
-                   [(file_id, t.name, t.dtype, t.shape, t.offset, t.size) for t in plan.tensors])
+    insert_extents(db, (ExtentRow(file_id, i, off, cid) for i, (off, cid) in enumerate(plan.extents)))
+    insert_tensors(db, (TensorRow(file_id, t.name, t.dtype, t.shape, t.offset, t.size) for t in plan.tensors))
     refs: dict[bytes, int] = {}
     for _, cid in plan.extents:
         refs[cid] = refs.get(cid, 0) + 1
@@ -219,4 +209,4 @@ def insert_file_rows(db: sqlite3.Connection, file_id: int, plan: FilePlan) -> di
 
 def add_refs(db: sqlite3.Connection, refs: dict[bytes, int]) -> None:
     """Inside a write transaction: apply reference count changes."""
-    db.executemany("UPDATE chunks SET refs = refs + ? WHERE id = ?", [(n, cid) for cid, n in refs.items() if n])
+    chunkrows.add_refs(db, refs)
