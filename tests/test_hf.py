@@ -139,3 +139,100 @@ def test_adding_the_cache_again_adds_nothing_and_never_touches_the_cache(cache, 
     out = capsys.readouterr().out
     assert "0 revision(s) of 2 repo(s) added" in out and store.disk_bytes() == disk
     assert {p: p.lstat().st_mtime_ns for p in cache.root.rglob("*")} == before
+
+
+def test_the_view_lays_the_store_out_as_the_cache_was(cache, whole_store):
+    from lmzfs.reader.hfview import hub_items
+    store, _ = whole_store
+    archive = Archive(store.root, workers=0)
+    try:
+        items = {i.path: i for i in hub_items(archive.hf_revisions(), archive.files())}
+    finally:
+        archive.close()
+    for rev in cache.revisions:
+        repo = f"models--{rev.repo_id.replace('/', '--')}"
+        for ref in rev.refs:
+            assert items[f".hf/hub/{repo}/refs/{ref}"].data == rev.commit.encode()
+        for rel in rev.files:
+            link = cache.root / repo / "snapshots" / rev.commit / rel
+            assert items[f".hf/hub/{repo}/snapshots/{rev.commit}/{rel}"].target == os.readlink(link)
+    blobs = {p for p in items if "/blobs/" in p}
+    assert blobs == {f".hf/hub/{p.relative_to(cache.root)}" for p in cache.root.glob("*/blobs/*")}
+
+
+@pytest.mark.mount
+def test_through_the_mount_huggingface_hub_finds_every_repo_revision_and_byte(cache, whole_store, tmp_path):
+    from lmzfs.testing.mount import mounted
+    store, _ = whole_store
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with mounted(mnt, store.root):
+        view = mnt / ".hf" / "hub"
+        assert ".hf" not in os.listdir(mnt)          # hidden from the listing, found by name
+        got, want = hub.scan_cache_dir(view), hub.scan_cache_dir(cache.root)
+        assert got.warnings == [] and got.size_on_disk == want.size_on_disk
+
+        def shape(info):
+            return {(r.repo_id, r.size_on_disk, frozenset((v.commit_hash, v.refs, v.size_on_disk,
+                                                           frozenset((f.file_name, f.size_on_disk) for f in v.files))
+                                                          for v in r.revisions)) for r in info.repos}
+        assert shape(got) == shape(want)
+        for rev in cache.revisions:
+            for rel, data in rev.files.items():
+                path = hub.hf_hub_download(rev.repo_id, rel, revision=rev.commit if not rev.refs else None,
+                                           cache_dir=view, local_files_only=True)
+                assert Path(path).read_bytes() == data
+        main = cache.revision(MINILM)
+        cached = hub.try_to_load_from_cache(MINILM, "model.safetensors", cache_dir=view)
+        assert cached == str(view / f"models--{MINILM.replace('/', '--')}" / "snapshots" / main.commit /
+                             "model.safetensors")
+        with pytest.raises(OSError):
+            (view / "x").write_text("no")
+
+
+@pytest.mark.mount
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("LMZ_HF_TRANSFORMERS") != "1", reason="set LMZ_HF_TRANSFORMERS=1 (needs torch, "
+                                                                          "transformers, sentence-transformers)")
+def test_transformers_and_sentence_transformers_load_by_name_from_the_view_identically(cache, whole_store,
+                                                                                      tmp_path):
+    import subprocess
+    import sys
+    from lmzfs.testing.mount import mounted
+    store, _ = whole_store
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = Path(__file__).parent.parent / "bench" / "hf_load.py"
+    with mounted(mnt, store.root):
+        done = subprocess.run([sys.executable, str(script), "--original", str(cache.root), "--view",
+                               str(mnt / ".hf" / "hub"), "--repo", MINILM], capture_output=True, text=True,
+                              timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "identical: AutoModel yes, SentenceTransformer yes" in done.stdout
+
+
+def test_a_model_added_under_another_name_is_served_as_the_repo_id_it_is_given(cache, tmp_path, capsys):
+    from lmzfs.reader.hfview import hub_items
+    rev = cache.revision(QUIRE)
+    src = tmp_path / "tagger"
+    src.mkdir()
+    for rel, data in rev.files.items():
+        (src / rel).write_bytes(data)
+    store = tmp_path / "store"
+    assert lmz(["--store", str(store), "add", str(src), "--hf-repo", "me/tagger"]) == 0
+    assert lmz(["--store", str(store), "add", str(src), "--name", "x", "--hf-repo", "me/a--b"]) == 2
+    assert "'me/a--b' is not a Hugging Face repo id" in capsys.readouterr().err
+    archive = Archive(store, workers=0)
+    try:
+        [row] = archive.hf_revisions()
+        items = {i.path: i for i in hub_items([row], archive.files())}
+    finally:
+        archive.close()
+    assert row.model == "tagger" and len(row.commit_hash) == 40
+    repo = ".hf/hub/models--me--tagger"
+    assert items[f"{repo}/refs/main"].data == row.commit_hash.encode()
+    for rel, data in rev.files.items():
+        import hashlib
+        sha = hashlib.sha256(data).hexdigest()
+        assert items[f"{repo}/snapshots/{row.commit_hash}/{rel}"].target == f"../../blobs/{sha}"
+        assert items[f"{repo}/blobs/{sha}"].entry.size == len(data)
