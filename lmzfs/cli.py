@@ -128,7 +128,7 @@ def _add_hf_cache(args, store: StorePaths, cache: Path | None) -> int:
     print(printable(f"hf cache {report.cache}: {added} revision(s) of {len(report.repos)} repo(s) added, "
                     f"{human_bytes(before)} of model repos in the cache -> the store grew by {human_bytes(grew)}"
                     + (f" ({grew / before:.2f}x)" if before else "") + f", {report.seconds:.1f} s"))
-    print("the cache is untouched; once `lmz verify` is clean, `hf cache delete` (or removing the repo "
+    print("the cache is untouched; once `lmz verify` is clean, `hf cache rm model/ORG/NAME` (or removing the repo "
           "directories) reclaims it, and the mount's .hf/hub serves it (docs/operations.md)")
     return 0
 
