@@ -86,15 +86,17 @@ def _add_one(args, store: StorePaths, src: Path, name: str | None, link_roots, r
     for warning in r.warnings:
         print(f"lmz: warning: {printable(warning)}", file=sys.stderr)
     saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
-    print(printable(_chain_line(r)))
+    chain_line = _chain_line(r)
+    if chain_line:
+        print(printable(chain_line))
     if r.siblings.chunks:
         t = r.siblings
         print(f"deltas within the model: {t.chunks} chunk(s) coded against the same tensor of an earlier file: "
               f"{human_bytes(t.bytes_alone)} -> {human_bytes(t.bytes_after)}, "
               f"{human_bytes(t.bytes_alone - t.bytes_after)} saved")
     print(printable(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
-                    f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved), {r.reused_chunks} chunk(s) already "
-                    f"in the store, {r.seconds:.1f} s"))
+                    f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved)" + _shared_clause(r)
+                    + f", {r.seconds:.1f} s"))
     return 0
 
 
@@ -133,19 +135,31 @@ def _add_hf_cache(args, store: StorePaths, cache: Path | None) -> int:
     return 0
 
 
+def _shared_clause(r) -> str:
+    parts = []
+    if r.reused_chunks:
+        parts.append(f"{r.reused_chunks} chunk(s) already in the store")
+    if r.repeated_chunks:
+        parts.append(f"{r.repeated_chunks} repeated within the add, stored once")
+    return ", " + ", ".join(parts) if parts else ""
+
+
 def _chain_line(r) -> str:
-    """What `lmz add` did about deltas: the base it paired with and what recoding it saved."""
+    """What `lmz add` did about deltas: the stored model that now depends on the new one, and what
+    recoding it saved; "" when there was nothing to pair with (an empty store, no tensors)."""
     if not r.delta:
         return "deltas: none (--no-delta): stored standalone, no other model changed"
     if r.base is None:
+        if not r.stored_models or not r.tensors:
+            return ""
         return "deltas: no stored model has tensors of the same names, dtypes and shapes; no other model changed"
     b, t = r.base, r.recoded
     how = "given by --base" if b.explicit else "chosen: the same family or most recent of the stored models that match"
-    line = (f"deltas: base {b.model} ({how}; {human_bytes(b.matched_bytes)} of {human_bytes(b.tensor_bytes)} "
-            f"of tensors match); this model is stored whole, and ")
+    line = (f"deltas: {r.name} is stored whole; paired with {b.model} ({how}; {human_bytes(b.matched_bytes)} of "
+            f"{human_bytes(b.tensor_bytes)} of tensors match): ")
     if not t.chunks:
         return line + f"no chunk of {b.model} codes smaller as a delta against it (identical chunks are shared)"
-    line += (f"{t.chunks} chunk(s) of {b.model} were recoded as deltas against it: "
+    line += (f"{b.model} now depends on {r.name}: {t.chunks} chunk(s) of it were recoded as deltas: "
              f"{human_bytes(t.bytes_before)} -> {human_bytes(t.bytes_after)}, "
              f"{human_bytes(t.bytes_before - t.bytes_after)} saved")
     if t.reanchored:

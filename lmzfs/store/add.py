@@ -49,6 +49,8 @@ class AddResult(EncodeTotals):
     recoded: RecodeTotals = field(default_factory=RecodeTotals)
     siblings: SiblingTotals = field(default_factory=SiblingTotals)  # deltas between this add's files
     reclaimed: GcResult | None = None      # the recode's dead payloads dropped after the commit
+    stored_models: int = 0                  # models in the store before this add
+    tensors: int = 0                        # tensors found in the added files
 
 
 def default_model_name(source: Path) -> str:
@@ -158,7 +160,9 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
             check_name_free(catalog, name)
             result = AddResult(name=name, delta=chains.delta)
             named = external_data(tree)
-            index = choose_base(catalog, name, _new_tensors(tree, named), chains.base) if chains.delta else None
+            new_tensors = _new_tensors(tree, named)
+            result.stored_models, result.tensors = len(catalog.models()), len(new_tensors)
+            index = choose_base(catalog, name, new_tensors, chains.base) if chains.delta else None
             result.base = index.choice if index is not None else None
             total = sum(s.size for s in sources)
             with PackSession(store, catalog, policy=policy, workers=workers) as session:
