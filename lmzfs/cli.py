@@ -40,45 +40,126 @@ def _store(args) -> StorePaths:
 
 
 def cmd_add(args) -> int:
+    from lmzfs.admin import hfcache
+    store = _store(args)
+    if args.hf_cache is not None:
+        if args.path is not None:
+            raise StoreError("give either a PATH or --hf-cache, not both")
+        return _add_hf_cache(args, store, Path(args.hf_cache) if args.hf_cache else None)
+    if args.path is None:
+        raise StoreError("give the directory (or file, or hf://ORG/NAME) to add, or --hf-cache")
+    if args.path.startswith(hfcache.PREFIX):
+        snap = hfcache.resolve(args.path)
+    else:
+        snap = hfcache.snapshot_at(Path(args.path)) if _looks_like_snapshot(args.path) else None
+    if snap is not None:
+        if args.hf_repo:
+            raise StoreError(f"{args.path} is a snapshot of {snap.repo_id}; --hf-repo is for other directories")
+        return _add_one(args, store, snap.path, args.name or snap.model_name(), snap.link_roots,
+                        hfcache.recorder(snap.origin()))
+    record = None
+    if args.hf_repo:
+        from lmzfs.store.catalog.hfrows import HfOrigin, check_origin
+        check_origin(origin := HfOrigin(args.hf_repo))
+        record = hfcache.recorder(origin)
+    return _add_one(args, store, Path(args.path), args.name, (), record)
+
+
+def _looks_like_snapshot(path: str) -> bool:
+    p = Path(os.path.abspath(path))
+    return p.parent.name == "snapshots" and "--" in p.parent.parent.name
+
+
+def _add_one(args, store: StorePaths, src: Path, name: str | None, link_roots, record, progress=None) -> int:
     from lmzfs.config import resolve
     from lmzfs.store.add import add_model
-    store = _store(args)
-    src = Path(args.path)
     depth = args.chain_depth if args.chain_depth is not None else resolve(store=args.store).chain_depth
-    progress = ProgressLine(f"adding {printable(args.name or src.name)}")
+    own = progress is None
+    progress = progress or ProgressLine(f"adding {printable(name or src.name)}")
     try:
-        r = add_model(store, src, args.name, progress=progress, fast=args.fast, chunk_size=args.chunk_size,
-                      segments=args.segments, base=args.base, delta=args.delta, chain_depth=depth)
+        r = add_model(store, src, name, progress=progress, fast=args.fast, chunk_size=args.chunk_size,
+                      segments=args.segments, base=args.base, delta=args.delta, chain_depth=depth,
+                      link_roots=link_roots, also_record=record)
     finally:
-        progress.finish()
+        if own:
+            progress.finish()
     for warning in r.warnings:
         print(f"lmz: warning: {printable(warning)}", file=sys.stderr)
     saved = 100.0 * (1 - r.new_payload_bytes / r.logical_bytes) if r.logical_bytes else 0.0
-    print(printable(_chain_line(r)))
+    chain_line = _chain_line(r)
+    if chain_line:
+        print(printable(chain_line))
     if r.siblings.chunks:
         t = r.siblings
         print(f"deltas within the model: {t.chunks} chunk(s) coded against the same tensor of an earlier file: "
               f"{human_bytes(t.bytes_alone)} -> {human_bytes(t.bytes_after)}, "
               f"{human_bytes(t.bytes_alone - t.bytes_after)} saved")
-    print(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
-          f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved), {r.reused_chunks} chunk(s) already "
-          f"in the store, {r.seconds:.1f} s")
+    print(printable(f"added {r.name}: {r.files} file(s), {human_bytes(r.logical_bytes)}; new data stored "
+                    f"{human_bytes(r.new_payload_bytes)} ({saved:.2f}% saved)" + _shared_clause(r)
+                    + f", {r.seconds:.1f} s"))
     return 0
 
 
+def _add_hf_cache(args, store: StorePaths, cache: Path | None) -> int:
+    from lmzfs.admin import hfcache
+    if args.name or args.base or args.hf_repo:
+        raise StoreError("--hf-cache names each model after its repo: --name, --base and --hf-repo do not apply")
+    progress = ProgressLine("adding the Hugging Face cache")
+
+    def add(snap, step):
+        progress.finish()          # the bar gives way to each add's lines, and comes back after
+        _add_one(args, store, snap.path, snap.model_name(), snap.link_roots, hfcache.recorder(snap.origin()),
+                 progress=lambda done, total: step(done, total) if total else None)
+
+    def report_repo(rr):
+        progress.finish()
+        grew = rr.store_after - rr.store_before
+        print(printable(f"{rr.repo_id}: {len(rr.added)} revision(s) added"
+                        + (f", {len(rr.skipped)} already in the store" if rr.skipped else "")
+                        + f"; {human_bytes(rr.cache_bytes)} in the cache -> the store grew by {human_bytes(grew)}"
+                        + (f" ({grew / rr.cache_bytes:.2f}x)" if rr.cache_bytes else "")))
+    try:
+        report = hfcache.add_cache(store, cache, add, progress, report_repo)
+    finally:
+        progress.finish()
+    for what in report.left_out:
+        print(printable(f"left out {what}: only model repos are added"))
+    added = sum(len(r.added) for r in report.repos)
+    before = sum(r.cache_bytes for r in report.repos)
+    grew = sum(r.store_after - r.store_before for r in report.repos)
+    print(printable(f"hf cache {report.cache}: {added} revision(s) of {len(report.repos)} repo(s) added, "
+                    f"{human_bytes(before)} of model repos in the cache -> the store grew by {human_bytes(grew)}"
+                    + (f" ({grew / before:.2f}x)" if before else "") + f", {report.seconds:.1f} s"))
+    print("the cache is untouched; once `lmz verify` is clean, `hf cache rm model/ORG/NAME` (or removing the repo "
+          "directories) reclaims it, and the mount's .hf/hub serves it (docs/operations.md)")
+    return 0
+
+
+def _shared_clause(r) -> str:
+    parts = []
+    if r.reused_chunks:
+        parts.append(f"{r.reused_chunks} chunk(s) already in the store")
+    if r.repeated_chunks:
+        parts.append(f"{r.repeated_chunks} repeated within the add, stored once")
+    return ", " + ", ".join(parts) if parts else ""
+
+
 def _chain_line(r) -> str:
-    """What `lmz add` did about deltas: the base it paired with and what recoding it saved."""
+    """What `lmz add` did about deltas: the stored model that now depends on the new one, and what
+    recoding it saved; "" when there was nothing to pair with (an empty store, no tensors)."""
     if not r.delta:
         return "deltas: none (--no-delta): stored standalone, no other model changed"
     if r.base is None:
+        if not r.stored_models or not r.tensors:
+            return ""
         return "deltas: no stored model has tensors of the same names, dtypes and shapes; no other model changed"
     b, t = r.base, r.recoded
     how = "given by --base" if b.explicit else "chosen: the same family or most recent of the stored models that match"
-    line = (f"deltas: base {b.model} ({how}; {human_bytes(b.matched_bytes)} of {human_bytes(b.tensor_bytes)} "
-            f"of tensors match); this model is stored whole, and ")
+    line = (f"deltas: {r.name} is stored whole; paired with {b.model} ({how}; {human_bytes(b.matched_bytes)} of "
+            f"{human_bytes(b.tensor_bytes)} of tensors match): ")
     if not t.chunks:
         return line + f"no chunk of {b.model} codes smaller as a delta against it (identical chunks are shared)"
-    line += (f"{t.chunks} chunk(s) of {b.model} were recoded as deltas against it: "
+    line += (f"{b.model} now depends on {r.name}: {t.chunks} chunk(s) of it were recoded as deltas: "
              f"{human_bytes(t.bytes_before)} -> {human_bytes(t.bytes_after)}, "
              f"{human_bytes(t.bytes_before - t.bytes_after)} saved")
     if t.reanchored:
@@ -365,8 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    sp = cmd("add", cmd_add, "pack a model directory (or one file) into the store, losslessly")
-    sp.add_argument("path")
+    sp = cmd("add", cmd_add, "pack a model directory (or one file, or a Hugging Face cache's model) into the "
+                             "store, losslessly")
+    sp.add_argument("path", nargs="?", help="a directory, a file, a Hugging Face cache snapshot directory, or "
+                                            "hf://ORG/NAME[@REVISION] (taken from the local cache, offline)")
+    sp.add_argument("--hf-cache", nargs="?", const="", default=None, metavar="DIR",
+                    help="add every model revision of a Hugging Face hub cache (default: the one huggingface_hub "
+                         "uses: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub); never changes it")
+    sp.add_argument("--hf-repo", metavar="ORG/NAME",
+                    help="serve the model in the mount's .hf/hub view as this Hugging Face repo")
     sp.add_argument("--name", help="model name (default: the directory's name); 'family/run' names allowed")
     codecs = sp.add_mutually_exclusive_group()
     codecs.add_argument("--smallest", dest="fast", action="store_false",

@@ -252,6 +252,10 @@ def check_mounts(settings: Settings, problems: list[str]) -> list[dict]:
         entry: dict = {"mountpoint": str(m.mountpoint), "source": m.source}
         try:
             entry["stats"] = read_stats(m.mountpoint, timeout=3.0)[1]
+            corrupt = (entry["stats"].get("reader") or {}).get("corrupt_chunks", 0)
+            if corrupt:
+                problems.append(f"mount {m.mountpoint} met {corrupt} corrupt chunk(s) (reads of them got EIO); "
+                                f"run: lmz verify")
         except StatsUnavailable as exc:
             entry["stats_error"] = str(exc)
             if exc.broken:

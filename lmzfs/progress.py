@@ -1,4 +1,5 @@
-"""A one-line progress display on stderr, shown only when stderr is a terminal."""
+"""Progress on stderr: one line redrawn in place on a terminal; elsewhere (a systemd unit, a CI
+log) a plain line every LOG_INTERVAL seconds, so a long command is seen to be working."""
 from __future__ import annotations
 
 import sys
@@ -13,23 +14,29 @@ def human_bytes(n: float) -> str:
     raise AssertionError
 
 
+LOG_INTERVAL = 5.0        # seconds between lines where stderr is not a terminal
+
+
 class ProgressLine:
     def __init__(self, label: str, stream=None):
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty()
         self.label = label
         self.started = time.monotonic()
-        self._last = 0.0
+        self._last = self.started if not self.enabled else 0.0
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
-        if not self.enabled or (now - self._last < 0.2 and done < total):
+        if self.enabled and now - self._last < 0.2 and done < total:
             return
+        if not self.enabled and (now - self._last < LOG_INTERVAL or done >= total):
+            return         # the finished command's own report says the rest
         self._last = now
         rate = done / max(now - self.started, 1e-6)
         pct = 100.0 * done / total if total else 100.0
-        self.stream.write(f"\r{self.label}: {pct:5.1f}%  {human_bytes(done)} / {human_bytes(total)}  "
-                          f"{human_bytes(rate)}/s   ")
+        text = (f"{self.label}: {pct:5.1f}%  {human_bytes(done)} / {human_bytes(total)}  "
+                f"{human_bytes(rate)}/s")
+        self.stream.write(f"\r{text}   " if self.enabled else f"{text}\n")
         self.stream.flush()
 
     def finish(self) -> None:

@@ -172,11 +172,12 @@ def test_lmz_add_says_which_base_it_used_and_what_the_deltas_saved(tmp_path, cap
     dirs = checkpoints(tmp_path / "src", 2)
     store = ["--store", str(tmp_path / "store")]
     assert lmz([*store, "add", str(dirs[0]), "--name", "run1/step-0"]) == 0
-    assert "deltas: no stored model has tensors" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "deltas" not in out and "already in the store" not in out     # an empty store: nothing to say
     assert lmz([*store, "add", str(dirs[1]), "--name", "run1/step-1"]) == 0
     line = capsys.readouterr().out.splitlines()[0]
-    assert line.startswith("deltas: base run1/step-0 (chosen: ")
-    assert "this model is stored whole, and 2 chunk(s) of run1/step-0 were recoded as deltas against it" in line
+    assert line.startswith("deltas: run1/step-1 is stored whole; paired with run1/step-0 (chosen: ")
+    assert "run1/step-0 now depends on run1/step-1: 2 chunk(s) of it were recoded as deltas" in line
 
 
 def test_the_base_chosen_is_of_the_same_family_then_the_most_recent(tmp_path):

@@ -101,7 +101,7 @@ def test_a_second_writable_mount_of_the_store_is_refused_in_one_line(tmp_path):
                               str(other)], capture_output=True, text=True)
         assert run.returncode == 2
         assert run.stderr.strip().splitlines() == [
-            f"lmz: error: the store {store} is already mounted writable by another process "
+            f"lmz: the store {store} is already mounted writable by another process "
             f"(one writable mount per store; unmount it first)"]
         assert not os.path.ismount(other)
 

@@ -100,7 +100,7 @@ def configure_logging(debug: bool = False) -> None:
 
 
 def _report(message: str) -> None:
-    print(f"lmz: error: {message}", file=sys.stderr)
+    print(f"lmz: {message}", file=sys.stderr)
 
 
 def _write_ready(ready_fd: int | None, message: str) -> None:

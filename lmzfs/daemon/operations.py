@@ -155,6 +155,9 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         if node.is_dir:
             attrs.st_mode = stat.S_IFDIR | 0o555
             attrs.entry_timeout = attrs.attr_timeout = DIR_TIMEOUT
+        elif node.is_symlink:
+            attrs.st_mode = stat.S_IFLNK | 0o777
+            attrs.entry_timeout = attrs.attr_timeout = DIR_TIMEOUT
         else:
             attrs.st_mode = stat.S_IFREG | 0o444
             attrs.entry_timeout, attrs.attr_timeout = FILE_ENTRY_TIMEOUT, FILE_TIMEOUT
@@ -188,6 +191,13 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
             self._refresh()
             node = self._node(inode)
         return self._attributes(node)
+
+    @_fuse_errors
+    async def readlink(self, inode, ctx=None):
+        node = self._node(inode)
+        if not node.is_symlink:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return os.fsencode(node.target)
 
     # -- directories ----------------------------------------------------------------------------
 
@@ -236,6 +246,10 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         node = self._node(inode)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
+        if node.data is not None:      # a ref of the /.hf view: fixed bytes
+            fh = self._new_fh()
+            self._files[fh] = _OpenFile(None, _BytesReader(node.data))
+            return pyfuse3.FileInfo(fh=fh, direct_io=True)
         if node.virtual is not None:
             fh = self._new_fh()
             self._files[fh] = _OpenFile(None, _BytesReader(self._virtual_content(node.virtual)))

@@ -9,6 +9,10 @@ A path that disappears, or a file whose content changes, gets a fresh number, an
 never reused during the daemon's life. The files are opened with ``keep_cache``, so the kernel's
 page cache is tied to an inode number: a number must never stand for different bytes.
 
+Beside the models, the hidden directory /.hf holds the store in the Hugging Face hub cache's
+layout (lmzfs/reader/hfview.py builds it): blobs are file nodes over the models' entries, refs are
+small generated files, snapshot files are symlinks into blobs/.
+
 Nodes that left the tree but are still known to the kernel (lookup count above zero, e.g. an open
 file of a removed model) are kept as "retired" until the kernel forgets them, so getattr on them
 still answers; they report nlink 0, like an unlinked file.
@@ -20,7 +24,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from lmzfs.reader.api import FileEntry
+from lmzfs.reader.api import FileEntry, StoreError
+from lmzfs.reader.hfview import TOP as HF_TOP
+from lmzfs.reader.hfview import ViewItem, hub_items
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +46,24 @@ class Node:
     mtime: float = 0.0
     retired: bool = False              # no longer in the tree, kept while the kernel knows it
     virtual: str | None = None         # a file the daemon generates ("stats"), not a stored one
-    hidden: bool = False               # found by lookup, left out of listings (/.lmzfs)
+    hidden: bool = False               # found by lookup, left out of listings (/.lmzfs, /.hf)
+    target: str | None = None          # a symlink's target (the /.hf view's snapshot files)
+    data: bytes | None = None          # a generated file's fixed bytes (the /.hf view's refs)
 
     @property
     def is_dir(self) -> bool:
-        return self.entry is None and self.virtual is None
+        return self.entry is None and self.virtual is None and self.target is None
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.target is not None
 
     @property
     def size(self) -> int:
+        if self.target is not None:
+            return len(self.target.encode())
+        if self.data is not None:
+            return len(self.data)
         return 0 if self.entry is None else self.entry.size
 
     @property
@@ -84,6 +100,7 @@ class DirectoryTree:
         self._retired: dict[int, Node] = {}
         self._lookups: Counter[int] = Counter()
         self.generation: object = None       # archive generation the tree was built from
+        self.hf_failure: str | None = None   # why the /.hf view is left out, if it is
         self.rebuild([])
 
     # -- building ---------------------------------------------------------------------------
@@ -96,11 +113,22 @@ class DirectoryTree:
             return None
         # Read the generation before the files: if the store changes in between, the next
         # refresh sees a newer generation and rebuilds again.
-        removals = self.rebuild(archive.files())
+        files = archive.files()
+        revisions = []
+        hf_revisions = getattr(archive, "hf_revisions", None)
+        if hf_revisions is not None:
+            try:
+                revisions = hf_revisions()
+                self.hf_failure = None
+            except StoreError as exc:       # e.g. tables of a newer version: serve the models alone
+                if str(exc) != self.hf_failure:
+                    log.error("the .hf view is left out: %s", exc)
+                self.hf_failure = str(exc)
+        removals = self.rebuild(files, hub_items(revisions, files) if revisions else [])
         self.generation = generation
         return removals
 
-    def rebuild(self, files: list[FileEntry]) -> list[Removal]:
+    def rebuild(self, files: list[FileEntry], view: list[ViewItem] = ()) -> list[Removal]:
         old_keys, old_live = self._keys, self._live
         self._keys, self._live = {}, {}
         root = Node(ROOT_INODE, "", ROOT_INODE, "", mtime=self._created)
@@ -134,10 +162,35 @@ class DirectoryTree:
             directory.children[name] = node
             self._live[node.inode] = node
 
+        self._add_hf_view(root, view, inode_for)
         self._set_directory_mtimes(root)
         self._add_virtual_files(root, inode_for)
         return self._retire_removed(old_live)
 
+    def _add_hf_view(self, root: Node, view: list[ViewItem], inode_for) -> None:
+        # /.hf is reserved like /.lmzfs (model names may not start with it) and hidden from
+        # listings of the root; it is there once some model has a Hugging Face origin.
+        if not view:
+            return
+        if HF_TOP in root.children:
+            log.warning("a model named %s is in the way of the .hf view; it is left out", HF_TOP)
+            return
+        for item in view:
+            parts = item.path.split("/")
+            directory = self._make_directories(root, parts[:-1], inode_for)
+            if directory is None or parts[-1] in directory.children:
+                log.warning("skipping %s in the .hf view: something is in the way", item.path)
+                continue
+            if item.entry is not None:
+                e = item.entry
+                key = ("file", item.path, e.sha256, e.size, e.mtime)
+            else:
+                key = ("hf", item.path, item.target, item.data)
+            node = Node(inode_for(key), parts[-1], directory.inode, item.path, entry=item.entry, mtime=item.mtime,
+                        virtual="data" if item.data is not None else None, target=item.target, data=item.data)
+            directory.children[node.name] = node
+            self._live[node.inode] = node
+        root.children[HF_TOP].hidden = True
     def _add_virtual_files(self, root: Node, inode_for) -> None:
         # /.lmzfs/ is reserved (model names may not start with it): the mount's own files. It is
         # hidden from listings, so a listing of the root is exactly the models.

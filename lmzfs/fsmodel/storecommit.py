@@ -83,7 +83,7 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
             raise StoreError(f"could not record {model}/{path} in the catalog ({exc}); its bytes stay in "
                              f"the spool") from exc
     t = encoder.totals
-    return CommittedFile(file_id, plan.size, plan.sha256, t.new_chunks, t.reused_chunks,
+    return CommittedFile(file_id, plan.size, plan.sha256, t.new_chunks, t.reused_chunks + t.repeated_chunks,
                          t.new_payload_bytes, tuple(t.warnings), len(recoded))
 
 

@@ -55,6 +55,13 @@ class Archive:
             return [FileEntry(r.model, r.path, r.size, r.mtime, r.sha256, *storage.get(r.id, (0, "")), r.id)
                     for r in self._catalog.files()]
 
+    def hf_revisions(self) -> list:
+        """The models recorded as Hugging Face hub revisions (store/catalog/hfrows.py), for the
+        mount's .hf view; StoreError if their tables are of a version this lmzfs does not know."""
+        from lmzfs.store.catalog.hfrows import load_revisions
+        with self._lock:
+            return load_revisions(self._catalog.db)
+
     def entry(self, model: str, path: str) -> FileEntry:
         for e in self.files():
             if e.model == model and e.path == path:

@@ -50,6 +50,8 @@ class AddResult(EncodeTotals):
     recoded: RecodeTotals = field(default_factory=RecodeTotals)
     siblings: SiblingTotals = field(default_factory=SiblingTotals)  # deltas between this add's files
     reclaimed: GcResult | None = None      # the recode's dead payloads dropped after the commit
+    stored_models: int = 0                  # models in the store before this add
+    tensors: int = 0                        # tensors found in the added files
 
 
 def default_model_name(source: Path) -> str:
@@ -72,7 +74,8 @@ DEFAULT_CHAIN_DEPTH = 4         # lmzfs/config.py keeps the same default
 def add_model(store: StorePaths, source: Path, name: str | None = None, *,
               progress: Progress | None = None, workers: int | None = None, fast: bool = False,
               chunk_size: int | None = None, segments: bool = True, base: str | None = None,
-              delta: bool = True, chain_depth: int = DEFAULT_CHAIN_DEPTH) -> AddResult:
+              delta: bool = True, chain_depth: int = DEFAULT_CHAIN_DEPTH, link_roots: tuple[Path, ...] = (),
+              also_record: Callable[[sqlite3.Connection, int], None] | None = None) -> AddResult:
     """Add SOURCE as model NAME.
 
     By default every chunk gets the smallest of all codecs, the entropy-coded ones (floatsplit,
@@ -89,16 +92,20 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
 
     ``base``: the stored model to pair with (else one is chosen, if any qualifies); ``delta``
     False stores the model without touching any other; ``chain_depth``: the most references a
-    read of any chunk may follow."""
+    read of any chunk may follow.
+
+    ``link_roots``: directories outside SOURCE that its symlinks may lead into (a Hugging Face
+    cache snapshot's blobs/); ``also_record(tx, model_id)`` writes more rows about the model
+    inside the add's one transaction (its Hugging Face origin)."""
     chunk_size = CHUNK_SIZE if chunk_size is None else chunk_size
     if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
         raise StoreError(f"chunk size {chunk_size} is outside {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE} bytes")
     if base is not None and not delta:
         raise StoreError("--base and --no-delta contradict each other")
     name = validate_model_name(default_model_name(source) if name is None else name)
-    with SourceTree(source) as tree:
+    with SourceTree(source, link_roots) as tree:
         return _add_tree(store, tree, name, progress, workers, EncodePolicy(fast, segments), chunk_size,
-                         _Chains(base, delta, chain_depth))
+                         _Chains(base, delta, chain_depth), also_record)
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,8 @@ def _new_tensors(tree: SourceTree, named: dict[str, list[ExternalRef]]) -> list[
 
 
 def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress | None, workers: int | None,
-              policy: EncodePolicy, chunk_size: int, chains: _Chains) -> AddResult:
+              policy: EncodePolicy, chunk_size: int, chains: _Chains,
+              also_record: Callable[[sqlite3.Connection, int], None] | None = None) -> AddResult:
     sources = tree.files
     store.create()
     store.check_format()
@@ -153,7 +161,9 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
             check_name_free(catalog, name)
             result = AddResult(name=name, delta=chains.delta)
             named = external_data(tree)
-            index = choose_base(catalog, name, _new_tensors(tree, named), chains.base) if chains.delta else None
+            new_tensors = _new_tensors(tree, named)
+            result.stored_models, result.tensors = len(catalog.models()), len(new_tensors)
+            index = choose_base(catalog, name, new_tensors, chains.base) if chains.delta else None
             result.base = index.choice if index is not None else None
             total = sum(s.size for s in sources)
             with PackSession(store, catalog, policy=policy, workers=workers) as session:
@@ -183,7 +193,7 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                 before = RecodedBefore.of(catalog, recoded)
                 try:
                     session.commit(lambda tx: _record_model(tx, name, str(tree.resolved), plans, encoder, recoded,
-                                                            before))
+                                                            before, also_record))
                 except sqlite3.Error as exc:
                     # e.g. a full disk: the transaction rolled back, so nothing of this add is
                     # visible, and the session cuts its pack bytes
@@ -224,7 +234,8 @@ def _reclaim(store: StorePaths, catalog: Catalog, packs: set[int], result: AddRe
 
 
 def _record_model(tx: sqlite3.Connection, name: str, source: str, plans: list[FilePlan], encoder: FileEncoder,
-                  recoded: dict, before: RecodedBefore) -> None:
+                  recoded: dict, before: RecodedBefore,
+                  also_record: Callable[[sqlite3.Connection, int], None] | None = None) -> None:
     """Inside the add's one transaction: the model, its files, extents and new chunks, and the
     recoded chunks of its base."""
     insert_new_chunks(tx, plans, encoder.new)
@@ -236,3 +247,5 @@ def _record_model(tx: sqlite3.Connection, name: str, source: str, plans: list[Fi
             refs[cid] = refs.get(cid, 0) + n
     record_recoded(tx, recoded, before, refs)
     add_refs(tx, refs)
+    if also_record is not None:
+        also_record(tx, model_id)

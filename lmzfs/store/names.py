@@ -5,7 +5,7 @@ from lmzfs.printable import first_control_character, is_utf8, printable
 from lmzfs.store.layout import StoreError
 
 MAX_NAME = 255
-RESERVED_TOP = (".lmzfs",)   # the mount keeps this top-level name for its own virtual files
+RESERVED_TOP = (".lmzfs", ".hf")   # the mount keeps these top-level names: its own files, the HF cache view
 
 
 def validate_model_name(name: str) -> str:

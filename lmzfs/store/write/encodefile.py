@@ -34,7 +34,8 @@ class EncodeTotals:
     logical_bytes: int = 0
     new_chunks: int = 0
     new_payload_bytes: int = 0
-    reused_chunks: int = 0
+    reused_chunks: int = 0          # chunks the store held before this add
+    repeated_chunks: int = 0        # chunks that occur more than once in what is being added
     warnings: list[str] = field(default_factory=list)   # files stored as opaque bytes, and why
 
 
@@ -154,7 +155,7 @@ class FileEncoder:
                         chain.recoder.offer(cid, data, cp.hint, paired)
                         chain.recoder.drain(session.limit)
                 if cid in new or cid in pending:
-                    totals.reused_chunks += 1
+                    totals.repeated_chunks += 1
                 elif catalog.has_chunk(cid):
                     totals.reused_chunks += 1
                     plan.checks[cid] = check    # fills in the checksum of a chunk stored without one

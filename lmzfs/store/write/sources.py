@@ -7,6 +7,10 @@ O_NOFOLLOW, and opens the file itself with O_NOFOLLOW | O_NONBLOCK: a symlink sw
 meanwhile fails to open instead of being followed, a FIFO opens at once instead of blocking
 until a writer appears, and fstat of the descriptor must show the same regular file the walk
 saw. All reads of the file then go through that descriptor.
+
+A symlink may lead out of the source only into one of the ``link_roots`` a caller names (a
+Hugging Face cache snapshot's own repo's blobs/, lmzfs/admin/hfcache.py): the file is then opened
+the same way, down from a descriptor of that root.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ class SourceFile:
     parts: tuple[str, ...]    # where to open it below the source root (a symlink's target, resolved at the walk)
     shown: str                # how messages name it
     walked: FileIdentity
+    anchor: int = 0           # 0: parts are below the source root; k: below link_roots[k - 1]
 
     @property
     def size(self) -> int:
@@ -51,8 +56,10 @@ class SourceFile:
 class SourceTree:
     """An opened source (directory, or the directory holding a single added file) and its files."""
 
-    def __init__(self, source: Path):
+    def __init__(self, source: Path, link_roots: tuple[Path, ...] = ()):
         self.source = source
+        self.link_roots = tuple(Path(os.path.realpath(r)) for r in link_roots)
+        self.anchor_fds: list[int] = []
         if not os.path.lexists(source):
             raise StoreError(f"{source}: no such file or directory")
         try:
@@ -71,6 +78,7 @@ class SourceTree:
             raise StoreError(f"{source}: not a regular file or directory")
         self.root_fd = os.open(self.root, _DIR_FLAGS)
         try:
+            self.anchor_fds = [os.open(r, _DIR_FLAGS) for r in self.link_roots]
             if single is not None:
                 self.files = [self._single(single)]
             else:
@@ -86,6 +94,9 @@ class SourceTree:
         if self.root_fd >= 0:
             os.close(self.root_fd)
             self.root_fd = -1
+        for fd in self.anchor_fds:
+            os.close(fd)
+        self.anchor_fds = []
 
     def __enter__(self) -> "SourceTree":
         return self
@@ -121,27 +132,30 @@ class SourceTree:
         shown = f"{self.source}/{rel}"
         st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
         parts = tuple(rel.split("/"))
+        anchor = 0
         if stat.S_ISLNK(st.st_mode):
             link = os.readlink(name, dir_fd=dirfd)
             try:
                 target = Path(os.path.realpath(self.root / rel, strict=True))
             except OSError as exc:
                 raise StoreError(f"{shown} is a symlink to {link}: {_why_unresolvable(exc)}") from None
-            if target != self.root and self.root not in target.parents:
+            anchor = next((k for k, r in enumerate((self.root, *self.link_roots)) if r in target.parents),
+                          None if target != self.root else 0)
+            if anchor is None:
                 raise StoreError(f"{shown} is a symlink to {link}, outside the added "
                                  f"directory; copy the file in or add its target directory instead")
-            parts = target.relative_to(self.root).parts
+            parts = target.relative_to((self.root, *self.link_roots)[anchor]).parts
             st = os.stat(target)
             if stat.S_ISDIR(st.st_mode):
                 raise StoreError(f"{shown} is a symlink to a directory; only files are added")
         if not stat.S_ISREG(st.st_mode):
             raise StoreError(f"{shown} is not a regular file (fifo, socket or device); remove it first")
-        return SourceFile(validate_file_path(rel), parts, shown, FileIdentity.of(st))
+        return SourceFile(validate_file_path(rel), parts, shown, FileIdentity.of(st), anchor)
 
     # -- opening ------------------------------------------------------------------------------
     def open(self, src: SourceFile) -> int:
         """A read-only descriptor of ``src``, the very file the walk saw; StoreError otherwise."""
-        fd = self.root_fd
+        fd = self.root_fd if src.anchor == 0 else self.anchor_fds[src.anchor - 1]
         dir_fds: list[int] = []
         try:
             try:
