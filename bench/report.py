@@ -595,6 +595,8 @@ def markdown(res: dict) -> str:
         out += ["## Mount (issue 4)", "", f"n/a: {mnt['error']}", ""]
     elif mnt:
         out += mount_md(mnt)
+    for run in res.get("hand_runs", []):     # measured by hand outside a full run, kept with how
+        out += [f"## {run['title']}", "", *run["markdown"], ""]
     versions = meta.get("versions", {})
     out += ["## Versions", "", "; ".join(f"{k}: {v}" for k, v in versions.items()), ""]
     if res.get("odd"):
