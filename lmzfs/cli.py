@@ -258,9 +258,13 @@ def cmd_rm(args) -> int:
 
 def cmd_gc(args) -> int:
     from lmzfs.store.gc import collect_garbage
-    r = collect_garbage(_store(args))
+    r = collect_garbage(_store(args), forget_set_aside=args.forget_set_aside)
     print(f"gc: dropped {r.chunks_dropped} unreferenced chunk(s), rewrote into {r.packs_rewritten} pack(s), "
           f"truncated {r.packs_truncated}, deleted {r.packs_deleted}; reclaimed {human_bytes(r.reclaimed)}")
+    if r.set_aside:
+        print(f"gc: kept {r.packs_kept} pack(s) as they are: {', '.join(r.set_aside)} (set aside by "
+              f"`lmz verify --repair`) still names records in them; once you no longer need it, "
+              f"`lmz gc --forget-set-aside` removes it and reclaims them")
     return 0
 
 
@@ -489,7 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp = cmd("rm", cmd_rm, "remove models from the store (space returns with `lmz gc`)")
     sp.add_argument("models", nargs="+", metavar="MODEL")
-    cmd("gc", cmd_gc, "reclaim space of removed models and interrupted adds")
+    sp = cmd("gc", cmd_gc, "reclaim space of removed models and interrupted adds")
+    sp.add_argument("--forget-set-aside", action="store_true",
+                    help="first remove the damaged catalogs `verify --repair` set aside, letting go of what only "
+                         "they name")
     sp = cmd("rewrite", cmd_rewrite, "rewrite how chunks are stored, offline and atomically; no served byte "
                                      "changes (docs/chains.md)")
     passes = sp.add_subparsers(dest="rewrite", required=True, metavar="PASS")

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmzfs.store.catalog import Catalog, chunkrows
+from lmzfs.store.catalog import Catalog, chunkrows, salvage
+from lmzfs.store.catalog.check import index_packs
 from lmzfs.store.catalog.chunkrows import ChunkMove, PackUse
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.lock import WriterLock
@@ -32,15 +33,21 @@ class GcResult:
     bytes_before: int = 0
     bytes_after: int = 0
     left_for_gc: int = 0        # reclaim_packs: dead bytes left because a reader had the packs open
+    set_aside: tuple[str, ...] = ()   # damaged catalogs set aside by repair, whose chunks were kept
+    packs_kept: int = 0         # packs left as they are because a set-aside catalog names records in them
 
     @property
     def reclaimed(self) -> int:
         return self.bytes_before - self.bytes_after
 
 
-def collect_garbage(store: StorePaths) -> GcResult:
+def collect_garbage(store: StorePaths, *, forget_set_aside: bool = False) -> GcResult:
+    """`forget_set_aside`: first remove the damaged catalogs `lmz verify --repair` set aside, so
+    that what only they name is reclaimed too."""
     store.check_format()
     with WriterLock(store.lock):
+        if forget_set_aside:
+            salvage.forget_set_aside(store.catalog)
         catalog = Catalog(store.catalog)
         try:
             return _collect(store, catalog)
@@ -48,10 +55,21 @@ def collect_garbage(store: StorePaths) -> GcResult:
             catalog.close()
 
 
-def dead_chunks(db) -> tuple[set[bytes], dict[bytes, int]]:
+def set_aside_guard(store: StorePaths, db, dead: set[bytes]) -> salvage.SetAsideGuard | None:
+    """What the set-aside damaged catalogs beside the store's still name, that gc (and compact)
+    must keep: their chunks among `dead`, and every pack holding a record of a chunk the live
+    catalog does not keep (None: no catalog is set aside)."""
+    if not salvage.set_aside_files(store.catalog):
+        return None
+    live = set(chunkrows.chunk_locations(db)) - dead
+    return salvage.set_aside_guard(store.catalog, index_packs(store).records, live)
+
+
+def dead_chunks(db, keep: frozenset[bytes] = frozenset()) -> tuple[set[bytes], dict[bytes, int]]:
     """(the chunks to collect, references each surviving base loses with them): chunks with no
-    reference, then each base all of whose references are among them, and so on down the chain."""
-    dead = chunkrows.unreferenced(db)
+    reference, then each base all of whose references are among them, and so on down the chain;
+    none of `keep` (a base a kept chunk is coded against is then kept too)."""
+    dead = chunkrows.unreferenced(db) - keep
     lost: dict[bytes, int] = {}
     todo = list(dead)
     while todo:
@@ -61,7 +79,7 @@ def dead_chunks(db) -> tuple[set[bytes], dict[bytes, int]]:
             continue
         base, refs = row.base, row.refs
         lost[base] = lost.get(base, 0) + 1
-        if refs - lost[base] <= 0:
+        if refs - lost[base] <= 0 and base not in keep:
             dead.add(base)
             todo.append(base)
     return dead, {b: n for b, n in lost.items() if b not in dead}
@@ -71,9 +89,18 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     on_disk = LocalPacks(store).list_packs()
     db = catalog.db
     dead, lost = dead_chunks(db)
+    guard = set_aside_guard(store, db, dead)
+    if guard is not None:
+        # a chunk a set-aside catalog names stays, row and record, with what it references
+        dead, lost = dead_chunks(db, keep=guard.chunks)
+        on_disk = {pid: size for pid, size in on_disk.items() if not guard.keeps(pid)}
     chunkrows.mark_dead(db, dead)
     live = _live(chunkrows.unmarked_pack_use(db))
-    return _remedy(store, catalog, on_disk, live, len(dead), lost, LocalPacks(store).in_use())
+    result = _remedy(store, catalog, on_disk, live, len(dead), lost, LocalPacks(store).in_use())
+    if guard is not None:
+        result.set_aside = tuple(f.name for f in guard.files)
+        result.packs_kept = len(LocalPacks(store).list_packs()) if guard.everything else len(guard.packs)
+    return result
 
 
 def reclaim_packs(store: StorePaths, catalog: Catalog, pack_ids: set[int]) -> GcResult:

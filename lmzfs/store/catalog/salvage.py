@@ -141,3 +141,69 @@ def insert_recovered(tx: sqlite3.Connection, model: SalvagedModel) -> None:
                        [(fid, i, off, cid) for i, (off, cid) in enumerate(f.extents)])
         tx.executemany("INSERT OR IGNORE INTO tensors (file, name, dtype, shape, offset, size) VALUES (?,?,?,?,?,?)",
                        [(fid, t.name, t.dtype, t.shape, t.offset, t.size) for t in f.tensors])
+
+
+@dataclass(frozen=True)
+class SetAsideGuard:
+    """What the damaged catalogs that `lmz verify --repair` set aside still name: gc and compact
+    keep these chunks and leave these packs as they are until a human lets them go
+    (`lmz gc --forget-set-aside`), since a model they name may yet be brought back from them."""
+    files: tuple[Path, ...]
+    chunks: frozenset[bytes]
+    packs: frozenset[int]
+    everything: bool = False        # a file that yields nothing readable: every pack is kept
+
+    def keeps(self, pack_id: int) -> bool:
+        return self.everything or pack_id in self.packs
+
+
+def set_aside_files(catalog: Path) -> list[Path]:
+    return sorted(p for p in catalog.parent.glob(catalog.name + ".damaged-*") if not p.name.endswith("-wal"))
+
+
+def named_chunks(path: Path) -> set[bytes] | None:
+    """Every chunk id a set-aside catalog still names, in its chunk rows or its extents; None if
+    neither can be read at all."""
+    with scratch_open(path) as db:
+        if db is None:
+            return None
+        found: set[bytes] = set()
+        readable = False
+        for query in ("SELECT id FROM chunks NOT INDEXED", "SELECT chunk FROM extents NOT INDEXED"):
+            try:
+                for (cid,) in db.execute(query):
+                    readable = True
+                    if isinstance(cid, bytes) and len(cid) == 32:
+                        found.add(cid)
+            except sqlite3.Error:
+                pass        # what was read before the damage stands
+        return found if readable else None
+
+
+def set_aside_guard(catalog: Path, records: dict[bytes, list], live: set[bytes]) -> SetAsideGuard | None:
+    """The guard for the set-aside files beside `catalog` (None: there are none). `records`: each
+    chunk id's records in the packs (check.index_packs); `live`: the chunks the live catalog
+    keeps, whose records need no guard."""
+    files = set_aside_files(catalog)
+    if not files:
+        return None
+    chunks: set[bytes] = set()
+    everything = False
+    for f in files:
+        named = named_chunks(f)
+        if named is None:
+            everything = True
+        else:
+            chunks |= named
+    chunks -= live
+    packs = {loc.pack for cid in chunks for loc in records.get(cid, ())}
+    return SetAsideGuard(tuple(files), frozenset(chunks), frozenset(packs), everything)
+
+
+def forget_set_aside(catalog: Path) -> list[Path]:
+    """Remove the set-aside damaged catalogs (a human has looked, or given them up)."""
+    files = set_aside_files(catalog)
+    for f in files:
+        f.with_name(f.name + "-wal").unlink(missing_ok=True)
+        f.unlink()
+    return files

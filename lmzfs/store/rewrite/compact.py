@@ -20,7 +20,7 @@ from lmzfs.store.catalog.chunkrows import (ChunkMove, add_refs, chunk_locations,
                                           move_payload)
 from lmzfs.store.catalog.modelrows import chunks_in_file_order
 # gc's own rule for what is garbage (cascading down chains), so that compact and gc agree on it
-from lmzfs.store.gc import dead_chunks
+from lmzfs.store.gc import dead_chunks, set_aside_guard
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.packbackend import LocalPacks
 from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER, ChunkLocation
@@ -65,6 +65,13 @@ def _compact(store: StorePaths, catalog: Catalog, min_dead: float, everything: b
     db = catalog.db
     on_disk = packs_on_disk(store)
     dead, lost = dead_chunks(db)
+    guard = set_aside_guard(store, db, dead)
+    if guard is not None:       # what a set-aside damaged catalog names stays, as gc keeps it
+        dead, lost = dead_chunks(db, keep=guard.chunks)
+        on_disk = {pid: size for pid, size in on_disk.items() if not guard.keeps(pid)}
+        result.notes.append(f"left {'every pack' if guard.everything else f'{len(guard.packs)} pack(s)'} as they "
+                            f"are: {', '.join(f.name for f in guard.files)} still names records in them "
+                            f"(`lmz gc --forget-set-aside` lets them go)")
     rows = {cid: loc for cid, loc in chunk_locations(db).items() if cid not in dead}
     live_bytes: dict[int, int] = {}
     for loc in rows.values():
