@@ -155,3 +155,14 @@ def get_varint(buf: Buffer, pos: int, what: str) -> tuple[int, int]:
             return value, pos + i + 1
         shift += 7
     raise CodecError(f"{what} varint longer than {VARINT_MAX_BYTES} bytes")
+
+
+def delta_inputs(codec: str, params: Buffer, body: Buffer, size: int, ref: Buffer,
+                 min_params: int) -> tuple[memoryview, memoryview]:
+    """A delta codec's params and body as views, once the reference's length and the params'
+    are checked (CodecError naming `codec` if not)."""
+    if len(ref) != size:
+        raise CodecError(f"{codec}: reference holds {len(ref)} bytes, the chunk {size}")
+    if len(params) < min_params:
+        raise CodecError(f"{codec}: params too short")
+    return memoryview(params), memoryview(body)

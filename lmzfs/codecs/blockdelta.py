@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 
 from ..chunker import ChunkHint
-from .base import Buffer, CodecError, DeltaCodec, get_varint, put_varint
+from .base import Buffer, CodecError, DeltaCodec, delta_inputs, get_varint, put_varint
 from .ggufblocks import LAYOUTS, TYPE_OF, merge_nibbles
 from .ulpdelta import UlpDeltaCodec
 
@@ -82,12 +82,7 @@ class BlockDeltaCodec(DeltaCodec):
         return bytes(params), b"".join(bodies) + a[nblk * bsize:].tobytes()
 
     def decode_delta(self, params: Buffer, body: Buffer, size: int, ref: Buffer, *, check: bool = True) -> bytes:
-        p = memoryview(params)
-        body = memoryview(body)
-        if len(ref) != size:
-            raise CodecError(f"blockdelta: reference holds {len(ref)} bytes, the chunk {size}")
-        if len(p) < 5:
-            raise CodecError("blockdelta: params too short")
+        p, body = delta_inputs("blockdelta", params, body, size, ref, 5)
         t = p[0]
         if t not in LAYOUTS:
             raise CodecError(f"blockdelta: unknown ggml type {t}")

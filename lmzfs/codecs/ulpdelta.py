@@ -29,7 +29,7 @@ import numpy as np
 
 from . import kernels, tans, uintlist
 from ..chunker import ChunkHint
-from .base import Buffer, CodecError, DeltaCodec, get_varint, put_varint
+from .base import Buffer, CodecError, DeltaCodec, delta_inputs, get_varint, put_varint
 from .ggufblocks import TYPE_OF as BLOCK_LAYOUTS
 
 
@@ -317,12 +317,7 @@ class UlpDeltaCodec(DeltaCodec):
         return params, stream + raw[m:].tobytes() + tail
 
     def decode_delta(self, params: Buffer, body: Buffer, size: int, ref: Buffer, *, check: bool = True) -> bytes:
-        p = memoryview(params)
-        body = memoryview(body)
-        if len(ref) != size:
-            raise CodecError(f"ulpdelta: reference holds {len(ref)} bytes, the chunk {size}")
-        if len(p) < 4:
-            raise CodecError("ulpdelta: params too short")
+        p, body = delta_inputs("ulpdelta", params, body, size, ref, 4)
         fid, r, R, K = p[0], p[1], p[2], p[3]
         if fid not in FORMATS:
             raise CodecError(f"ulpdelta: unknown element format {fid}")
