@@ -442,7 +442,7 @@ def hf_cache_md(h: dict) -> list[str]:
              f"{h['store_du'] / cache:.3f}"],
             ["lmzfs: `lmz add` of each snapshot alone, each into its own store, summed",
              f"{sum(s['store_du'] for s in snaps):,}", f"{sum(s['store_du'] for s in snaps) / cache:.3f}"],
-            [f"lmzip archive of the cache directory ({z.get('version', 'lmzip')})",
+            [f"lmzip archive of the cache directory (lmzip {z.get('version', '?').split()[-1]})",
              f"{z['bytes']:,}" if "bytes" in z else "n/a",
              f"{z['bytes'] / cache:.3f}" if "bytes" in z else f"n/a: {z.get('error', '')}"]]
     out += table(["", "bytes on disk", "× the cache"], rows)
