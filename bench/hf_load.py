@@ -4,7 +4,10 @@ HF_HUB_OFFLINE=1 set (no code change), with the page cache dropped first where w
 load times and whether the outputs are identical.
 
     python bench/hf_load.py --original ~/.cache/huggingface/hub --view ~/models/.hf/hub \\
-        --repo sentence-transformers/all-MiniLM-L6-v2
+        --repo sentence-transformers/all-MiniLM-L6-v2 [--json OUT]
+
+--json writes the same as one object (bench/hf_cache.py reads it): the seconds of each load, whether
+the page cache was dropped, whether the outputs are identical, and the loaders' versions.
 
 Needs torch, transformers and sentence-transformers (not test dependencies)."""
 from __future__ import annotations
@@ -70,11 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--original", required=True)
     p.add_argument("--view", required=True)
     p.add_argument("--repo", required=True)
+    p.add_argument("--json", type=Path, help="also write the times and the comparison here")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        times = {}
+        times, all_dropped = {}, True
         for what, cache in (("original", args.original), ("view", args.view)):
             dropped = drop_page_cache()
+            all_dropped &= dropped
             times[what] = load(cache, args.repo, str(Path(tmp) / what))
             print(f"{what}: {cache}: AutoModel.from_pretrained {times[what]['automodel_s']:.2f} s, "
                   f"SentenceTransformer {times[what]['sentence_transformer_s']:.2f} s"
@@ -83,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
                                   np.load(str(Path(tmp) / f"view.{k}.npy"))) for k in ("hidden", "emb")}
     print(f"identical: AutoModel {'yes' if same['hidden'] else 'NO'}, "
           f"SentenceTransformer {'yes' if same['emb'] else 'NO'}")
+    if args.json:
+        from importlib.metadata import version
+        args.json.write_text(json.dumps({
+            "times": times, "dropped_page_cache": all_dropped, "identical": {k: bool(v) for k, v in same.items()},
+            "versions": {d: version(d) for d in ("torch", "transformers", "sentence-transformers")}}) + "\n")
     return 0 if all(same.values()) else 1
 
 

@@ -21,7 +21,11 @@
    mixed tree (a model, Python source, JSON) beside zstd -3 per file.
 7. GGUF through the mount (bench/gguf_mount.py): smollm2-q4km (K-quants) and smollm2 read cold
    and loaded by gguf.GGUFReader through our mount, our `--fast` store's and lmzip's.
-8. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
+8. Hugging Face cache (bench/hf_cache.py, in the project's venv): a hub cache of real files
+   (lmzfs.testing.hfcache) taken in by `lmz add --hf-cache`, beside each snapshot added alone and
+   lmzip's archive of the cache, in bytes on disk; with torch, transformers and
+   sentence-transformers in the project's venv, bench/hf_load.py on the cache and the mount's view.
+9. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
    JSON goes beside the Markdown (docs/results.json) unless told otherwise: it is committed with
    it, so that a later run of one section can be merged into it on any machine (bench/merge.py).
 
@@ -47,6 +51,7 @@ import chains_table  # noqa: E402
 import common  # noqa: E402
 import compress_table  # noqa: E402
 import gguf_mount  # noqa: E402
+import hf_cache  # noqa: E402
 import mount_table  # noqa: E402
 import peer_speed  # noqa: E402
 import writable_table  # noqa: E402
@@ -58,6 +63,7 @@ HERE = Path(__file__).resolve().parent
 SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire", "smollm2-q4km", "quire-onnx", "astra-pt"]
 WRITABLE = ("minilm", "astra")      # the first is also the mixed tree's model
 GGUF_MOUNT = ("smollm2-q4km", "smollm2")
+HF_CACHE = ("minilm", "quire")      # what lmzfs.testing.hfcache builds the hub cache from
 CHAIN = ("quire", "quire@0.3.1")
 CHAIN_NOTE = ("Two successive releases of the same model (v0.3.0 then v0.3.1). Stores add both as one "
               "model (lmzfs shares identical chunks across the whole store, so two models would cost the "
@@ -142,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-chains", action="store_true", help="leave out the checkpoint-chain table")
     ap.add_argument("--skip-writable", action="store_true", help="leave out the writable-mount table")
     ap.add_argument("--skip-gguf-mount", action="store_true", help="leave out the GGUF-through-the-mount table")
+    ap.add_argument("--skip-hf-cache", action="store_true", help="leave out the Hugging Face cache table")
     ap.add_argument("--against", metavar="REV",
                     help="also add and read through the mount with the lmzfs of git revision REV, beside this "
                          "checkout, in the same run (bench/against.py): for a change that should cost no speed")
@@ -241,6 +248,8 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         need.update(WRITABLE)
     if not args.skip_gguf_mount:
         need.update(GGUF_MOUNT)
+    if not args.skip_hf_cache:
+        need.update(HF_CACHE)
     paths: dict[str, Path] = {}
     for name in [n for n in [*SINGLE, CHAIN[1]] if n in need]:
         log(f"corpus: {name}")
@@ -292,6 +301,9 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
             res["gguf_mount"] = gguf_mount.measure({n: paths.get(n, RuntimeError(f"{n} is not available"))
                                                     for n in GGUF_MOUNT}, args.runs, Path(tmp) / "gguf-mount")
             save()
+        if not args.skip_hf_cache:
+            res["hf_cache"] = hf_cache_section(common.LMZFS_FROZEN, args.runs, Path(tmp))
+            save()
         if args.against:
             try:
                 res["against"] = against.measure(args.against, common.LMZFS_CLI, paths, args.runs, Path(tmp))
@@ -318,6 +330,21 @@ def codec_speed(frozen_dir: Path | None, names: list[str], runs: int, tmp: Path)
     try:
         common.run([*common.lmzfs_python(frozen_dir), str(HERE / "codec_speed.py"), "--runs", str(runs),
                     "--json", str(out), *names], timeout=3600)
+        return json.loads(out.read_text())
+    except Exception as exc:
+        return {"error": describe(exc)}
+
+
+def hf_cache_section(frozen_dir: Path | None, runs: int, tmp: Path) -> dict:
+    """bench/hf_cache.py in the project's venv (huggingface_hub is an lmzfs dependency), on the frozen
+    copy of lmzfs when there is one; lmzip's CLI from the bench venv when it has lmzip."""
+    out = tmp / "hf_cache.json"
+    lmzip = hf_cache.lmzip_cli()
+    log("hugging face cache" + ("" if lmzip else " (no lmzip in bench/.venv: its row is n/a)"))
+    try:
+        common.run([*common.lmzfs_python(frozen_dir), str(HERE / "hf_cache.py"), "--json", str(out),
+                    "--lmz", str(common.LMZFS_CLI), *(["--lmzip", str(lmzip)] if lmzip else []), "--loaders",
+                    "--runs", str(runs), "--tmpdir", str(tmp)], timeout=3600)
         return json.loads(out.read_text())
     except Exception as exc:
         return {"error": describe(exc)}

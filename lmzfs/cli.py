@@ -199,12 +199,14 @@ def cmd_ls(args) -> int:
             return _ls_model(catalog, args)
         usage = catalog.usage()
         depends = catalog.model_dependencies()
+        hf = _hf_origins(catalog)
     finally:
         catalog.close()
     if args.json:
         print(json.dumps([{"model": u.name, "files": u.files, "logical_bytes": u.logical_bytes,
                            "stored_bytes": u.stored_bytes, "saved_pct": round(u.saved_pct, 3),
-                           "depends_on": depends.get(u.name, [])} for u in usage],
+                           "depends_on": depends.get(u.name, []),
+                           "hf": _hf_json(hf[u.name]) if u.name in hf else None} for u in usage],
                          indent=1))
         return 0
     rows = [(u.name, str(u.files), human_bytes(u.logical_bytes), human_bytes(u.stored_bytes), f"{u.saved_pct:.2f}%")
@@ -216,6 +218,10 @@ def cmd_ls(args) -> int:
         for name, deps in sorted(depends.items()):
             shown = ", ".join(REMOVED_BASE if d is None else d for d in deps)
             print(printable(f"  {name} depends on {shown}"))
+    if hf:
+        print("\nHugging Face revisions (served by name under MOUNTPOINT/.hf/hub):")
+        for name, row in sorted(hf.items()):
+            print(printable(f"  {name} is {_hf_line(row)}"))
     on_disk = store.disk_bytes()
     total = sum(u.logical_bytes for u in usage)
     print(f"\nstore {store.root}: {human_bytes(total)} of model files in {human_bytes(on_disk)} on disk "
@@ -224,6 +230,25 @@ def cmd_ls(args) -> int:
 
 
 REMOVED_BASE = "(removed model, chunks kept)"
+
+
+def _hf_origins(catalog) -> dict:
+    """The models' Hugging Face origins; {} with one warning line when the store's tables are of a
+    version this lmzfs does not know (the models are listed all the same, as the mount serves them)."""
+    try:
+        return catalog.hf_revisions()
+    except StoreError as exc:
+        print(printable(f"lmz: warning: no Hugging Face revisions shown: {exc}"), file=sys.stderr)
+        return {}
+
+
+def _hf_json(row) -> dict:
+    return {"repo_type": row.repo_type, "repo_id": row.repo_id, "commit": row.commit_hash, "refs": list(row.refs)}
+
+
+def _hf_line(row) -> str:
+    kind = "" if row.repo_type == "model" else f"{row.repo_type} "
+    return f"{kind}{row.repo_id}@{row.commit_hash}" + (f" ({', '.join(row.refs)})" if row.refs else "")
 
 
 def _ls_model(catalog, args) -> int:
@@ -239,6 +264,9 @@ def _ls_model(catalog, args) -> int:
            [(f.path, f.format, human_bytes(f.size), human_bytes(charges[f.path]),
              f"{100 * (1 - charges[f.path] / f.size):.2f}%" if f.size else "-") for f in files])
     print("\nSTORED counts each chunk once, against the first file (in this order) that uses it.")
+    row = _hf_origins(catalog).get(args.model)
+    if row is not None:
+        print(printable(f"Hugging Face: {_hf_line(row)}, served by name under MOUNTPOINT/.hf/hub"))
     return 0
 
 

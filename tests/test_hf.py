@@ -235,3 +235,59 @@ def test_a_model_added_under_another_name_is_served_as_the_repo_id_it_is_given(c
         sha = hashlib.sha256(data).hexdigest()
         assert items[f"{repo}/snapshots/{row.commit_hash}/{rel}"].target == f"../../blobs/{sha}"
         assert items[f"{repo}/blobs/{sha}"].entry.size == len(data)
+
+
+def test_ls_shows_each_models_hugging_face_repo_and_commit(cache, whole_store, capsys):
+    import json
+    store, _ = whole_store
+    main, old = cache.revision(MINILM), cache.revision(MINILM, None)
+    old_name = f"{MINILM}@{old.commit[:12]}"
+    assert lmz(["--store", str(store.root), "ls", "--json"]) == 0
+    rows = {r["model"]: r["hf"] for r in json.loads(capsys.readouterr().out)}
+    assert rows[MINILM] == {"repo_type": "model", "repo_id": MINILM, "commit": main.commit, "refs": ["main"]}
+    assert rows[old_name] == {"repo_type": "model", "repo_id": MINILM, "commit": old.commit, "refs": []}
+    assert rows[QUIRE]["commit"] == cache.revision(QUIRE).commit
+    assert lmz(["--store", str(store.root), "ls"]) == 0
+    out = capsys.readouterr().out
+    listed = out.split("\nHugging Face revisions (served by name under MOUNTPOINT/.hf/hub):\n")[1].split("\n\n")[0]
+    assert listed.splitlines() == [f"  {QUIRE} is {QUIRE}@{cache.revision(QUIRE).commit} (main)",
+                                   f"  {MINILM} is {MINILM}@{main.commit} (main)",
+                                   f"  {old_name} is {MINILM}@{old.commit}"]
+    assert lmz(["--store", str(store.root), "ls", MINILM]) == 0
+    assert (f"\nHugging Face: {MINILM}@{main.commit} (main), served by name under MOUNTPOINT/.hf/hub\n"
+            in capsys.readouterr().out)
+
+
+@pytest.mark.allow_log_warnings
+def test_hf_tables_of_an_unknown_version_are_refused_with_one_line_and_the_models_still_served(
+        hf_env, tmp_path, capsys, caplog):
+    import logging
+    import sqlite3
+
+    from lmzfs.daemon.tree import ROOT_INODE, DirectoryTree
+    from lmzfs.store.layout import StoreError
+    store = StorePaths(tmp_path / "store")
+    assert lmz(["--store", str(store.root), "add", f"hf://{QUIRE}"]) == 0
+    capsys.readouterr()
+    db = sqlite3.connect(store.catalog)       # as a newer lmzfs would have written them
+    db.execute("UPDATE meta SET value = '2' WHERE key = 'hf_version'")
+    db.commit()
+    db.close()
+    said = "the store's Hugging Face tables are version 2; this lmzfs knows versions 1"
+    archive = Archive(store.root, workers=0)
+    try:
+        with pytest.raises(StoreError, match=said):
+            archive.hf_revisions()
+        tree = DirectoryTree()
+        with caplog.at_level(logging.ERROR):
+            tree.refresh(archive)
+        assert [n.name for n in tree.children(ROOT_INODE)] == [QUIRE.split("/")[0]]    # the model is served
+        assert tree.lookup(ROOT_INODE, ".hf") is None or tree.children(tree.lookup(ROOT_INODE, ".hf").inode) == []
+        assert [r.getMessage() for r in caplog.records] == [f"the .hf view is left out: {said}"]
+    finally:
+        archive.close()
+    for argv in (["ls"], ["ls", "--json"], ["ls", QUIRE]):
+        assert lmz(["--store", str(store.root), *argv]) == 0
+        out, err = capsys.readouterr()
+        assert err == f"lmz: warning: no Hugging Face revisions shown: {said}\n"
+        assert QUIRE in out or "config.json" in out

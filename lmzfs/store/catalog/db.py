@@ -538,6 +538,13 @@ class Catalog:
         return out
 
     @_guarded
+    def hf_revisions(self) -> dict:
+        """Model name -> its Hugging Face origin (hfrows.HfRevisionRow), for the models recorded as
+        hub revisions; StoreError if their tables are of a version this lmzfs does not know."""
+        from lmzfs.store.catalog.hfrows import load_revisions
+        return {r.model: r for r in load_revisions(self.db)}
+
+    @_guarded
     def usage(self) -> list[ModelUsage]:
         logical = {n: (c, s) for n, c, s in self.db.execute(
             "SELECT m.name, COUNT(f.id), COALESCE(SUM(f.size), 0) FROM models m "
