@@ -50,7 +50,7 @@ def crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: fl
         with open(cat, "r+b") as f:
             f.seek(at)
             f.write(bytes(4096))
-        out.info["zeroed_page"] = at // 4096
+        out.name += f" (catalog page {at // 4096} zeroed)"
     killed = fork_writer_and_kill(store, argv, point=None if point == "delay" else point, delay=delay,
                                   stderr_path=scratch / "writer.err")
     out.info["killed"] = int(killed.reached)

@@ -20,8 +20,8 @@ from lmzfs.testing.torture.common import fresh_copy, lmz, model_of, read_all, sh
 from lmzfs.testing.torture.prepared import Prepared
 
 KINDS = ("flip", "zero", "truncate", "delete")
-TARGETS = ("pack", "catalog", "copy", "newest-copy", "correlated", "spool")
-WEIGHTS = (4, 4, 2, 2, 2, 1)
+TARGETS = ("pack", "catalog", "copy", "newest-copy", "correlated", "spool", "spool-meta")
+WEIGHTS = (4, 4, 2, 2, 2, 1, 1)
 
 
 def _pick(store: Path, target: str, rng: random.Random) -> list[Path]:
@@ -36,7 +36,10 @@ def _pick(store: Path, target: str, rng: random.Random) -> list[Path]:
         return [copies[-1]]
     if target == "correlated":
         return [store / "catalog.sqlite", copies[-1]]
-    return [rng.choice(sorted(p for p in (store / "spool").iterdir() if p.name != "mount.lock"))]
+    spool = sorted(p for p in (store / "spool").iterdir() if p.name != "mount.lock")
+    if target == "spool-meta":      # the record and the journal (CRC-checked), not the data file
+        spool = [p for p in spool if p.suffix != ".data"]
+    return [rng.choice(spool)]
 
 
 def apply(paths: list[Path], kind: str, rng: random.Random) -> str:
@@ -74,7 +77,7 @@ LOST_LINE = re.compile(r"^LOST (\S+)", re.M)
 
 def damage_case(prep: Prepared, scratch: Path, target: str, kind: str, seed: int) -> Outcome:
     rng = random.Random(seed)
-    spool = target == "spool"
+    spool = target.startswith("spool")
     store = fresh_copy(prep.spool_store if spool else prep.store, scratch / "store")
     paths = _pick(store, target, rng)
     what = apply(paths, kind, rng)
@@ -155,7 +158,7 @@ def _mount_spool(prep: Prepared, store: Path, mnt: Path, expected: dict[str, str
 def cases(prep: Prepared, scratch: Path, rng: random.Random, sample: bool) -> Iterator[Case]:
     if sample:
         plan = [("pack", "flip"), ("catalog", "zero"), ("copy", "truncate"), ("correlated", "zero"),
-                ("catalog", "delete"), ("newest-copy", "flip"), ("spool", "flip")]
+                ("catalog", "delete"), ("newest-copy", "flip"), ("spool-meta", "flip")]
         for target, kind in plan:
             seed = rng.randrange(1 << 30)
             yield Case(f"damage {target} {kind}", lambda t=target, k=kind, s=seed: damage_case(prep, scratch, t, k, s), 120)

@@ -107,6 +107,8 @@ def onnx_file(rng: random.Random) -> bytes:
 def zip_file(rng: random.Random) -> bytes:
     hostile = rng.random() < 0.5
     buf = io.BytesIO()
+    import warnings
+    warnings.filterwarnings("ignore", "Duplicate name", UserWarning)
     with zipfile.ZipFile(buf, "w", compression=rng.choice([zipfile.ZIP_STORED, zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])) as z:
         import pickle
         z.writestr("archive/data.pkl", pickle.dumps({"w": list(range(rng.randrange(0, 20)))}, protocol=rng.choice([2, 4, 5])))
@@ -283,7 +285,7 @@ def names_case(prep, scratch: Path, names: list[str]) -> Outcome:
             ls = lmz(store, "ls", "--json")
             if ls.any_traceback:
                 out.traceback = out.traceback or ls.any_traceback
-            rm = lmz(store, "rm", name)
+            rm = lmz(store, "rm", "--", name)
             _one_line_refusal(out, rm, f"rm {name!r}")
     return out
 
