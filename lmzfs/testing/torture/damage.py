@@ -39,6 +39,8 @@ def _pick(store: Path, target: str, rng: random.Random) -> list[Path]:
     spool = sorted(p for p in (store / "spool").iterdir() if p.name != "mount.lock")
     if target == "spool-meta":      # the record and the journal (CRC-checked), not the data file
         spool = [p for p in spool if p.suffix != ".data"]
+    elif target == "spool-data":
+        spool = [p for p in spool if p.suffix == ".data"]
     return [rng.choice(spool)]
 
 
