@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps demo test bench clean
+.PHONY: install system-deps demo test bench torture clean
 
 # apt packages FUSE needs (pyfuse3 builds against libfuse3), gcc for pyfuse3 and our tANS loop,
 # and systemd for `systemd-analyze verify` of the units in systemd/; installed only when missing.
@@ -38,6 +38,13 @@ test: install
 bench: install
 	bash bench/setup.sh
 	bench/.venv/bin/python bench/run.py --out docs/results.md $(BENCH_ARGS)
+
+# Issue 48: damage, kill -9, hostile input, access and load on real corpus files, bounded by
+# TORTURE_SECONDS (default 20 min); prints one table. `make test` runs its short sample (tests/test_torture.py).
+TORTURE_SECONDS ?= 1200
+TORTURE_ARGS ?=
+torture: install
+	$(PY) -m lmzfs.testing.torture --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,202 @@
+"""crashes: kill -9 of each writer (add, recoding add, rm, gc, each rewrite pass, verify
+--repair, a writable mount's commit) at a random named kill point (lmzfs/killpoints.py:
+append:N, session-sealed, session-commit, session-committed) or after a random delay. After
+each: verify clean, every model byte-identical to its original or absent (absent only for the
+model the killed command adds or removes), then the command again, which must complete."""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from lmzfs.testing.torture import Case, Outcome
+from lmzfs.testing.torture.common import (fork_writer_and_kill, fresh_copy, listed_models, lmz, model_of,
+                                          read_all, sha, unmount_quietly)
+from lmzfs.testing.torture.prepared import Prepared
+
+POINTS = ("append", "session-sealed", "session-commit", "session-committed", "delay")
+WRITERS = ("add", "recoding-add", "rm", "gc", "compact", "recode", "delta", "anchor", "repair", "mount-commit")
+
+
+def writer_argv(prep: Prepared, writer: str) -> tuple[list[str], str | None]:
+    """The command, and the model it adds or removes (which may be absent after the kill)."""
+    src = prep.sources
+    return {
+        "add": (["add", str(src["newcomer"]), "--name", "newcomer"], "newcomer"),
+        "recoding-add": (["add", str(src["run/step-3"]), "--name", "run/step-3"], "run/step-3"),
+        "rm": (["rm", "quire-next"], "quire-next"),
+        "gc": (["gc"], None),
+        "compact": (["rewrite", "compact", "--all"], None),
+        "recode": (["rewrite", "recode"], None),
+        "delta": (["rewrite", "delta", "quire-next", "--base", "quire"], None),
+        "anchor": (["rewrite", "anchor", "run/step-1"], None),
+        "repair": (["verify", "--repair"], None),
+    }[writer]
+
+
+def crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: float) -> Outcome:
+    if writer == "mount-commit":
+        return mount_commit_case(prep, scratch, point, delay)
+    store = fresh_copy(prep.store, scratch / "store")
+    argv, subject = writer_argv(prep, writer)
+    out = Outcome(f"crash {writer} at {point} +{delay:.2f}s")
+    if writer == "repair":      # something to repair: a zeroed page of the catalog
+        rng = random.Random(hash((point, delay)))
+        cat = store / "catalog.sqlite"
+        at = rng.randrange(cat.stat().st_size // 4096) * 4096
+        with open(cat, "r+b") as f:
+            f.seek(at)
+            f.write(bytes(4096))
+        out.name += f" (catalog page {at // 4096} zeroed)"
+    killed = fork_writer_and_kill(store, argv, point=None if point == "delay" else point, delay=delay,
+                                  stderr_path=scratch / "writer.err")
+    out.info["killed"] = int(killed.reached)
+    out.info["finished_first"] = int(killed.finished)
+    if killed.hang:
+        out.hang = True
+        out.problems.append(f"the writer neither reached {point} nor ended")
+        return out
+    if killed.finished and killed.rc != 0:
+        out.problems.append(f"the writer, not killed, ended rc={killed.rc}: {killed.stderr.strip()[-300:]}")
+    if "Traceback (most recent call last)" in killed.stderr:
+        out.traceback = killed.stderr[-3000:]
+    expected = dict(prep.expected)
+    adds = {"newcomer": prep.spare["newcomer"], "run/step-3": prep.spare["run/step-3"]}
+    if subject in adds:
+        expected.update(adds[subject])
+    if writer == "repair":
+        _check(out, lmz(store, *argv), "the repair again")
+    # after the kill: verify clean, every model right or (the subject) absent
+    _check(out, lmz(store, "verify"), "verify after the kill")
+    present = listed_models(store) or set()
+    check = {k: v for k, v in expected.items() if model_of(k) != subject or subject in present}
+    rb = read_all(store, check)
+    _count(out, rb, check)
+    # the command again: it completes
+    if writer == "add" or writer == "recoding-add":
+        if subject not in present:
+            _check(out, lmz(store, *argv), "the add again")
+    elif writer == "rm":
+        if subject in present:
+            _check(out, lmz(store, *argv), "the rm again")
+        expected = {k: v for k, v in expected.items() if model_of(k) != subject}
+    elif writer != "repair":
+        _check(out, lmz(store, *argv), f"{' '.join(argv)} again")
+    _check(out, lmz(store, "verify"), "verify after the rerun")
+    rb = read_all(store, expected)
+    _count(out, rb, expected)
+    if writer == "rm" and subject in (listed_models(store) or set()):
+        out.problems.append("the removed model is still listed after rm again")
+    return out
+
+
+def _check(out: Outcome, ran, what: str) -> None:
+    if ran.any_traceback and out.traceback is None:
+        out.traceback = ran.any_traceback[-3000:]
+    if ran.rc != 0:
+        out.problems.append(f"{what}: rc={ran.rc} {ran.stderr.strip()[-300:]}")
+
+
+def _count(out: Outcome, rb, expected: dict[str, str]) -> None:
+    out.wrong_bytes += len(rb.wrong)
+    if rb.tracebacks and out.traceback is None:
+        out.traceback = rb.tracebacks[0][-3000:]
+    lost = {model_of(k) for k in expected if k not in rb.right}
+    out.models_lost = max(out.models_lost, len(lost))
+    if lost:
+        out.info["lost"] = sorted(lost)
+        out.info["refused"] = dict(list(rb.refused.items())[:3])
+
+
+def mount_commit_case(prep: Prepared, scratch: Path, mode: str, delay: float) -> Outcome:
+    """Copy a file into a writable mount; kill -9 the daemon mid-copy, right after fsync, or
+    while close() commits it; remount: the file is whole if fsync'd, else absent or a prefix of
+    what was written; copy it again; verify clean, every model right."""
+    from lmzfs.testing.mount import mounted
+    store = fresh_copy(prep.store, scratch / "store")
+    mnt = scratch / "mnt"
+    mnt.mkdir(parents=True, exist_ok=True)
+    data = (prep.sources["newcomer"] / "model.safetensors").read_bytes()
+    digest = sha(data)
+    rng = random.Random(int(delay * 1e6))
+    out = Outcome(f"crash mount-commit {mode} +{delay:.2f}s")
+    cut = len(data) if mode != "mid-copy" else rng.randrange(1, len(data))
+    fsynced = mode != "mid-copy"
+    try:
+        with mounted(mnt, store, "--writable", timeout=30) as fs:
+            (mnt / "wm").mkdir()
+            fd = os.open(mnt / "wm" / "f.bin", os.O_CREAT | os.O_WRONLY)
+            for at in range(0, cut, 1 << 17):
+                os.write(fd, data[at:min(cut, at + (1 << 17))])
+            closer = None
+            if fsynced:
+                os.fsync(fd)
+            if mode == "during-close":
+                closer = threading.Thread(target=lambda: _close(fd))
+                closer.start()
+            time.sleep(delay)
+            fs.process.kill()
+            fs.process.wait()
+            if closer is not None:
+                closer.join()
+            else:
+                _close(fd)
+        unmount_quietly(mnt)
+        with mounted(mnt, store, "--writable", timeout=30) as fs:
+            f = mnt / "wm" / "f.bin"
+            got = f.read_bytes() if f.exists() else None
+            if got is not None and data[:len(got)] != got:
+                out.wrong_bytes += 1
+                out.info["file"] = f"wrong ({len(got)} bytes)"
+            elif fsynced and got != data:
+                out.models_lost += 1
+                out.info["file"] = "fsync'd but " + ("absent" if got is None else f"{len(got)} of {len(data)} bytes")
+            (mnt / "wm").mkdir(exist_ok=True)
+            f.write_bytes(data)         # the copy again
+            if "Traceback (most recent call last)" in fs.log():
+                out.traceback = fs.log()[-3000:]
+    except AssertionError as exc:
+        out.problems.append(f"mount: {str(exc)[-400:]}")
+        if "Traceback (most recent call last)" in str(exc):
+            out.traceback = str(exc)[-3000:]
+        return out
+    finally:
+        unmount_quietly(mnt)
+    _check(out, lmz(store, "verify"), "verify after the remount")
+    expected = {**prep.expected, "wm/f.bin": digest}
+    _count(out, read_all(store, expected), expected)
+    return out
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def random_case(prep: Prepared, scratch: Path, rng: random.Random, writer: str) -> Case:
+    if writer == "mount-commit":
+        mode = rng.choice(("mid-copy", "after-fsync", "during-close"))
+        delay = rng.uniform(0, 0.3)
+        return Case(f"crash mount-commit {mode}", lambda: crash_case(prep, scratch, writer, mode, delay), 150)
+    point = rng.choice(POINTS)
+    if point == "append":
+        point = f"append:{rng.randint(1, 12)}"
+    elif point != "delay" and rng.random() < 0.3:
+        point = f"{point}:{rng.randint(1, 2)}"
+    delay = rng.uniform(0, 1.0) if point == "delay" else (rng.uniform(0, 0.05) if rng.random() < 0.2 else 0.0)
+    return Case(f"crash {writer} {point}", lambda: crash_case(prep, scratch, writer, point, delay), 150)
+
+
+def cases(prep: Prepared, scratch: Path, rng: random.Random, sample: bool) -> Iterator[Case]:
+    if sample:
+        for writer in WRITERS:
+            yield random_case(prep, scratch, rng, writer)
+        return
+    while True:
+        for writer in WRITERS:
+            yield random_case(prep, scratch, rng, writer)
