@@ -596,3 +596,19 @@ def test_gc_keeps_what_a_set_aside_catalog_names_until_told_to_forget_it(tmp_pat
     assert sum(p.stat().st_size for p in store.packs.glob("pack-*.lmzp")) < before
     assert not list(store.root.glob("catalog.sqlite.damaged-*"))
     assert verify_store(store).ok
+
+
+def test_the_catalog_repair_installs_and_the_copy_due_marker_are_the_owners_alone(tmp_path):
+    old = os.umask(0o022)
+    try:
+        store = store_of_two(tmp_path)
+        damage_file(store.catalog, Damage("zero-page", 0))
+        repair_catalog_report = repair(store)
+        assert repair_catalog_report.rc == 0
+        assert store.catalog.stat().st_mode & 0o777 == 0o600
+        due_marker(store.catalog).unlink(missing_ok=True)
+        from lmzfs.store.catalog.copies import mark_copy_due
+        mark_copy_due(store.catalog)
+        assert due_marker(store.catalog).stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)

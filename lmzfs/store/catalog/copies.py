@@ -107,7 +107,7 @@ def mark_copy_due(catalog: Path) -> None:
     marker = due_marker(catalog)
     if marker.exists():
         return
-    fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644)
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT, FILE_MODE)
     try:
         os.fsync(fd)
     finally:

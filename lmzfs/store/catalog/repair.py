@@ -22,7 +22,7 @@ from pathlib import Path
 from lmzfs.store.catalog import Catalog, free_if_full
 from lmzfs.store.catalog.check import PackIndex, broken_models, diagnose, index_packs
 from lmzfs.store.catalog.copies import DIGEST_KEY, due_marker, write_copy
-from lmzfs.store.layout import StoreError, StorePaths, fsync_dir
+from lmzfs.store.layout import FILE_MODE, StoreError, StorePaths, fsync_dir
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import validate_model_name
 from lmzfs.store.catalog.payloadsearch import place_chunks, salvage_chunk_rows
@@ -146,6 +146,7 @@ def _stage(copy: Path, store: StorePaths) -> Path:
     tmp = store.catalog.with_name(store.catalog.name + ".restore-tmp")
     try:
         shutil.copyfile(copy, tmp)
+        os.chmod(tmp, FILE_MODE)            # the owner's alone, as every store file
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
