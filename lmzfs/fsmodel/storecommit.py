@@ -26,7 +26,8 @@ from lmzfs.store.chains.plan import choose_base
 from lmzfs.store.chains.recode import ChainRecoder, RecodedBefore, record_recoded
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StoreError, StorePaths
-from lmzfs.store.write.encodefile import (FileChain, FileContent, FileEncoder, FilePlan, NewChunk, add_refs,
+from lmzfs.store.catalog.chunkrows import add_refs
+from lmzfs.store.write.encodefile import (FileChain, FileContent, FileEncoder, FilePlan, NewChunk,
                                           file_tensors, insert_file_rows, insert_new_chunks)
 from lmzfs.store.write.session import PackSession
 

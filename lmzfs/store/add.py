@@ -31,7 +31,8 @@ from lmzfs.store.gc import GcResult, reclaim_packs
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import validate_model_name
-from lmzfs.store.write.encodefile import (EncodeTotals, FileChain, FileContent, FileEncoder, FilePlan, add_refs,
+from lmzfs.store.catalog.chunkrows import add_refs
+from lmzfs.store.write.encodefile import (EncodeTotals, FileChain, FileContent, FileEncoder, FilePlan,
                                           file_tensors, insert_file_rows, insert_new_chunks)
 from lmzfs.store.write.policy import EncodePolicy
 from lmzfs.store.write.session import PackSession

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from lmzfs.store.catalog.db import TensorRow
+from lmzfs.store.catalog.modelrows import ExtentRow, NewFile, insert_extents, insert_file, insert_tensors
+
 
 @dataclass(frozen=True)
 class SalvagedTensor:
@@ -135,12 +138,9 @@ def insert_recovered(tx: sqlite3.Connection, model: SalvagedModel) -> None:
     tx.execute("INSERT INTO models (id, name, added, source) VALUES (?,?,?,?)",
                (model.model_id, model.name, model.added, model.source))
     for f in model.files:
-        fid = tx.execute("INSERT INTO files (model, path, size, mtime, sha256, format) VALUES (?,?,?,?,?,?)",
-                         (model.model_id, f.path, f.size, f.mtime, f.sha256, f.format)).lastrowid
-        tx.executemany("INSERT INTO extents (file, seq, offset, chunk) VALUES (?,?,?,?)",
-                       [(fid, i, off, cid) for i, (off, cid) in enumerate(f.extents)])
-        tx.executemany("INSERT OR IGNORE INTO tensors (file, name, dtype, shape, offset, size) VALUES (?,?,?,?,?,?)",
-                       [(fid, t.name, t.dtype, t.shape, t.offset, t.size) for t in f.tensors])
+        fid = insert_file(tx, NewFile(model.model_id, f.path, f.size, f.mtime, f.sha256, f.format))
+        insert_extents(tx, (ExtentRow(fid, i, off, cid) for i, (off, cid) in enumerate(f.extents)))
+        insert_tensors(tx, (TensorRow(fid, t.name, t.dtype, t.shape, t.offset, t.size) for t in f.tensors))
 
 
 @dataclass(frozen=True)

@@ -206,8 +206,3 @@ def insert_file_rows(db: sqlite3.Connection, file_id: int, plan: FilePlan) -> di
     for _, cid in plan.extents:
         refs[cid] = refs.get(cid, 0) + 1
     return refs
-
-
-def add_refs(db: sqlite3.Connection, refs: dict[bytes, int]) -> None:
-    """Inside a write transaction: apply reference count changes."""
-    chunkrows.add_refs(db, refs)
