@@ -16,6 +16,7 @@ from lmzfs.printable import printable
 from lmzfs.progress import ProgressLine, human_bytes
 from lmzfs.singlefile.errors import SingleFileError
 from lmzfs.servicecli import add_commands as add_service_commands
+from lmzfs.remotecli import add_push_command, add_remote_option
 from lmzfs.servicecli import add_mount_arguments, cmd_mount, cmd_umount   # mount, umount, doctor, stats
 from lmzfs.store.layout import StoreError, StorePaths
 
@@ -179,8 +180,15 @@ def _reclaim_clause(g) -> str:
 
 
 def cmd_ls(args) -> int:
+    from lmzfs.remotecli import remote_catalog, remote_options
     from lmzfs.store.catalog import Catalog, CatalogDamaged
     from lmzfs.store.catalog.check import examine
+    options = remote_options(args)
+    if options is not None:
+        with remote_catalog(options) as (catalog, archive):
+            snap = archive.current_snapshot
+            return _ls(catalog, args, f"remote {archive.url} (generation {snap.pointer.generation})",
+                       archive.totals().stored_bytes, "in its pack objects")
     store = _store(args)
     if not store.exists():
         if args.json:
@@ -195,13 +203,17 @@ def cmd_ls(args) -> int:
         check = examine(store.catalog)
         if not check.clean and not check.unreadable:
             raise CatalogDamaged(store.catalog, check.problem)
-        if args.model:
-            return _ls_model(catalog, args)
-        usage = catalog.usage()
-        depends = catalog.model_dependencies()
-        hf = _hf_origins(catalog)
+        return _ls(catalog, args, f"store {store.root}", None, "on disk")
     finally:
         catalog.close()
+
+
+def _ls(catalog, args, where: str, stored: int | None, place: str) -> int:
+    if args.model:
+        return _ls_model(catalog, args)
+    usage = catalog.usage()
+    depends = catalog.model_dependencies()
+    hf = _hf_origins(catalog)
     if args.json:
         print(json.dumps([{"model": u.name, "files": u.files, "logical_bytes": u.logical_bytes,
                            "stored_bytes": u.stored_bytes, "saved_pct": round(u.saved_pct, 3),
@@ -222,10 +234,11 @@ def cmd_ls(args) -> int:
         print("\nHugging Face revisions (served by name under MOUNTPOINT/.hf/hub):")
         for name, row in sorted(hf.items()):
             print(printable(f"  {name} is {_hf_line(row)}"))
-    on_disk = store.disk_bytes()
+    on_disk = _store(args).disk_bytes() if stored is None else stored
     total = sum(u.logical_bytes for u in usage)
-    print(f"\nstore {store.root}: {human_bytes(total)} of model files in {human_bytes(on_disk)} on disk "
-          f"(packs and catalog, shared chunks counted once)")
+    print()
+    print(printable(f"{where}: {human_bytes(total)} of model files in {human_bytes(on_disk)} {place} "
+                    f"(packs and catalog, shared chunks counted once)"))
     return 0
 
 
@@ -343,7 +356,19 @@ def _before_after(before: int, after: int) -> str:
 
 
 def cmd_verify(args) -> int:
-    from lmzfs.admin.verify import verify_store
+    from lmzfs.admin.verify import verify_remote, verify_store
+    from lmzfs.remotecli import remote_options
+    options = remote_options(args)
+    if options is not None:
+        if args.repair or args.record_checksums:
+            raise StoreError("--repair and --record-checksums act on a local store; a remote is repaired by "
+                             "pushing from its ingest host")
+        progress = ProgressLine("verifying")
+        try:
+            report = verify_remote(options, args.model, progress)
+        finally:
+            progress.finish()
+        return _verify_report(report, 0, False)
     damaged_chunks = 0
     lost = False
     if args.repair:
@@ -365,6 +390,10 @@ def cmd_verify(args) -> int:
         report = verify_store(_store(args), args.model, progress)
     finally:
         progress.finish()
+    return _verify_report(report, damaged_chunks, lost)
+
+
+def _verify_report(report, damaged_chunks: int, lost: bool) -> int:
     for d in report.damaged:
         print(printable(f"DAMAGED {d.model}/{d.path}: {d.reason}"))
     state = "ok" if report.ok else f"{len(report.damaged)} damaged file(s)"
@@ -398,7 +427,10 @@ def _repair(store: StorePaths) -> bool:
 
 def cmd_cat(args) -> int:
     from lmzfs.reader.archive import Archive
-    archive = Archive(_store(args).root, cache_bytes=64 << 20)     # room for read-ahead
+    from lmzfs.remotecli import open_remote, remote_options
+    options = remote_options(args)
+    archive = open_remote(options) if options is not None else \
+        Archive(_store(args).root, cache_bytes=64 << 20)     # room for read-ahead
     try:
         entry = _find_entry(archive, args.file)
         out = sys.stdout.buffer
@@ -519,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("ls", cmd_ls, "list models (or one model's files) with logical and stored sizes")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--json", action="store_true")
+    add_remote_option(sp, what="list")
     sp = cmd("rm", cmd_rm, "remove models from the store (space returns with `lmz gc`)")
     sp.add_argument("models", nargs="+", metavar="MODEL")
     sp = cmd("gc", cmd_gc, "reclaim space of removed models and interrupted adds")
@@ -557,13 +590,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--record-checksums", action="store_true",
                     help="first give chunks stored before lmzfs kept read checksums theirs (whole store; "
                          "takes the writer lock), so that reads of them stop checking SHA-256")
+    add_remote_option(sp, what="fetch and check every chunk of")
     sp = cmd("cat", cmd_cat, "write a stored file to stdout")
     sp.add_argument("file", metavar="MODEL/FILE")
+    add_remote_option(sp, what="read from")
     sp = cmd("mount", cmd_mount, "serve every stored model as read-only files under MOUNTPOINT")
     add_mount_arguments(sp, parse_size)
     sp = cmd("umount", cmd_umount, "unmount a mount made by `lmz mount`")
     sp.add_argument("mountpoint", nargs="?", help="default: the config's mountpoint")
     add_service_commands(cmd)
+    add_push_command(cmd)
     sp = cmd("pack", cmd_pack, "compress one file into a standalone single-file archive (no store needed)")
     sp.add_argument("file", metavar="FILE")
     sp.add_argument("out", metavar="OUT")

@@ -11,6 +11,12 @@
     readahead   = true                 # decode ahead of sequential readers
     chain_depth = 4                    # `lmz add`: the most references a read of a chunk follows
                                        # (1 to 15; longer chains are re-anchored)
+    remote      = "s3://bucket/models" # mount this remote store instead of `store` (docs/remote.md)
+    remote_endpoint   = "https://s3.example.net"   # an S3-compatible engine (else $AWS_ENDPOINT_URL, else AWS)
+    remote_cache_dir  = "/var/cache/lmzfs"         # fetched ranges and snapshots of the remote
+    remote_cache_size = "20G"          # bytes of fetched ranges kept on disk
+    remote_poll       = "30s"          # how often a mount looks for a newer snapshot ("0": never)
+    remote_timeout    = "30s"          # the most a read waits for the engine, retries included
 
 Precedence, highest first: command-line flags, the environment ($LMZ_STORE, for the store only),
 the config file, the defaults. A missing default config file is fine; a missing file named by
@@ -33,12 +39,31 @@ CONFIG_ENV = "LMZ_CONFIG"
 STORE_ENV = "LMZ_STORE"
 DEFAULT_CACHE_SIZE = MAX_CACHE       # on a host with 2 GiB or more to use; see default_cache_size
 
-KEYS = ("store", "mountpoint", "cache_size", "workers", "allow_other", "readahead", "chain_depth")
+KEYS = ("store", "mountpoint", "cache_size", "workers", "allow_other", "readahead", "chain_depth", "remote",
+        "remote_endpoint", "remote_cache_dir", "remote_cache_size", "remote_poll", "remote_timeout")
+REMOTE_DEFAULTS = {"remote": None, "remote_endpoint": None, "remote_cache_dir": None,
+                   "remote_cache_size": 20 << 30, "remote_poll": 30.0, "remote_timeout": 30.0}
 DEFAULT_CHAIN_DEPTH = 4
 # A reader refuses chains longer than the catalog's MAX_CHAIN_HOPS (16): a cap stays below it.
 MAX_CHAIN_DEPTH = 15
 # keys of earlier releases, refused with what to do instead
 REMOVED_KEYS = {"decoder": "removed: chunks are always decoded in threads; delete the line"}
+
+
+def parse_seconds(text: str | int | float) -> float:
+    """"30s", "2m", "1h", "500ms", 45 -> seconds; ValueError otherwise."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a duration: {text!r}")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|)\s*", text.lower())
+        if not m:
+            raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 2m, 1h)")
+        value = float(m.group(1)) * {"ms": 0.001, "s": 1, "": 1, "m": 60, "h": 3600}[m.group(2)]
+    if value < 0:
+        raise ValueError(f"not a duration: {text!r} (negative)")
+    return value
 
 
 def parse_size(text: str) -> int:
@@ -59,6 +84,12 @@ class Settings:
     allow_other: bool = False
     readahead: bool = True
     chain_depth: int = DEFAULT_CHAIN_DEPTH
+    remote: str | None = None            # a remote store's URL: mount it instead of `store`
+    remote_endpoint: str | None = None
+    remote_cache_dir: Path | None = None  # None: ~/.cache/lmzfs/remote/NAME
+    remote_cache_size: int = 20 << 30
+    remote_poll: float = 30.0
+    remote_timeout: float = 30.0
     config_file: Path | None = None      # the file that was read, if any
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -121,7 +152,31 @@ def _check(path: Path, key: str, value):
         if not p.is_absolute():
             raise bad(f"must be an absolute path, not {value!r}")
         return p
-    if key == "cache_size":
+    if key in ("remote", "remote_endpoint"):
+        if not isinstance(value, str) or not value:
+            raise bad(f"must be a non-empty string (a URL), not {_show(value)}")
+        if key == "remote":
+            from lmzfs.store.remote.objects import RemoteURL
+            try:
+                RemoteURL.parse(value)
+            except StoreError as exc:
+                raise bad(str(exc)) from None
+        elif not value.startswith(("http://", "https://")):
+            raise bad(f"must be an http(s):// URL, not {value!r}")
+        return value
+    if key == "remote_cache_dir":
+        if not isinstance(value, str) or not value or not Path(value).expanduser().is_absolute():
+            raise bad(f"must be an absolute path, not {_show(value)}")
+        return Path(value).expanduser()
+    if key in ("remote_poll", "remote_timeout"):
+        try:
+            seconds = parse_seconds(value)
+        except ValueError as exc:
+            raise bad(str(exc)) from None
+        if key == "remote_timeout" and seconds <= 0:
+            raise bad("must be more than 0")
+        return seconds
+    if key in ("cache_size", "remote_cache_size"):
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise bad(f"must be a number of bytes or a size like \"512M\", not {_show(value)}")
         if isinstance(value, str):
@@ -159,7 +214,8 @@ def _show(value) -> str:
 def resolve(*, store: str | os.PathLike | None = None, mountpoint: str | os.PathLike | None = None,
             cache_size: int | None = None, workers: int | None = None, allow_other: bool | None = None,
             readahead: bool | None = None, chain_depth: int | None = None, config: dict | None = None,
-            config_file: Path | None = None) -> Settings:
+            config_file: Path | None = None, remote: str | None = None, remote_cache_dir=None,
+            remote_cache_size: int | None = None, remote_poll: float | None = None) -> Settings:
     """The effective settings. Arguments are the command-line flags (None: not given). The config
     file is loaded unless *config* (already loaded keys) is passed."""
     if config is None:
@@ -167,9 +223,12 @@ def resolve(*, store: str | os.PathLike | None = None, mountpoint: str | os.Path
     flags = {"store": Path(store).expanduser() if store else None,
              "mountpoint": Path(mountpoint).expanduser() if mountpoint else None,
              "cache_size": cache_size, "workers": workers, "allow_other": allow_other, "readahead": readahead,
-             "chain_depth": chain_depth}
+             "chain_depth": chain_depth, "remote": remote,
+             "remote_cache_dir": Path(remote_cache_dir).expanduser().absolute() if remote_cache_dir else None,
+             "remote_cache_size": remote_cache_size, "remote_poll": remote_poll}
     defaults = {"store": user_store_dir(), "mountpoint": None, "cache_size": default_cache_size(),
-                "workers": None, "allow_other": False, "readahead": True, "chain_depth": DEFAULT_CHAIN_DEPTH}
+                "workers": None, "allow_other": False, "readahead": True, "chain_depth": DEFAULT_CHAIN_DEPTH,
+                **REMOTE_DEFAULTS}
     env = {"store": Path(os.environ[STORE_ENV]).expanduser()} if os.environ.get(STORE_ENV) else {}
     values, sources = {}, {}
     for key in KEYS:

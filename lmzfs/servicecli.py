@@ -26,10 +26,14 @@ def add_mount_arguments(sp: argparse.ArgumentParser, parse_size) -> None:
     sp.add_argument("--allow-other", action=argparse.BooleanOptionalAction, default=None,
                     help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root)")
     sp.add_argument("--cache-size", type=parse_size, default=None, metavar="SIZE",
-                    help="bytes of decoded chunks kept in memory (default: 1/8 of the usable memory, 32M to 256M)")
+                    help="bytes of decoded chunks kept in memory (default: 1/8 of the usable memory, 32M to "
+                         "256M); with --remote: bytes of fetched ranges kept on disk under --cache-dir (default "
+                         "20G), as hf-mount's --cache-size")
     sp.add_argument("--workers", type=positive_int, default=None, help="parallel decodes (default: the usable CPUs)")
     sp.add_argument("--readahead", action=argparse.BooleanOptionalAction, default=None,
                     help="decode ahead of sequential readers (default: on)")
+    from lmzfs.remotecli import add_mount_remote_arguments
+    add_mount_remote_arguments(sp)
     sp.add_argument("--writable", action="store_true",
                     help="serve a writable file system: mkdir at the top makes a model, files written "
                          "into it are stored as `lmz add` stores them (docs/writable.md)")
@@ -42,15 +46,19 @@ def _no_mountpoint() -> StoreError:
 
 def cmd_mount(args) -> int:
     from lmzfs.daemon.mount import configure_logging, mount
-    s = resolve(store=args.store, mountpoint=args.mountpoint, cache_size=args.cache_size, workers=args.workers,
-                allow_other=args.allow_other, readahead=args.readahead)
+    from lmzfs.remotecli import remote_options
+    remote = remote_options(args, mount=True, disk_cache_bytes=args.cache_size)
+    if remote is not None and args.writable:
+        raise StoreError("a remote store is mounted read-only: --writable is for a local store")
+    s = resolve(store=args.store, mountpoint=args.mountpoint, cache_size=None if remote else args.cache_size,
+                workers=args.workers, allow_other=args.allow_other, readahead=args.readahead)
     if s.mountpoint is None:
         raise _no_mountpoint()
     if args.foreground:
         configure_logging()
     return mount(s.mountpoint, s.store, foreground=args.foreground, allow_other=s.allow_other,
                  cache_bytes=s.cache_size, workers=s.workers, readahead=s.readahead,
-                 writable=getattr(args, "writable", False))
+                 writable=getattr(args, "writable", False), remote=remote)
 
 
 def cmd_umount(args) -> int:

@@ -81,16 +81,24 @@ def lmzfs_mounted(path: Path) -> bool:
 
 def test_flags_beat_the_environment_which_beats_the_config_which_beats_the_defaults(config, tmp_path, monkeypatch):
     path = config('store = "/cfg/store"\nmountpoint = "/cfg/mnt"\ncache_size = "512M"\nworkers = 3\n'
-                  'allow_other = true\nreadahead = false\nchain_depth = 2\n')
+                  'allow_other = true\nreadahead = false\nchain_depth = 2\nremote = "s3://bkt/pfx"\n'
+                  'remote_endpoint = "http://127.0.0.1:9"\nremote_cache_dir = "/cfg/cache"\n'
+                  'remote_cache_size = "2G"\nremote_poll = "1m"\nremote_timeout = 5\n')
     s = resolve()
     assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead, s.chain_depth) == \
         (Path("/cfg/store"), Path("/cfg/mnt"), 512 << 20, 3, True, False, 2)
+    assert (s.remote, s.remote_endpoint, s.remote_cache_dir, s.remote_cache_size, s.remote_poll, s.remote_timeout) == \
+        ("s3://bkt/pfx", "http://127.0.0.1:9", Path("/cfg/cache"), 2 << 30, 60.0, 5.0)
     assert set(s.sources.values()) == {"config"} and s.config_file == path
     monkeypatch.setenv("LMZ_STORE", "/env/store")
     s = resolve()
     assert s.store == Path("/env/store") and s.sources["store"] == "env"
     s = resolve(store="/flag/store", mountpoint="/flag/mnt", cache_size=1 << 20, workers=1, allow_other=False,
-                readahead=True, chain_depth=3)
+                readahead=True, chain_depth=3, remote="s3://flag/pfx", remote_cache_dir="/flag/cache",
+                remote_cache_size=1 << 30, remote_poll=5.0)
+    assert (s.remote, s.remote_cache_dir, s.remote_cache_size, s.remote_poll) == \
+        ("s3://flag/pfx", Path("/flag/cache"), 1 << 30, 5.0)
+    del s.sources["remote_endpoint"], s.sources["remote_timeout"]      # no flags: config files and units set them
     assert (s.store, s.mountpoint, s.cache_size, s.workers, s.allow_other, s.readahead, s.chain_depth) == \
         (Path("/flag/store"), Path("/flag/mnt"), 1 << 20, 1, False, True, 3)
     assert set(s.sources.values()) == {"flag"}

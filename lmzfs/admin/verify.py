@@ -60,28 +60,46 @@ def verify_store(store: StorePaths, model: str | None = None,
     # Each decode is checked against the chunk's SHA-256 id as well as the read checksum the mount
     # checks; the cache holds only what this run decoded and checked.
     archive = Archive(store.root, cache_bytes=cache_bytes, workers=0, check_ids=True)
-    report = VerifyReport()
     try:
-        entries = [e for e in archive.files() if model is None or e.model == model]
-        total = sum(e.size for e in entries)
-        for entry in entries:
-            report.files += 1
-            try:
-                with archive.open(entry) as reader:
-                    whole = hashlib.sha256()
-                    for off in range(0, entry.size, 1 << 22):
-                        block = reader.pread(off, 1 << 22)
-                        whole.update(block)
-                        report.bytes += len(block)
-                        if progress:
-                            progress(report.bytes, total)
-                if whole.hexdigest() != entry.sha256:
-                    report.damaged.append(Damage(entry.model, entry.path, "whole-file SHA-256 differs from the catalog"))
-            except CorruptChunk as exc:
-                report.damaged.append(Damage(entry.model, entry.path, exc.strerror))
-            except FileNotFoundError:
-                continue    # removed while we were verifying
-        report.chunks_decoded = archive.counters.chunks_decoded
+        return verify_archive(archive, model, progress)
     finally:
         archive.close()
+
+
+def verify_remote(options, model: str | None = None, progress: Callable[[int, int], None] | None = None,
+                  cache_bytes: int = VERIFY_CACHE_BYTES) -> VerifyReport:
+    """`lmz verify --remote`: every chunk of the remote's current snapshot fetched (through this
+    host's cache, whose blocks are checked too) and checked as verify_store checks a local one."""
+    from lmzfs.reader.remotearchive import RemoteArchive
+    archive = RemoteArchive(options, cache_bytes=cache_bytes, workers=0, check_ids=True)
+    try:
+        if model is not None and not any(e.model == model for e in archive.files()):
+            raise StoreError(f"no model named {model!r} in {archive.url} (see `lmz ls --remote`)")
+        return verify_archive(archive, model, progress)
+    finally:
+        archive.close()
+
+
+def verify_archive(archive: Archive, model: str | None, progress: Callable[[int, int], None] | None) -> VerifyReport:
+    report = VerifyReport()
+    entries = [e for e in archive.files() if model is None or e.model == model]
+    total = sum(e.size for e in entries)
+    for entry in entries:
+        report.files += 1
+        try:
+            with archive.open(entry) as reader:
+                whole = hashlib.sha256()
+                for off in range(0, entry.size, 1 << 22):
+                    block = reader.pread(off, 1 << 22)
+                    whole.update(block)
+                    report.bytes += len(block)
+                    if progress:
+                        progress(report.bytes, total)
+            if whole.hexdigest() != entry.sha256:
+                report.damaged.append(Damage(entry.model, entry.path, "whole-file SHA-256 differs from the catalog"))
+        except CorruptChunk as exc:
+            report.damaged.append(Damage(entry.model, entry.path, exc.strerror))
+        except FileNotFoundError:
+            continue    # removed while we were verifying
+    report.chunks_decoded = archive.counters.chunks_decoded
     return report

@@ -28,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="decode only what is read, nothing ahead of sequential readers")
     parser.add_argument("--writable", action="store_true",
                         help="serve a writable file system: top-level directories are models (docs/writable.md)")
+    parser.add_argument("--remote", metavar="URL", help="serve this remote store (s3://BUCKET/PREFIX, https://...)")
+    parser.add_argument("--cache-dir", type=Path, help="with --remote: fetched ranges and snapshots")
+    parser.add_argument("--remote-cache-bytes", type=int, default=20 << 30, help="with --remote: disk cache bytes")
+    parser.add_argument("--poll", type=float, default=30.0, help="with --remote: seconds between polls")
+    parser.add_argument("--remote-timeout", type=float, default=30.0, help="with --remote: seconds a read waits")
+    parser.add_argument("--endpoint", help="with --remote: the S3-compatible engine's URL")
     parser.add_argument("--debug", action="store_true", help="log every detail")
     # Internal: the launcher's readiness pipe, and a test hook naming the archive to serve.
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
@@ -43,15 +49,20 @@ def main(argv: list[str] | None = None) -> int:
         args.cache_bytes = default_cache_size()
     mountpoint = args.mountpoint.absolute()
     store_dir = resolve_store_dir(args.store).absolute()
+    remote = None
+    if args.remote:
+        from lmzfs.reader.remotearchive import RemoteOptions
+        remote = RemoteOptions(args.remote, cache_dir=args.cache_dir, disk_cache_bytes=args.remote_cache_bytes,
+                               poll_s=args.poll, timeout_s=args.remote_timeout, endpoint=args.endpoint)
     if not args.foreground:
         return mount(mountpoint, store_dir, foreground=False, allow_other=args.allow_other,
                      cache_bytes=args.cache_bytes, workers=args.workers, archive_factory=args.archive_factory,
-                     readahead=args.readahead, writable=args.writable)
+                     readahead=args.readahead, writable=args.writable, remote=remote)
     if args.ready_fd is not None:
         os.chdir("/")     # a background server must not keep the launcher's directory busy
     return serve(mountpoint, store_dir, allow_other=args.allow_other, cache_bytes=args.cache_bytes,
                  workers=args.workers, archive_factory=args.archive_factory, ready_fd=args.ready_fd,
-                 readahead=args.readahead, writable=args.writable)
+                 readahead=args.readahead, writable=args.writable, remote=remote)
 
 
 if __name__ == "__main__":

@@ -117,8 +117,10 @@ def _write_ready(ready_fd: int | None, message: str) -> None:
 
 def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache_bytes: int = MAX_CACHE,
           workers: int | None = None, archive_factory=None, ready_fd: int | None = None,
-          readahead: bool = True, notifier=None, writable: bool = False) -> int:
+          readahead: bool = True, notifier=None, writable: bool = False, remote=None) -> int:
     """Mount and serve in this process until unmounted or sent SIGTERM/SIGINT.
+
+    *remote* (a RemoteOptions): serve that remote store (reader/remotearchive.py), not store_dir.
 
     If *ready_fd* is given, one line goes to it once the mount is live ("ready") or has failed
     ("error STATUS MESSAGE"), and it is closed. The service manager (``$NOTIFY_SOCKET``, or
@@ -138,7 +140,11 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     try:
         check_mountpoint(mountpoint)
-        if writable:
+        if remote is not None:
+            from lmzfs.reader.remotearchive import RemoteArchive
+            archive = RemoteArchive(remote, cache_bytes=cache_bytes, workers=workers if readahead else 0)
+            store_dir = archive.url
+        elif writable:
             from lmzfs.fsmodel.filesystem import Filesystem
             archive = Filesystem(store_dir, cache_bytes=cache_bytes, workers=workers)
         else:
@@ -272,7 +278,8 @@ async def _when_initialised(ops, mountpoint, announce_ready, widened=None) -> No
 # -- the public entry points ------------------------------------------------------------------
 
 def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: bool, cache_bytes: int,
-          workers: int | None = None, archive_factory=None, readahead: bool = True, writable: bool = False) -> int:
+          workers: int | None = None, archive_factory=None, readahead: bool = True, writable: bool = False,
+          remote=None) -> int:
     """Mount the store at *mountpoint*; returns an exit status.
 
     In the foreground this serves until unmounted (call it only from a process that does nothing
@@ -284,10 +291,13 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     if foreground:
         return serve(mountpoint, store_dir, allow_other=allow_other, cache_bytes=cache_bytes,
-                     workers=workers, archive_factory=archive_factory, readahead=readahead, writable=writable)
+                     workers=workers, archive_factory=archive_factory, readahead=readahead, writable=writable,
+                     remote=remote)
     try:
         check_mountpoint(mountpoint)
-        if writable:                  # a writable mount creates its store if there is none
+        if remote is not None:
+            pass                      # the server reports an unreachable or empty remote itself
+        elif writable:                  # a writable mount creates its store if there is none
             StorePaths(store_dir).create()
         else:
             check_store(store_dir)
@@ -309,7 +319,31 @@ def mount(mountpoint: Path, store_dir: Path, *, foreground: bool, allow_other: b
         argv.append("--writable")
     if archive_factory is not None:
         argv += ["--archive-factory", _factory_spec(archive_factory)]
+    if remote is not None:
+        argv += remote_argv(remote)
+        return _launch(argv, mountpoint, remote_log_path(remote))
     return _launch(argv, mountpoint, log_path(store_dir))
+
+
+def remote_argv(remote) -> list[str]:
+    """The server's flags for a RemoteOptions (the URL holds no credentials: they stay in the
+    environment the server inherits)."""
+    argv = ["--remote", remote.url, "--remote-cache-bytes", str(remote.disk_cache_bytes),
+            "--poll", f"{remote.poll_s:g}", "--remote-timeout", f"{remote.timeout_s:g}"]
+    if remote.cache_dir is not None:
+        argv += ["--cache-dir", str(remote.cache_dir)]
+    if remote.endpoint:
+        argv += ["--endpoint", remote.endpoint]
+    return argv
+
+
+def remote_log_path(remote) -> Path:
+    """A background remote mount logs into its cache directory."""
+    from lmzfs.reader.remotearchive import default_cache_dir
+    from lmzfs.store.remote.objects import RemoteURL
+    folder = Path(remote.cache_dir) if remote.cache_dir else default_cache_dir(RemoteURL.parse(remote.url))
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return folder / LOG_NAME
 
 
 def log_path(store_dir: Path) -> Path:

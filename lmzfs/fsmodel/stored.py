@@ -12,6 +12,7 @@ import threading
 from lmzfs.fsmodel.nodes import fs_error
 from lmzfs.reader.filereader import FileReader
 from lmzfs.store.catalog import Catalog
+from lmzfs.store.packbackend import LocalPacks
 from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StorePaths
 
@@ -20,7 +21,7 @@ class StoredFiles:
     def __init__(self, store: StorePaths, cache_bytes: int):
         self._reads = Catalog(store.catalog, readonly=True)
         self._lock = threading.Lock()
-        self.source = ChunkSource(store, cache_bytes)
+        self.source = ChunkSource(LocalPacks(store), cache_bytes)
 
     def sha256(self, file_id: int) -> str | None:
         """The stored version's SHA-256; None if it is no longer stored."""

@@ -14,6 +14,7 @@ from lmzfs.reader.readahead import Prefetcher
 from lmzfs.store.catalog import Catalog, CatalogDamaged
 from lmzfs.store.catalog.check import examine
 from lmzfs.store.catalog.copies import list_copies
+from lmzfs.store.packbackend import LocalPacks, PackBackend
 from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StorePaths
 
@@ -36,12 +37,18 @@ class Archive:
                  check_ids: bool = False, copy_on_damage: bool = False):
         self.store = StorePaths(Path(store_dir))
         self.store.check_format()
-        self._catalog = Catalog(self.store.catalog, readonly=True)
         self._copy_on_damage = copy_on_damage
+        self._start(Catalog(self.store.catalog, readonly=True), LocalPacks(self.store), cache_bytes, workers,
+                    check_ids)
+
+    def _start(self, catalog: Catalog, packs: PackBackend, cache_bytes: int, workers: int | None,
+               check_ids: bool) -> None:
+        """Serve `catalog`'s files from `packs` (a local store's, or a remote store's: remotearchive.py)."""
+        self._catalog = catalog
         self._snapshot: Catalog | None = None      # the newest clean copy, once the live file went bad
         self._lock = threading.Lock()
         self.counters = ReadCounters()
-        self.source = ChunkSource(self.store, cache_bytes, check_ids=check_ids, counters=self.counters)
+        self.source = ChunkSource(packs, cache_bytes, check_ids=check_ids, counters=self.counters)
         workers = usable_cpus() if workers is None else workers
         self.prefetcher = Prefetcher(workers, cache_bytes) if workers > 0 else None
 

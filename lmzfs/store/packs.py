@@ -17,7 +17,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol, Union
 
 from lmzfs.store.layout import FILE_MODE, StorePaths, StoreError, fsync_dir
 
@@ -39,8 +39,20 @@ class ChunkLocation:
     length: int
 
 
-def check_pack_header(fd: int, path: Path) -> None:
-    head = os.pread(fd, len(PACK_HEADER), 0)
+class PackFile(Protocol):
+    """A pack opened for reading where it is not a local file (a remote store's pack object)."""
+    def pread(self, length: int, offset: int) -> bytes: ...
+
+
+PackSource = Union[int, PackFile]       # a descriptor of a local pack, or a PackFile
+
+
+def _pread(src: PackSource, length: int, offset: int) -> bytes:
+    return os.pread(src, length, offset) if isinstance(src, int) else src.pread(length, offset)
+
+
+def check_pack_header(src: PackSource, path: Path | str) -> None:
+    head = _pread(src, len(PACK_HEADER), 0)
     if head[:8] != PACK_MAGIC:
         raise PackDamaged(f"{path}: not an lmzfs pack file")
     if len(head) < len(PACK_HEADER):
@@ -52,14 +64,14 @@ def check_pack_header(fd: int, path: Path) -> None:
         raise PackDamaged(f"{path}: pack header's reserved field is {reserved:#x}, not 0")
 
 
-def read_payload(fd: int, chunk_id: bytes, loc: ChunkLocation) -> memoryview:
+def read_payload(fd: PackSource, chunk_id: bytes, loc: ChunkLocation) -> memoryview:
     """Read one payload and check its record header names this chunk and length.
 
     A view past the record header, not a copy: a copy would be paid again for every chunk read."""
     return read_payload_part(fd, chunk_id, loc, 0, loc.length)
 
 
-def read_payload_part(fd: int, chunk_id: bytes, loc: ChunkLocation, start: int, length: int) -> memoryview:
+def read_payload_part(fd: PackSource, chunk_id: bytes, loc: ChunkLocation, start: int, length: int) -> memoryview:
     """Payload bytes [start, start + length), for a reader that needs only part of a payload
     (one segment of a floatseg chunk: a quarter of the bytes). A part from the payload's start
     comes with its record header, which must name this chunk and length; PackDamaged if not, or
@@ -68,7 +80,7 @@ def read_payload_part(fd: int, chunk_id: bytes, loc: ChunkLocation, start: int, 
         raise PackDamaged(f"pack {loc.pack}: bytes {start}..{start + length} lie outside the payload at {loc.offset}")
     record = loc.offset - RECORD_HEADER.size
     head = 0 if start else RECORD_HEADER.size
-    raw = os.pread(fd, head + length, loc.offset + start - head)
+    raw = _pread(fd, head + length, loc.offset + start - head)
     if len(raw) != head + length:
         raise PackDamaged(f"pack {loc.pack}: record at {record} is truncated")
     if head:

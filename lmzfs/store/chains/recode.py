@@ -75,7 +75,7 @@ class ChainRecoder:
         self._session = session
         # the base's chunks keep the segmented coding a default add gives them
         self._policy = replace(session.policy, segments=True)
-        self._source = ChunkSource(session.store, _CACHE_BYTES)
+        self._source = ChunkSource(session.backend, _CACHE_BYTES)
         self._claimed: set[bytes] = set()         # base chunks a job was started for
         self._new: set[bytes] = set()             # chunks of the new model seen so far: never recoded
         self._window = session.window(self._land)

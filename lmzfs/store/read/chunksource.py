@@ -31,8 +31,8 @@ from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
 from lmzfs.store.read.chunkcache import ChunkCache
 from lmzfs.store.read.chunkread import chunk_parts, read_chunk, read_chunk_parts
-from lmzfs.store.layout import StorePaths
-from lmzfs.store.packbackend import LocalPacks
+from lmzfs.store.packs import PackSource
+from lmzfs.store.packbackend import PackBackend
 
 
 class _NotInParts(Exception):
@@ -63,18 +63,20 @@ def _slice(data: bytes, lo: int, hi: int) -> Buffer:
 @dataclass(frozen=True)
 class PackHold:
     """The pack descriptors an open file holds while it is open (ChunkSource.hold/release)."""
-    fds: dict[int, int]
+    fds: dict[int, PackSource]
 
 
 class ChunkSource:
     """Thread-safe. `check_ids` also checks every chunk against its SHA-256 id (`lmz verify`)."""
 
-    def __init__(self, store: StorePaths, cache_bytes: int, *, check_ids: bool = False,
+    def __init__(self, packs: PackBackend, cache_bytes: int, *, check_ids: bool = False,
                  counters: ReadCounters | None = None):
+        """packs: where the chunks' packs are: the local packs directory (LocalPacks), or a remote
+        store's pack objects (store/remote/packs.py)."""
         self.cache = ChunkCache(cache_bytes)
         self.counters = counters if counters is not None else ReadCounters()
         self._check_ids = check_ids
-        self._packs = LocalPacks(store).descriptors()
+        self._packs = packs.descriptors()
         # copies lent chunks into the cache once their reads are answered (see _lent)
         self._settler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmz-settle")
 
@@ -91,7 +93,7 @@ class ChunkSource:
         """How many pack descriptors are open now (each shared by every file that needs it)."""
         return len(self._packs)
 
-    def _fd(self, e: Extent) -> int:
+    def _fd(self, e: Extent) -> PackSource:
         fd = self._packs.held(e.location.pack)
         if fd is None:
             raise CorruptChunk(f"chunk {e.chunk_id.hex()[:16]}: pack {e.location.pack} is not held by any open file")

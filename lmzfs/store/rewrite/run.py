@@ -91,7 +91,7 @@ def writing(store: StorePaths) -> Iterator[Catalog]:
 @contextmanager
 def store_reader(store: StorePaths) -> Iterator[ChunkSource]:
     """The pass's own reader of chunks: a small cache, every read checked as the mount's are."""
-    source = ChunkSource(store, READ_CACHE_BYTES)
+    source = ChunkSource(LocalPacks(store), READ_CACHE_BYTES)
     try:
         yield source
     finally:

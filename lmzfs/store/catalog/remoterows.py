@@ -1,0 +1,80 @@
+"""The catalog rows a remote store's snapshot is made of (store/remote/push.py): the chunks a
+snapshot needs, where a snapshot's catalog says each lies, and the snapshot's own catalog, a copy
+of the local one whose chunks name the remote's packs."""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmzfs.store.catalog.db import catalog_error, readonly_uri
+
+
+@dataclass(frozen=True)
+class ChunkPlace:
+    chunk_id: bytes
+    pack: int
+    offset: int          # of the payload
+    length: int
+
+
+def copy_catalog(src: Path, dest: Path) -> None:
+    """A consistent copy of the committed catalog at `src` (SQLite's backup API from a read-only
+    connection), as a plain rollback-journal file at `dest`."""
+    try:
+        source = sqlite3.connect(readonly_uri(src), uri=True, isolation_level=None)
+        try:
+            target = sqlite3.connect(dest, isolation_level=None)
+            try:
+                source.backup(target)
+                target.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                target.close()
+        finally:
+            source.close()
+    except sqlite3.Error as exc:
+        raise catalog_error(src, exc) from None
+
+
+def live_chunks(path: Path) -> list[ChunkPlace]:
+    """Every chunk the catalog at `path` needs (named by a file, or the base of one that is), in
+    pack order: what a snapshot of it must find on the remote."""
+    db = sqlite3.connect(readonly_uri(path), uri=True)
+    try:
+        return [ChunkPlace(*row) for row in db.execute(
+            "SELECT id, pack, offset, length FROM chunks WHERE refs > 0 ORDER BY pack, offset")]
+    except sqlite3.Error as exc:
+        raise catalog_error(path, exc) from None
+    finally:
+        db.close()
+
+
+def relocate(path: Path, places: dict[bytes, tuple[int, int]]) -> None:
+    """Make the catalog copy at `path` name the remote's packs: each live chunk's (pack, offset)
+    becomes places[id] (its payload length is the same bytes'), chunks nothing needs are dropped,
+    and the file is compacted. KeyError if a live chunk has no place."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("BEGIN")
+        ids = [row[0] for row in db.execute("SELECT id FROM chunks WHERE refs > 0")]
+        db.executemany("UPDATE chunks SET pack = ?, offset = ? WHERE id = ?",
+                       ((*places[cid], cid) for cid in ids))
+        db.execute("DELETE FROM chunks WHERE refs <= 0")
+        db.execute("DELETE FROM meta WHERE key IN ('last_pack', 'pack_high')")
+        db.execute("COMMIT")
+        db.execute("VACUUM")
+    except sqlite3.Error as exc:
+        raise catalog_error(path, exc) from None
+    finally:
+        db.close()
+
+
+def chunk_places(path: Path) -> dict[bytes, ChunkPlace]:
+    """Where the snapshot catalog at `path` says each chunk lies."""
+    db = sqlite3.connect(readonly_uri(path), uri=True)
+    try:
+        return {row[0]: ChunkPlace(*row) for row in db.execute("SELECT id, pack, offset, length FROM chunks")}
+    except sqlite3.Error as exc:
+        raise catalog_error(path, exc) from None
+    finally:
+        db.close()

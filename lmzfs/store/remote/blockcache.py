@@ -1,0 +1,170 @@
+"""The on-disk cache of ranges fetched from a remote store, bounded by bytes.
+
+A pack object is cached in blocks of BLOCK_BYTES (the last one shorter), one file per block:
+
+    ROOT/blocks/HH/HASH-BBBBBBBB     HASH: SHA-256 of the object's key (32 hex), B: block number
+
+Each file is a 32-byte header (b"LMZBLK1\\0", u32 length, u32 0, XXH3-128 of the bytes) and the
+bytes. A block is written to a temporary name and renamed, so a killed process leaves whole
+blocks or none; one that is damaged, cut short or of another version anyway (a flipped bit on
+disk, a full disk) fails its check when read, is removed and fetched again: never served.
+Objects are immutable (their keys are never reused), so a cached block never goes stale.
+The least recently used blocks go first once the cache passes its capacity. One process owns
+a cache directory at a time (a lock file); another gets CacheBusy.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+BLOCK_BYTES = 1 << 20
+_HEAD = struct.Struct("<8sII16s")
+_MAGIC = b"LMZBLK1\x00"
+DIR_MODE, FILE_MODE = 0o700, 0o600
+
+
+class CacheBusy(OSError):
+    """Another process owns the cache directory."""
+
+
+@dataclass
+class BlockCacheStats:
+    hits: int = 0
+    misses: int = 0
+    damaged: int = 0         # blocks that failed their check and were fetched again
+    evicted: int = 0
+    write_errors: int = 0    # blocks that could not be written (a full disk): served, not kept
+
+
+class BlockCache:
+    def __init__(self, root: Path, capacity: int):
+        self.root = Path(root)
+        self.capacity = capacity
+        self.stats = BlockCacheStats()
+        self._lock = threading.Lock()
+        self._index: OrderedDict[str, int] = OrderedDict()     # file name -> bytes on disk, LRU first
+        self._bytes = 0
+        self.root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        (self.root / "blocks").mkdir(exist_ok=True, mode=DIR_MODE)
+        self._owner = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        try:
+            fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._owner)
+            raise CacheBusy(f"the cache {self.root} is in use by another lmz process") from None
+        self._load()
+
+    def _load(self) -> None:
+        found = []
+        for sub in (self.root / "blocks").iterdir():
+            if not sub.is_dir():
+                continue
+            for p in sub.iterdir():
+                if ".tmp" in p.name:
+                    p.unlink(missing_ok=True)       # a write a killed process left
+                    continue
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                found.append((st.st_mtime, f"{sub.name}/{p.name}", st.st_size))
+        for _, name, size in sorted(found):
+            self._index[name] = size
+            self._bytes += size
+        with self._lock:
+            self._evict_locked()
+
+    @staticmethod
+    def _name(key: str, block: int) -> str:
+        h = hashlib.sha256(key.encode()).hexdigest()[:32]
+        return f"{h[:2]}/{h}-{block:08x}"
+
+    def contains(self, key: str, block: int) -> bool:
+        with self._lock:
+            return self._name(key, block) in self._index
+
+    def get(self, key: str, block: int, length: int) -> bytes | None:
+        """The block's bytes if cached whole and sound, else None (a damaged one is removed)."""
+        name = self._name(key, block)
+        with self._lock:
+            known = name in self._index
+            if known:
+                self._index.move_to_end(name)
+        if not known:
+            self.stats.misses += 1
+            return None
+        path = self.root / "blocks" / name
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            raw = b""
+        if len(raw) == _HEAD.size + length:
+            magic, n, zero, digest = _HEAD.unpack_from(raw)
+            data = raw[_HEAD.size:]
+            if magic == _MAGIC and n == length and zero == 0 and xxhash.xxh3_128_digest(data) == digest:
+                self.stats.hits += 1
+                return data
+        self.stats.damaged += 1
+        self._drop(name)
+        return None
+
+    def put(self, key: str, block: int, data: bytes) -> None:
+        if self.capacity <= 0:
+            return
+        name = self._name(key, block)
+        path = self.root / "blocks" / name
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
+        blob = _HEAD.pack(_MAGIC, len(data), 0, xxhash.xxh3_128_digest(data)) + data
+        try:
+            path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+            try:
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError:
+            self.stats.write_errors += 1
+            tmp.unlink(missing_ok=True)
+            return
+        with self._lock:
+            self._bytes += len(blob) - self._index.pop(name, 0)
+            self._index[name] = len(blob)
+            self._evict_locked()
+
+    def _drop(self, name: str) -> None:
+        with self._lock:
+            self._bytes -= self._index.pop(name, 0)
+        (self.root / "blocks" / name).unlink(missing_ok=True)
+
+    def _evict_locked(self) -> None:
+        while self._bytes > self.capacity and self._index:
+            name, size = self._index.popitem(last=False)
+            self._bytes -= size
+            self.stats.evicted += 1
+            try:
+                (self.root / "blocks" / name).unlink()
+            except OSError:
+                pass
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def close(self) -> None:
+        if self._owner is not None:
+            os.close(self._owner)
+            self._owner = None
