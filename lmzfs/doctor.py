@@ -31,15 +31,16 @@ FUSE_CONF = "/etc/fuse.conf"
 PACKAGES = ("pyfuse3", "trio", "zstandard", "numpy", "xxhash")
 
 
-def diagnose(settings: Settings, config_error: str | None = None) -> dict:
-    """Every check's findings as plain data, with ``problems`` (one line each) and ``ok``."""
+def diagnose(settings: Settings, config_error: str | None = None, remote=None) -> dict:
+    """Every check's findings as plain data, with ``problems`` (one line each) and ``ok``.
+    remote (RemoteOptions): also check that remote store from this host."""
     problems: list[str] = []
     if config_error:
         problems.append(f"config: {config_error}")
     doc = {
         "fuse": check_fuse(settings, problems),
         "versions": check_versions(problems),
-        "store": check_store(StorePaths(settings.store.absolute()), problems),
+        "store": check_store(StorePaths(settings.store.absolute()), problems, needed=remote is None),
         "mounts": check_mounts(settings, problems),
         "host": {"memory_bytes": memory_limit(), "physical_memory_bytes": physical_memory(),
                  "usable_cpus": usable_cpus()},
@@ -47,6 +48,9 @@ def diagnose(settings: Settings, config_error: str | None = None) -> dict:
                      **settings.as_dict()},
     }
     doc["store"]["source"] = settings.sources.get("store", "default")
+    if remote is not None:
+        from lmzfs.remotecheck import check_remote
+        doc["remote"] = check_remote(remote, problems)
     doc["problems"] = problems
     doc["ok"] = not problems
     return doc
@@ -128,8 +132,11 @@ def check_versions(problems: list[str]) -> dict:
 
 # -- the store ----------------------------------------------------------------------------------
 
-def check_store(store: StorePaths, problems: list[str]) -> dict:
+def check_store(store: StorePaths, problems: list[str], *, needed: bool = True) -> dict:
+    """needed False: a host that mounts a remote store, for which no local store is no problem."""
     out: dict = {"path": str(store.root), "exists": store.exists()}
+    if not out["exists"] and not needed:
+        return out
     if not out["exists"]:
         what = "empty directory" if store.root.is_dir() else "nothing"
         problems.append(f"no store at {store.root} ({what} there; `lmz add MODEL_DIR` creates it)")
@@ -285,7 +292,7 @@ def render(doc: dict) -> list[str]:
     lines.append("versions")
     lines.append("  " + ", ".join(f"{k} {v or 'MISSING'}" for k, v in doc["versions"].items()))
     store = doc["store"]
-    lines.append(f"store {store['path']} (from {store['source']})")
+    lines.append(f"store {store['path']} (from {store['source']})" + ("" if store["exists"] else ": none"))
     if "chunks" in store:
         lines.append(f"  format         {store['format']}, catalog version {store['catalog_version']}; quick_check: "
                      f"{store['quick_check'] if store['quick_check'] == 'ok' else 'FAILED'}")
@@ -309,6 +316,9 @@ def render(doc: dict) -> list[str]:
         logical, disk = store["logical_bytes"], store["on_disk_bytes"]
         saved = f" ({100 * (1 - disk / logical):.1f}% saved)" if logical else ""
         lines.append(f"  size           {human_bytes(logical)} of model files in {human_bytes(disk)} on disk{saved}")
+    if "remote" in doc:
+        from lmzfs.remotecheck import render_remote
+        lines += render_remote(doc["remote"])
     lines.append("mounts" + ("" if doc["mounts"] else "         none active"))
     for m in doc["mounts"]:
         s = m.get("stats")
@@ -340,9 +350,9 @@ def render(doc: dict) -> list[str]:
     return lines
 
 
-def main_report(settings: Settings, config_error: str | None, as_json: bool) -> int:
+def main_report(settings: Settings, config_error: str | None, as_json: bool, remote=None) -> int:
     import json
-    doc = diagnose(settings, config_error)
+    doc = diagnose(settings, config_error, remote)
     if as_json:
         print(json.dumps(doc, indent=1, sort_keys=False))
     else:

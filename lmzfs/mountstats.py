@@ -106,6 +106,19 @@ def summary(mountpoint: Path, stats: dict, now: float | None = None) -> list[str
     ]
     corrupt = reader.get("corrupt_chunks", 0)
     lines.append(f"  corrupt     {corrupt} chunk(s)" + (" -- run `lmz verify`" if corrupt else ""))
+    remote = stats.get("remote")
+    if remote:
+        fetch, disk = remote.get("fetch", {}), remote.get("disk_cache", {})
+        mean, p99 = fetch.get("latency_ms_mean"), fetch.get("latency_ms_p99")
+        lines += [
+            f"  remote    {remote.get('url')}: generation {remote.get('generation')}, {remote.get('state')}",
+            f"  fetched     {human_bytes(fetch.get('bytes_fetched', 0))} in {fetch.get('requests', 0)} ranged GETs"
+            f" ({human_bytes(fetch.get('readahead_bytes', 0))} read ahead), {fetch.get('errors', 0)} failed; latency "
+            + ("-" if mean is None else f"mean {mean:.1f} ms, p99 {p99:.1f} ms"),
+            f"  disk cache  {human_bytes(disk.get('bytes', 0))} of {human_bytes(disk.get('capacity_bytes', 0))} in "
+            f"{disk.get('dir')}: hits {disk.get('hits', 0)}, misses {disk.get('misses', 0)}, "
+            f"{disk.get('damaged', 0)} damaged block(s) fetched again, {disk.get('evicted', 0)} evicted",
+        ]
     return lines
 
 

@@ -14,6 +14,12 @@ def human_bytes(n: float) -> str:
     raise AssertionError
 
 
+def _clock(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
 LOG_INTERVAL = 5.0        # seconds between lines where stderr is not a terminal
 
 
@@ -34,8 +40,9 @@ class ProgressLine:
         self._last = now
         rate = done / max(now - self.started, 1e-6)
         pct = 100.0 * done / total if total else 100.0
+        eta = f"  ETA {_clock((total - done) / rate)}" if rate > 0 and total > done else ""
         text = (f"{self.label}: {pct:5.1f}%  {human_bytes(done)} / {human_bytes(total)}  "
-                f"{human_bytes(rate)}/s")
+                f"{human_bytes(rate)}/s{eta}")
         self.stream.write(f"\r{text}   " if self.enabled else f"{text}\n")
         self.stream.flush()
 

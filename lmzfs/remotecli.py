@@ -36,6 +36,9 @@ def add_mount_remote_arguments(sp: argparse.ArgumentParser) -> None:
     add_remote_option(sp, what="serve")
     sp.add_argument("--poll", type=_duration, default=None, metavar="SECONDS",
                     help="with --remote: look for a newer snapshot this often (default 30s; 0: never)")
+    sp.add_argument("--remote-timeout", type=_duration, default=None, metavar="SECONDS",
+                    help="with --remote: the most a read waits for the engine, retries included (default 30s); "
+                         "past it the read fails with EIO")
 
 
 def remote_options(args, *, mount: bool = False, disk_cache_bytes: int | None = None):
@@ -53,7 +56,8 @@ def remote_options(args, *, mount: bool = False, disk_cache_bytes: int | None = 
             raise StoreError("--cache-dir is for a remote store: give --remote URL too")
         return None
     return RemoteOptions(s.remote, cache_dir=s.remote_cache_dir, disk_cache_bytes=s.remote_cache_size,
-                         poll_s=s.remote_poll if mount else 0.0, timeout_s=s.remote_timeout,
+                         poll_s=s.remote_poll if mount else 0.0,
+                         timeout_s=getattr(args, "remote_timeout", None) or s.remote_timeout,
                          endpoint=s.remote_endpoint)
 
 
@@ -88,7 +92,7 @@ def cmd_push(args) -> int:
         raise StoreError(f"no store at {store.root} to push")
     progress = ProgressLine(f"pushing to {url}")
     try:
-        r = push(store, objects, progress=_eta(progress))
+        r = push(store, objects, progress=progress)
     finally:
         progress.finish()
     rate = r.bytes_uploaded / r.seconds / 1e6 if r.seconds else 0.0
@@ -105,12 +109,6 @@ def cmd_push(args) -> int:
               f"({human_bytes(p.bytes_deleted)}); {p.snapshots_kept} snapshot(s) kept (current, or younger than "
               f"{args.grace:g} s)")
     return 0
-
-
-def _eta(progress: ProgressLine):
-    def report(done: int, total: int) -> None:
-        progress(done, total)
-    return report
 
 
 def _no_remote() -> str:
@@ -130,23 +128,29 @@ def add_push_command(cmd) -> None:
 
 # -- stats --remote -----------------------------------------------------------------------------
 
-def remote_summary(options) -> list[str]:
+def remote_summary(options, as_json: bool = False) -> list[str]:
     """What `lmz stats --remote` prints: the snapshot, its models and bytes, and this host's cache."""
+    import json
     archive = open_remote(options, workers=0)
     try:
         snap = archive.current_snapshot
         totals = archive.totals()
-        models = len({e.model for e in archive.files()})
-        age = time.time() - snap.pointer.written
-        return [
-            f"remote {archive.url}: generation {snap.pointer.generation}, published {age:.0f} s ago",
-            f"  {models} model(s), {totals.files} file(s), {human_bytes(totals.logical_bytes)} of model files in "
-            f"{len(snap.manifest.packs)} pack object(s), {human_bytes(totals.stored_bytes)}",
-            f"  cache {archive.cache_dir}: {human_bytes(archive.blocks.size_bytes)} of "
-            f"{human_bytes(archive.blocks.capacity)}",
-        ]
+        doc = {"url": str(archive.url), "generation": snap.pointer.generation, "published": snap.pointer.written,
+               "models": len({e.model for e in archive.files()}), "files": totals.files,
+               "logical_bytes": totals.logical_bytes, "stored_bytes": totals.stored_bytes,
+               "pack_objects": len(snap.manifest.packs), "cache_dir": str(archive.cache_dir),
+               "cache_bytes": archive.blocks.size_bytes, "cache_capacity_bytes": archive.blocks.capacity}
     finally:
         archive.close()
+    if as_json:
+        return [json.dumps(doc, indent=1)]
+    age = time.time() - doc["published"]
+    return [
+        f"remote {doc['url']}: generation {doc['generation']}, published {age:.0f} s ago",
+        f"  {doc['models']} model(s), {doc['files']} file(s), {human_bytes(doc['logical_bytes'])} of model files in "
+        f"{doc['pack_objects']} pack object(s), {human_bytes(doc['stored_bytes'])}",
+        f"  cache {doc['cache_dir']}: {human_bytes(doc['cache_bytes'])} of {human_bytes(doc['cache_capacity_bytes'])}",
+    ]
 
 
 def print_lines(lines: list[str]) -> None:

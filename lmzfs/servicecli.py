@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from lmzfs.config import config_path, load_config, resolve
+from lmzfs.remotecli import add_remote_option
 from lmzfs.store.layout import StoreError
 
 
@@ -77,11 +78,20 @@ def cmd_doctor(args) -> int:
     except StoreError as exc:               # reported as a problem; the rest is still checked
         config, config_file, config_error = {}, None, str(exc)
     settings = resolve(store=args.store, config=config, config_file=config_file)
-    return main_report(settings, config_error, args.json)
+    from lmzfs.remotecli import remote_options
+    remote = remote_options(args, mount=config_error is None) if config_error is None or args.remote else None
+    return main_report(settings, config_error, args.json, remote)
 
 
 def cmd_stats(args) -> int:
     from lmzfs.mountstats import StatsUnavailable, is_lmzfs_mount, lmzfs_mounts, pick_mount, read_stats, summary
+    from lmzfs.remotecli import print_lines, remote_options, remote_summary
+    remote = remote_options(args)
+    if remote is not None:
+        if args.mountpoint:
+            raise StoreError("give either a MOUNTPOINT or --remote, not both")
+        print_lines(remote_summary(remote, as_json=args.json))
+        return 0
     configured = None if args.mountpoint else resolve().mountpoint
     try:
         mountpoint = pick_mount(Path(args.mountpoint) if args.mountpoint else None, configured)
@@ -108,6 +118,9 @@ def add_commands(cmd) -> None:
     sp = cmd("doctor", cmd_doctor, "check FUSE, versions, the store's health, active mounts and settings; "
                                    "exit 1 if anything is broken")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
-    sp = cmd("stats", cmd_stats, "what a running mount has served: bytes, decodes, cache, read-ahead")
+    add_remote_option(sp, what="also check")
+    sp = cmd("stats", cmd_stats, "what a running mount has served: bytes, decodes, cache, read-ahead (with "
+                                 "--remote: what a remote store serves, and this host's cache of it)")
     sp.add_argument("mountpoint", nargs="?", help="default: the config's mountpoint, else the only lmzfs mount")
     sp.add_argument("--json", action="store_true", help="print the mount's raw stats.json")
+    add_remote_option(sp, what="describe")

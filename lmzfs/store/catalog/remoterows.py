@@ -16,6 +16,7 @@ class ChunkPlace:
     pack: int
     offset: int          # of the payload
     length: int
+    model: int | None = None     # the first model (by id) whose files name it; None: only a base
 
 
 def copy_catalog(src: Path, dest: Path) -> None:
@@ -37,12 +38,16 @@ def copy_catalog(src: Path, dest: Path) -> None:
 
 
 def live_chunks(path: Path) -> list[ChunkPlace]:
-    """Every chunk the catalog at `path` needs (named by a file, or the base of one that is), in
-    pack order: what a snapshot of it must find on the remote."""
+    """Every chunk the catalog at `path` needs (named by a file, or the base of one that is), with
+    the first model that names it, grouped by that model and in pack order within it: what a
+    snapshot of it must find on the remote."""
     db = sqlite3.connect(readonly_uri(path), uri=True)
     try:
-        return [ChunkPlace(*row) for row in db.execute(
+        owner = dict(db.execute("SELECT e.chunk, MIN(f.model) FROM extents e JOIN files f ON f.id = e.file "
+                                "GROUP BY e.chunk"))
+        rows = [ChunkPlace(cid, pack, off, n, owner.get(cid)) for cid, pack, off, n in db.execute(
             "SELECT id, pack, offset, length FROM chunks WHERE refs > 0 ORDER BY pack, offset")]
+        return sorted(rows, key=lambda c: (c.model is None, c.model or 0))      # stable: pack order kept
     except sqlite3.Error as exc:
         raise catalog_error(path, exc) from None
     finally:

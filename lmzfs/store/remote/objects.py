@@ -37,6 +37,9 @@ class RemoteUnavailable(RemoteError, OSError):
         RemoteError.__init__(self, message)
         self.errno, self.strerror = 5, message          # EIO, for a read that needed it
 
+    def __str__(self) -> str:
+        return self.strerror
+
 
 class RemoteMissing(RemoteError):
     """No object at that key."""

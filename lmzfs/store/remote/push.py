@@ -164,14 +164,17 @@ def _adopt_orphans(objects: ObjectStore, manifest: Manifest, places: dict) -> in
 
 
 def _plan(missing: list[ChunkPlace], manifest: Manifest) -> list[_Upload]:
+    """Pack objects of one model's chunks each (in local pack order, which is the order its files
+    were added in), so that a host's read-ahead along one model never fetches another's bytes,
+    and a removed model's objects are wholly dead for prune."""
     uploads: list[_Upload] = []
-    size = PACK_OBJECT_BYTES
-    for c in missing:                        # in local pack order: a model's chunks stay together
-        if size + RECORD_HEADER.size + c.length > PACK_OBJECT_BYTES:
+    size, model = PACK_OBJECT_BYTES, object()
+    for c in missing:
+        if size + RECORD_HEADER.size + c.length > PACK_OBJECT_BYTES or c.model != model:
             pid = manifest.next_pack
             manifest.next_pack += 1
             uploads.append(_Upload(pid, pack_key(pid, new_token()), []))
-            size = len(PACK_HEADER)
+            size, model = len(PACK_HEADER), c.model
         uploads[-1].chunks.append(c)
         size += RECORD_HEADER.size + c.length
     return uploads

