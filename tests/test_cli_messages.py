@@ -32,7 +32,7 @@ def test_progress_where_stderr_is_not_a_terminal_is_a_plain_line_every_few_secon
     line(2 << 20, 4 << 20)
     clock[0] += 1
     line(3 << 20, 4 << 20)
-    assert out.getvalue().splitlines() == ["adding m:  50.0%  2.0 MiB / 4.0 MiB  409.6 KiB/s"]
+    assert out.getvalue().splitlines() == ["adding m:  50.0%  2.0 MiB / 4.0 MiB  409.6 KiB/s  ETA 0:05"]
     line.finish()
     assert "\r" not in out.getvalue()
 
