@@ -324,3 +324,31 @@ def test_credentials_from_an_aws_credentials_file_reach_the_engine_through_boto3
     r = subprocess.run([*LMZ, "stats", "--remote", remote_url, "--cache-dir", str(tmp_path / "c2")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "wrong" not in r.stderr, r.stderr
+
+
+def test_a_fine_tune_whose_add_recodes_pushed_chunks_as_deltas_reads_back_from_the_remote(tmp_path, remote_url,
+                                                                                         models):
+    """Adding a fine-tune recodes chunks of the model it pairs with as deltas against it: the same
+    chunk ids with other payloads. The remote must get those payloads, not keep the old ones under
+    the new rows."""
+    store = StorePaths(tmp_path / "store")
+    objects = ObjectStore(RemoteURL.parse(remote_url))
+    lmz("--store", str(store.root), "add", str(models["minilm"]))
+    push(store, objects)
+    tuned = tmp_path / "minilm-tuned"
+    shutil.copytree(models["minilm"], tuned)
+    raw = bytearray((tuned / "model.safetensors").read_bytes())
+    mid = len(raw) // 2
+    raw[mid:mid + (1 << 20)] = bytes(b ^ 0x01 for b in raw[mid:mid + (1 << 20)])
+    (tuned / "model.safetensors").write_bytes(bytes(raw))
+    lmz("--store", str(store.root), "add", str(tuned))
+    r = push(store, objects)
+    assert r.published and r.chunks_uploaded > 0
+    archive = opened(remote_url, tmp_path / "cache")
+    try:
+        want = expected(models, ["minilm"])
+        want["minilm-tuned/model.safetensors"] = hashlib.sha256(bytes(raw)).hexdigest()
+        want["minilm-tuned/config.json"] = want["minilm/config.json"]
+        assert read_all(archive) == want
+    finally:
+        archive.close()

@@ -16,7 +16,20 @@ class ChunkPlace:
     pack: int
     offset: int          # of the payload
     length: int
+    codec: str = ""
+    base: bytes | None = None    # the chunk its payload is coded against, if any
     model: int | None = None     # the first model (by id) whose files name it; None: only a base
+
+    def same_payload(self, other: "ChunkPlace") -> bool:
+        """Whether `other` describes the same payload of this chunk: a chunk recoded since (a delta
+        against a newer model, `lmz rewrite recode`) has the same id but another payload."""
+        return (self.length, self.codec, self.base) == (other.length, other.codec, other.base)
+
+
+def _base(db: sqlite3.Connection) -> str:
+    """The base column, or NULL in a catalog older than version 3 (which has none)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
+    return "base" if "base" in columns else "NULL"
 
 
 def copy_catalog(src: Path, dest: Path) -> None:
@@ -45,8 +58,9 @@ def live_chunks(path: Path) -> list[ChunkPlace]:
     try:
         owner = dict(db.execute("SELECT e.chunk, MIN(f.model) FROM extents e JOIN files f ON f.id = e.file "
                                 "GROUP BY e.chunk"))
-        rows = [ChunkPlace(cid, pack, off, n, owner.get(cid)) for cid, pack, off, n in db.execute(
-            "SELECT id, pack, offset, length FROM chunks WHERE refs > 0 ORDER BY pack, offset")]
+        rows = [ChunkPlace(cid, pack, off, n, codec, base, owner.get(cid)) for cid, pack, off, n, codec, base in
+                db.execute(f"SELECT id, pack, offset, length, codec, {_base(db)} FROM chunks WHERE refs > 0 "
+                           "ORDER BY pack, offset")]
         return sorted(rows, key=lambda c: (c.model is None, c.model or 0))      # stable: pack order kept
     except sqlite3.Error as exc:
         raise catalog_error(path, exc) from None
@@ -78,7 +92,8 @@ def chunk_places(path: Path) -> dict[bytes, ChunkPlace]:
     """Where the snapshot catalog at `path` says each chunk lies."""
     db = sqlite3.connect(readonly_uri(path), uri=True)
     try:
-        return {row[0]: ChunkPlace(*row) for row in db.execute("SELECT id, pack, offset, length FROM chunks")}
+        return {row[0]: ChunkPlace(*row) for row in
+                db.execute(f"SELECT id, pack, offset, length, codec, {_base(db)} FROM chunks")}
     except sqlite3.Error as exc:
         raise catalog_error(path, exc) from None
     finally:

@@ -32,7 +32,7 @@ SNAPSHOT_HEAD = struct.Struct("<8sII")            # magic, version, manifest len
 INDEX_MAGIC = b"LMZPIDX\x00"
 INDEX_VERSION = 1
 INDEX_HEAD = struct.Struct("<8sIIQ32s")           # magic, version, records, pack size, SHA-256 of the records
-INDEX_RECORD = struct.Struct("<32sQI")            # chunk id, payload offset, payload length
+INDEX_RECORD = struct.Struct("<32sQI32s16s")      # chunk id, payload offset, payload length, base id, codec
 MAX_MANIFEST_BYTES = 64 << 20
 
 _PACK_KEY = re.compile(r"packs/(\d{8})-([0-9a-f]{16})\.(lmzp|idx)$")
@@ -190,10 +190,13 @@ class IndexedRecord:
     chunk_id: bytes
     offset: int          # of the payload in the pack object
     length: int
+    codec: str = ""
+    base: bytes | None = None
 
 
 def encode_index(pack_size: int, records: list[IndexedRecord]) -> bytes:
-    body = b"".join(INDEX_RECORD.pack(r.chunk_id, r.offset, r.length) for r in records)
+    body = b"".join(INDEX_RECORD.pack(r.chunk_id, r.offset, r.length, r.base or bytes(32), r.codec.encode())
+                    for r in records)
     return INDEX_HEAD.pack(INDEX_MAGIC, INDEX_VERSION, len(records), pack_size, hashlib.sha256(body).digest()) + body
 
 
@@ -207,7 +210,12 @@ def decode_index(raw: bytes, where: str) -> tuple[int, list[IndexedRecord]]:
     body = raw[INDEX_HEAD.size:]
     if len(body) != count * INDEX_RECORD.size or hashlib.sha256(body).digest() != digest:
         raise RemoteFormatError(f"{where}: the pack index is damaged")
-    return pack_size, [IndexedRecord(*INDEX_RECORD.unpack_from(body, i * INDEX_RECORD.size)) for i in range(count)]
+    out = []
+    for i in range(count):
+        cid, offset, length, base, codec = INDEX_RECORD.unpack_from(body, i * INDEX_RECORD.size)
+        out.append(IndexedRecord(cid, offset, length, codec.rstrip(b"\0").decode("ascii", "replace"),
+                                 None if base == bytes(32) else base))
+    return pack_size, out
 
 
 def now() -> float:

@@ -70,14 +70,14 @@ def push(store: StorePaths, objects: ObjectStore, progress: Callable[[int, int],
     state = read_pointer(objects)
     with tempfile.TemporaryDirectory(prefix="lmz-push-") as tmp:
         remote_places, manifest = _remote_state(objects, state.pointer, Path(tmp) / "remote.sqlite")
-        adopted = _adopt_orphans(objects, manifest, remote_places)
+        orphans = _orphans(objects, manifest)
         leases = PackDescriptors(store)
         try:
             snap = Path(tmp) / "snapshot.sqlite"
             with WriterLock(store.lock):
                 copy_catalog(store.catalog, snap)
                 live = live_chunks(snap)
-                missing = [c for c in live if c.chunk_id not in remote_places]
+                missing, adopted = _missing(live, remote_places, orphans, manifest)
                 fds = leases.acquire({c.pack for c in missing}) if missing else {}
             uploads = _plan(missing, manifest)
             total = sum(c.length + RECORD_HEADER.size for c in missing)
@@ -89,7 +89,8 @@ def push(store: StorePaths, objects: ObjectStore, progress: Callable[[int, int],
                     size = len(PACK_HEADER) + sum(RECORD_HEADER.size + r.length for r in records)
                     manifest.packs[up.pack_id] = RemotePack(up.key, size)
                     for r in records:
-                        remote_places[r.chunk_id] = ChunkPlace(r.chunk_id, up.pack_id, r.offset, r.length)
+                        remote_places[r.chunk_id] = ChunkPlace(r.chunk_id, up.pack_id, r.offset, r.length,
+                                                               r.codec, r.base)
                     result.chunks_uploaded += len(records)
                     result.objects_uploaded += 1
             result.bytes_uploaded = sent.done
@@ -137,12 +138,18 @@ def _remote_state(objects: ObjectStore, pointer: Pointer | None, scratch: Path) 
     return places, manifest
 
 
-def _adopt_orphans(objects: ObjectStore, manifest: Manifest, places: dict) -> int:
-    """Uploads a killed push left whole (a pack object and its index) become usable: their chunks
-    count as on the remote, their packs join the manifest. Every id seen is skipped from now on."""
+@dataclass
+class _Orphans:
+    """Pack objects a killed push left whole (the object and its index), which no snapshot names."""
+    packs: dict[int, RemotePack]
+    records: dict[bytes, list[ChunkPlace]]
+
+
+def _orphans(objects: ObjectStore, manifest: Manifest) -> _Orphans:
+    """Find them (and move manifest.next_pack above every id in use under packs/)."""
     listing = {o.key: o for o in objects.list("packs/")}
     named = {p.key for p in manifest.packs.values()}
-    adopted = 0
+    found = _Orphans({}, {})
     for key, info in sorted(listing.items()):
         parsed = parse_pack_key(key)
         if parsed is None:
@@ -156,11 +163,32 @@ def _adopt_orphans(objects: ObjectStore, manifest: Manifest, places: dict) -> in
             continue                        # a damaged or vanished index: the pack is left to prune
         if size != info.size:
             continue
-        manifest.packs[parsed[0]] = RemotePack(key, size)
+        found.packs[parsed[0]] = RemotePack(key, size)
         for r in records:
-            places.setdefault(r.chunk_id, ChunkPlace(r.chunk_id, parsed[0], r.offset, r.length))
-        adopted += 1
-    return adopted
+            found.records.setdefault(r.chunk_id, []).append(
+                ChunkPlace(r.chunk_id, parsed[0], r.offset, r.length, r.codec, r.base))
+    return found
+
+
+def _missing(live: list[ChunkPlace], places: dict[bytes, ChunkPlace], orphans: _Orphans,
+             manifest: Manifest) -> tuple[list[ChunkPlace], int]:
+    """(the live chunks the remote lacks, how many orphan pack objects serve the others). A chunk is
+    on the remote when it is there by id with the same payload: one recoded since (a delta against
+    a newer model, `lmz rewrite recode`) has another payload, and moves again. Updates places."""
+    missing, used = [], set()
+    for c in live:
+        have = places.get(c.chunk_id)
+        if have is not None and have.same_payload(c):
+            continue
+        left = next((o for o in orphans.records.get(c.chunk_id, ()) if o.same_payload(c)), None)
+        if left is not None:
+            places[c.chunk_id] = left
+            used.add(left.pack)
+        else:
+            missing.append(c)
+    for pid in used:
+        manifest.packs[pid] = orphans.packs[pid]
+    return missing, len(used)
 
 
 def _plan(missing: list[ChunkPlace], manifest: Manifest) -> list[_Upload]:
@@ -199,7 +227,7 @@ def _upload(objects: ObjectStore, up: _Upload, fds: dict, sent: _Sent) -> list[I
         for c in up.chunks:
             payload = read_payload(fds[c.pack], c.chunk_id, ChunkLocation(c.pack, c.offset, c.length))
             yield RECORD_HEADER.pack(RECORD_MAGIC, c.chunk_id, c.length) + payload
-            records.append(IndexedRecord(c.chunk_id, offset + RECORD_HEADER.size, c.length))
+            records.append(IndexedRecord(c.chunk_id, offset + RECORD_HEADER.size, c.length, c.codec, c.base))
             offset += RECORD_HEADER.size + c.length
             sent.add(RECORD_HEADER.size + c.length)
 
