@@ -20,8 +20,9 @@ whatever happens; every mount is unmounted. Measures:
 - two "hosts": two remote mounts, separate cache dirs and processes, serve every file of the
   prefix (astra and its fine-tune) with the originals' SHA-256;
 - client library: ranged GETs of the largest pack object, 8 MiB each, 8 threads at once (the
-  mount's fetcher's request size and parallelism), obstore (lmzfs's ObjectStore) against boto3's
-  client in the same threads, alternating, --runs times: MB/s;
+  mount's fetcher's request size and parallelism), obstore (through lmzfs's ObjectStore, and
+  called directly) against boto3's client in the same threads, rotating the order, --runs times:
+  MB/s, and CPU seconds of this process per GB fetched (the engine's own CPU not included);
 - polling: a mount at --poll 1s behind a counting TCP proxy, idle for POLL_WINDOW_S: requests and
   bytes per poll, hence per host per hour at the default 30 s, and for fleets of 10, 100, 1000;
 - cache cap: a mount with --cache-size a third of astra's stored bytes reading astra (3x the cap):
@@ -148,6 +149,12 @@ def env_set(**values: str):
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _cpu() -> float:
+    import resource
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
 
 
 def drop_page_cache() -> bool:
@@ -331,32 +338,46 @@ class Bench:
                               config=Config(max_pool_connections=GET_THREADS * 2, retries={"max_attempts": 3}))
         bucket = self.eng.bucket
 
+        import obstore as obs
+        raw_store = obj._store          # the same obstore S3Store lmzfs's ObjectStore wraps
+        raw_key = big.key
+
         def with_obstore(r):
             return len(obj.get_range(big.key, r[0], r[1]))
+
+        def with_obstore_raw(r):
+            return len(obs.get_range(raw_store, raw_key, start=r[0], end=r[1]))
 
         def with_boto3(r):
             body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={r[0]}-{r[1] - 1}")["Body"]
             return len(body.read())
 
-        def timed(fn) -> float:
+        def timed(fn) -> tuple[float, float]:
+            """(wall seconds, CPU seconds of this process, every thread, user + system)"""
             with ThreadPoolExecutor(GET_THREADS) as pool:
+                c = _cpu()
                 t = time.perf_counter()
                 n = sum(pool.map(fn, ranges))
                 s = time.perf_counter() - t
+                c = _cpu() - c
             if n != big.size:
                 raise RuntimeError(f"got {n} bytes of {big.size}")
-            return s
+            return s, c
 
-        timed(with_obstore), timed(with_boto3)          # connections and the engine's own caches, once
-        rows = {"obstore": [], "boto3": []}
+        clients = [("obstore", with_obstore), ("obstore_raw", with_obstore_raw), ("boto3", with_boto3)]
+        for _, fn in clients:
+            timed(fn)                   # connections and the engine's own caches, once
+        rows: dict[str, list] = {label: [] for label, _ in clients}
+        cpu: dict[str, list] = {label: [] for label, _ in clients}
         for i in range(self.runs):
-            order = [("obstore", with_obstore), ("boto3", with_boto3)]
-            for label, fn in (order if i % 2 == 0 else order[::-1]):
-                rows[label].append(timed(fn))
-        import obstore
+            order = clients[i % len(clients):] + clients[:i % len(clients)]
+            for label, fn in order:
+                s, c = timed(fn)
+                rows[label].append(s)
+                cpu[label].append(c)
         self.out["clients"] = {"object_bytes": big.size, "get_bytes": GET_BYTES, "threads": GET_THREADS,
-                               "requests": len(ranges), "seconds": rows,
-                               "versions": {"obstore": obstore.__version__, "boto3": boto3.__version__}}
+                               "requests": len(ranges), "seconds": rows, "cpu_seconds": cpu,
+                               "versions": {"obstore": obs.__version__, "boto3": boto3.__version__}}
 
     def measure_polling(self) -> None:
         log(f"remote: an idle mount polling every {POLL_S:g} s for {POLL_WINDOW_S:.0f} s")
