@@ -6,13 +6,16 @@ the runs issued in parallel, and a block another thread is already fetching wait
 fetched twice. While reads of an object follow each other in order, read-ahead fetches the
 blocks after them in the background, its window doubling from READAHEAD_MIN to READAHEAD_MAX
 with each read that continues the stream (as hf-mount's adaptive prefetch does), never past
-the object's end; a read elsewhere starts the window over.
+the object's end, and never more than a quarter of the disk cache (so a small cache does not
+evict what it read ahead before it is read); a read elsewhere starts the window over. The blocks
+read or fetched last are kept in memory (RECENT_BYTES), checked once: a 1 MiB block holds several
+chunks' payloads, which would otherwise each read and check it from disk again.
 """
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -23,6 +26,7 @@ MAX_GET_BYTES = 8 << 20
 READAHEAD_MIN = 8 << 20
 READAHEAD_MAX = 128 << 20
 FETCH_THREADS = 8
+RECENT_BYTES = 32 << 20       # checked blocks kept in memory: a block serves several chunk reads
 
 
 @dataclass
@@ -60,6 +64,9 @@ class RangeFetcher:
         self._streams: dict[str, _Stream] = {}
         self._ahead = 0                         # read-ahead runs in flight
         self._threads = threads
+        self._ahead_max = max(BLOCK_BYTES, min(READAHEAD_MAX, cache.capacity // 4))
+        self._recent: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._recent_bytes = 0
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lmz-fetch")
         self.last_error: str | None = None
         self.last_ok: float | None = None
@@ -86,7 +93,11 @@ class RangeFetcher:
         waits: list[Future] = []
         mine: list[int] = []
         for b in wanted:
-            data = self.cache.get(key, b, self._block_len(size, b))
+            data = self._remembered(key, b)
+            if data is None:
+                data = self.cache.get(key, b, self._block_len(size, b))
+                if data is not None:
+                    self._remember(key, b, data)
             if data is not None:
                 got[b] = data
         with self._lock:
@@ -111,6 +122,22 @@ class RangeFetcher:
         if missing:         # a block fetched by a read-ahead run that covered other blocks
             got.update(self._blocks(key, size, range(missing[0], missing[-1] + 1)))
         return got
+
+    def _remembered(self, key: str, block: int) -> bytes | None:
+        with self._lock:
+            data = self._recent.get((key, block))
+            if data is not None:
+                self._recent.move_to_end((key, block))
+            return data
+
+    def _remember(self, key: str, block: int, data: bytes) -> None:
+        with self._lock:
+            if (key, block) in self._recent:
+                return
+            self._recent[(key, block)] = data
+            self._recent_bytes += len(data)
+            while self._recent_bytes > RECENT_BYTES:
+                self._recent_bytes -= len(self._recent.popitem(last=False)[1])
 
     def _claim(self, key: str, run: range) -> Future:
         fut: Future = Future()
@@ -141,9 +168,12 @@ class RangeFetcher:
             self.stats.readahead_bytes += len(data)
         self.last_ok, self.last_error = time.time(), None
         out = {}
+        view = memoryview(data)
         for b in run:
-            piece = data[(b - run.start) * BLOCK_BYTES:(b - run.start + 1) * BLOCK_BYTES]
+            piece = bytes(view[(b - run.start) * BLOCK_BYTES:(b - run.start + 1) * BLOCK_BYTES])
             self.cache.put(key, b, piece)
+            if not ahead:
+                self._remember(key, b, piece)
             out[b] = piece
         self._settle(key, run, fut, result=out)
 
@@ -163,11 +193,11 @@ class RangeFetcher:
             s = self._streams.get(key)
             if s is None or not s.next_block - 1 <= first <= s.next_block:
                 self._streams.pop(key, None)
-                self._streams[key] = _Stream(last + 1, READAHEAD_MIN)     # a new stream: no read-ahead yet
+                self._streams[key] = _Stream(last + 1, min(READAHEAD_MIN, self._ahead_max))     # a new stream: no read-ahead yet
                 if len(self._streams) > 256:
                     self._streams.pop(next(iter(self._streams)))
                 return
-            s.window = min(READAHEAD_MAX, s.window * 2)
+            s.window = min(self._ahead_max, s.window * 2)
             s.next_block = max(s.next_block, last + 1)
             stop = min(-(-size // BLOCK_BYTES), last + 1 + s.window // BLOCK_BYTES)
             todo = [b for b in range(last + 1, stop) if (key, b) not in self._inflight

@@ -160,10 +160,11 @@ class ObjectStore:
                 raise
             return bytes(result.bytes()), result.meta.get("e_tag")
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the object; RemoteUnavailable if fewer came back."""
+    def get_range(self, key: str, start: int, end: int) -> memoryview:
+        """Bytes [start, end) of the object (a view of the client's buffer, not a copy);
+        RemoteUnavailable if fewer came back."""
         with self._mapped(key):
-            data = bytes(self._obs.get_range(self._store, key, start=start, end=end))
+            data = memoryview(self._obs.get_range(self._store, key, start=start, end=end))
         if len(data) != end - start:
             raise RemoteUnavailable(f"{self.url}/{key}: asked for bytes {start}..{end}, got {len(data)}")
         return data

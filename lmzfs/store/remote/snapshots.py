@@ -58,7 +58,7 @@ def fetch_snapshot(objects: ObjectStore, pointer: Pointer) -> tuple[Manifest, by
 
 def read_manifest(objects: ObjectStore, key: str) -> Manifest:
     """A snapshot's manifest alone (a ranged GET of its head), for prune."""
-    head = objects.get_range(key, 0, min(objects.head(key).size, 1 << 20))
+    head = bytes(objects.get_range(key, 0, min(objects.head(key).size, 1 << 20)))
     try:
         return snapshot_manifest(head, f"{objects.url}/{key}")[0]
     except RemoteFormatError:
