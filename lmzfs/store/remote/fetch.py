@@ -50,6 +50,7 @@ class FetchStats:
 class _Stream:
     next_block: int
     window: int
+    checked: int = 0         # blocks below this were looked at by an earlier read-ahead
 
 
 class RangeFetcher:
@@ -81,9 +82,16 @@ class RangeFetcher:
         first, last = offset // BLOCK_BYTES, (end - 1) // BLOCK_BYTES
         self._read_ahead(key, size, first, last)
         blocks = self._blocks(key, size, range(first, last + 1))
-        data = b"".join(blocks[b] for b in range(first, last + 1))
-        start = offset - first * BLOCK_BYTES
-        return data[start:start + end - offset]
+        if first == last:
+            lo = offset - first * BLOCK_BYTES
+            data = blocks[first]
+            return data if lo == 0 and end - offset == len(data) else data[lo:lo + end - offset]
+        parts = []
+        for b in range(first, last + 1):
+            lo = max(offset, b * BLOCK_BYTES) - b * BLOCK_BYTES
+            hi = min(end, (b + 1) * BLOCK_BYTES) - b * BLOCK_BYTES
+            parts.append(memoryview(blocks[b])[lo:hi])
+        return b"".join(parts)
 
     def _block_len(self, size: int, block: int) -> int:
         return min(BLOCK_BYTES, size - block * BLOCK_BYTES)
@@ -200,11 +208,14 @@ class RangeFetcher:
             s.window = min(self._ahead_max, s.window * 2)
             s.next_block = max(s.next_block, last + 1)
             stop = min(-(-size // BLOCK_BYTES), last + 1 + s.window // BLOCK_BYTES)
-            todo = [b for b in range(last + 1, stop) if (key, b) not in self._inflight
+            start = max(last + 1, s.checked)
+            todo = [b for b in range(start, stop) if (key, b) not in self._inflight
                     and not self.cache.contains(key, b)]
             runs = _runs(todo)
             room = 2 * self._threads - self._ahead
             runs = runs[:max(0, room)]
+            # what was looked at and is cached or on its way needs no second look by the next read
+            s.checked = runs[-1].stop if len(runs) < len(_runs(todo)) else stop
             futures = [self._claim(key, run) for run in runs]
             self._ahead += len(runs)
         for run, fut in zip(runs, futures):
