@@ -178,12 +178,12 @@ class RangeFetcher:
         out = {}
         view = memoryview(data)
         for b in run:
-            piece = bytes(view[(b - run.start) * BLOCK_BYTES:(b - run.start + 1) * BLOCK_BYTES])
-            self.cache.put(key, b, piece)
-            if not ahead:
-                self._remember(key, b, piece)
-            out[b] = piece
+            out[b] = piece = bytes(view[(b - run.start) * BLOCK_BYTES:(b - run.start + 1) * BLOCK_BYTES])
+            self._remember(key, b, piece)
+        # readers waiting for these blocks go on now; the disk cache gets them after
         self._settle(key, run, fut, result=out)
+        for b, piece in out.items():
+            self.cache.put(key, b, piece)
 
     def _settle(self, key: str, run: range, fut: Future, result=None, error=None) -> None:
         with self._lock:
