@@ -17,7 +17,7 @@ from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StorePaths
 from lmzfs.admin.verify import verify_store
-from lmzfs.testing.mount import mounted
+from lmzfs.testing.mount import mounted, wait_committed, wait_for
 
 
 def usage(store: Path) -> dict[str, tuple[int, int, int]]:
@@ -263,6 +263,33 @@ def test_a_full_disk_gives_enospc_to_the_writer_loses_nothing_fsyncd_and_reads_g
         assert sorted(os.listdir(mnt / "ck")) == ["after.txt", "kept.bin"]
         assert (mnt / "ck" / "kept.bin").read_bytes() == kept
     assert verify_store(StorePaths(store)).ok
+
+
+def empty_files(store: Path) -> list[str]:
+    return sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file() and p.stat().st_size == 0)
+
+
+def test_a_catalog_copy_that_finds_the_disk_full_leaves_no_empty_file_behind(tmpfs, tmp_path):
+    import time
+    from lmzfs.testing.smalldisk import fill
+    disk = tmpfs("16m", "small")
+    store, mnt = disk / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    due = store / "catalog.sqlite.copy-due"
+    with mounted(mnt, store, "--writable"):
+        for attempt in range(5):
+            (mnt / f"m{attempt}").mkdir()           # a change: a copy of the catalog is due
+            filler = fill(disk)
+            if due.exists():
+                break
+            filler.unlink()                         # the copy was written before the disk filled
+        time.sleep(6)                               # the mount tries a copy every 5 s, and fails
+        assert due.exists()
+        assert empty_files(store) == ["catalog.sqlite.copy-due", "lock", "spool/mount.lock"]
+        filler.unlink()
+        wait_for(lambda: not due.exists(), 15, "the catalog's copy")
+        assert empty_files(store) == ["lock", "spool/mount.lock"]
+        assert len(list(store.glob("catalog.sqlite.copy-[0-9]*"))) >= 1
 
 
 def test_several_writers_on_different_files_and_lmz_gc_meanwhile_keep_every_byte(tmp_path):
