@@ -53,9 +53,11 @@ class Committer:
                                spool_id=spool_id, chunk_size=self._chunk_size)
             for warning in done.warnings:
                 log.info("%s/%s: %s", where[0], where[1], warning)
+            holes = self._stored.holes(done.file_id)
             with self._ns.lock:
                 node.file_id = done.file_id
                 node.size = done.size
+                node.holes = holes
             # the record's id stays in fs_spool_commits until a mount finds the record gone (replay.py)
             data.rebase(self._stored.reader(node.file_id), done.size)
             return True

@@ -135,17 +135,20 @@ class Filesystem:
     def getattr(self, inode: int) -> Attributes:
         return self._ns.getattr(inode)
 
-    def readdir(self, inode: int) -> list[tuple[str, Attributes]]:
-        return self._ns.readdir(inode)
+    def readdir(self, inode: int, *, dots: bool = False) -> list[tuple[str, Attributes]]:
+        """The directory's entries by name; with `dots`, `.` and `..` first."""
+        return self._ns.readdir(inode, dots=dots)
 
     def readlink(self, inode: int) -> bytes:
         return self._ns.readlink(inode)
 
     def statfs(self) -> StatFs:
+        """The store's file system's space (its blocks, free and available apart, as statvfs(2)
+        gives them), and the inodes this file system uses."""
         st = os.statvfs(self.store.root)
         with self._ns.lock:
             files = len(self._ns)
-        return StatFs(st.f_frsize, st.f_blocks, st.f_bavail, files)
+        return StatFs(st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, files)
 
     # -- the namespace and metadata --------------------------------------------------------------
     def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Attributes:
