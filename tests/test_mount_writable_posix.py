@@ -182,6 +182,7 @@ def test_a_shared_writable_mmap_changes_the_file_and_is_stored(model, store):
         data[mmap.PAGESIZE + 10:mmap.PAGESIZE + 20] = b"0123456789"
         mapped.flush()
     assert (model / "mapped.bin").read_bytes() == bytes(data)
+    wait_committed(store)
     with open(model / "mapped.bin", "rb") as f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ) as mapped:
         assert mapped[:] == bytes(data)
     assert stored_sha256(store, "mapped.bin") == hashlib.sha256(data).hexdigest()
@@ -225,3 +226,29 @@ def test_a_reader_sees_every_write_of_another_descriptor_as_soon_as_it_returns(m
             os.close(writer)
         os.close(reader)
     assert (model / "live.bin").read_bytes() == bytes(expected)
+
+
+def test_closing_a_dup_or_a_childs_inherited_descriptor_commits_nothing_and_the_last_close_does(model, store):
+    data = bytearray(os.urandom(8 << 20))
+    (model / "big.bin").write_bytes(data)
+    wait_committed(store)
+    stored = stored_sha256(store, "big.bin")
+    fd = os.open(model / "big.bin", os.O_RDWR)         # close-on-exec, as Python opens it
+    try:
+        for i in range(5):
+            os.pwrite(fd, b"%d" % i, i * 1000)
+            data[i * 1000] = ord(b"%d" % i)
+            os.close(os.dup(fd))                        # a flush of the same open file
+            subprocess.run(["true"], check=True)        # the child's exec closes its copy: a flush
+            subprocess.run(["true"], check=True, pass_fds=(fd,))    # its exit closes it: a flush
+        # none of those flushes committed (a commit reads all 8 MiB back): the store holds the old
+        # bytes, the spool the new ones, and every read sees them
+        assert stored_sha256(store, "big.bin") == stored
+        assert os.pread(fd, 4001, 0) == bytes(data[:4001])
+        os.fsync(fd)                                    # durable in the spool, not committed
+        assert stored_sha256(store, "big.bin") == stored
+    finally:
+        os.close(fd)                                    # the last close commits, after it returns
+    wait_committed(store)
+    assert stored_sha256(store, "big.bin") == hashlib.sha256(data).hexdigest()
+    assert (model / "big.bin").read_bytes() == bytes(data)

@@ -221,11 +221,13 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
 
     @_fuse_errors
     async def flush(self, fh):
-        await self._thread(self.fs.flush, fh)        # close(2) returns once its changes are committed
+        # every close(2) of a descriptor: of a dup, or in a child that execs with close-on-exec
+        # descriptors, as of the last. It waits for no commit: the release (below) commits.
+        self.fs.flush(fh)
 
     @_fuse_errors
     async def release(self, fh):
-        await self._thread(self.fs.release, fh)
+        await self._thread(self.fs.release, fh)      # the kernel does not wait for this reply
 
     @_fuse_errors
     async def fsync(self, fh, datasync):

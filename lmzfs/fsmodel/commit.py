@@ -1,7 +1,8 @@
 """When and what a writable mount commits: a file's bytes go to the store (fsmodel/storecommit.py, the
-`lmz add` machinery) on its last close and the close of a descriptor it changed through, once it
-was left alone for a while (commit_idle), and at the end (commit_all). One commit at a time, each
-encoding on a pool of threads sized by the CPUs this process may use."""
+`lmz add` machinery) at the release of a handle it changed through and at its last release (never
+while a close(2) waits), once it was left alone for a while (commit_idle), and at the end
+(commit_all). One commit at a time, each encoding on a pool of threads sized by the CPUs this
+process may use."""
 from __future__ import annotations
 
 import logging
@@ -68,13 +69,16 @@ class Committer:
         with self._ns.lock:
             nodes = [n for n in self._ns.inodes.values()
                      if n.uncommitted and now - n.data.last_change >= idle_seconds]
-        done = 0
-        for node in nodes:
-            try:
-                done += self.commit(node)
-            except OSError as exc:
-                log.error("committing %s: %s", "/".join(self._ns.path_parts(node)), exc)
-        return done
+        return sum(self.commit_or_log(node) for node in nodes)
+
+    def commit_or_log(self, node: Node) -> bool:
+        """commit(), for a caller no one waits on: a failure is logged (the bytes stay in the spool,
+        and commit_idle tries again)."""
+        try:
+            return self.commit(node)
+        except (OSError, StoreError) as exc:
+            log.error("committing %s: %s", "/".join(self._ns.path_parts(node)), exc)
+            return False
 
     def commit_all(self, nodes: list[Node]) -> None:
         """At the end: what is uncommitted is committed (what cannot be is kept in the spool)."""

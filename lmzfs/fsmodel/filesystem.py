@@ -12,11 +12,12 @@ tables of store/catalog/fsrows.py) and kept in step with it:
   chown, utimes, xattrs) is one catalog transaction under the store's WriterLock before the
   call returns: durable when it returns.
 - A file's bytes are written to the spool (fsmodel/spool.py) and committed to the store
-  (fsmodel/storecommit.py, the `lmz add` machinery) on the last close, on commit_idle(), and at
-  unmount. A file's spool record is written (without fsync) when it gets its spool file and when
-  it is renamed, and each write or truncate appends to its journal, so that what write() accepted
-  survives a kill of the daemon; fsync makes it durable against a power loss too. A mount
-  commits every spool record it finds (replay).
+  (fsmodel/storecommit.py, the `lmz add` machinery) at the release of a handle that changed it
+  (its last descriptor closed; close(2) does not wait for it), on commit_idle(), and at
+  unmount. A file's spool record is written (without fsync) when it gets its spool file and
+  when it is renamed, and each write or truncate appends to its journal, so that what write()
+  accepted survives a kill of the daemon; fsync makes it durable against a power loss too. A
+  mount commits every spool record it finds (replay).
 
 Errors are OSError with the errno the caller passes on (ENOENT, EEXIST, ENOTEMPTY, EXDEV...).
 Thread-safe: in-memory state under one lock; changes to the store serialised by a second one
@@ -207,10 +208,12 @@ class Filesystem:
         return self._handles.try_write(fh, offset, data)
 
     def flush(self, fh: int) -> None:
-        """A close of a descriptor (close(2) waits for it): what changed through it is committed."""
+        """A close of one of a handle's descriptors (close(2) waits for it): it waits for nothing."""
         self._handles.flush(fh)
 
     def release(self, fh: int) -> None:
+        """A handle's last descriptor is closed: what changed through it is committed (a failure is
+        logged, the bytes stay in the spool); the file's last release lets its data go."""
         self._handles.release(fh)
 
     def fsync(self, fh: int) -> None:
