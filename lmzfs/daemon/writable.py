@@ -66,7 +66,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
         return self.fs          # what the mount's log line counts
 
     async def refresh_periodically(self, interval: float = TICK_SECONDS) -> None:
-        """Follow other processes' changes, and commit files left idle."""
+        """Follow other processes' changes, commit files left idle, reclaim dead pack bytes."""
         ticks = 0
         while True:
             await trio.sleep(interval)
@@ -74,6 +74,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
             try:
                 await trio.to_thread.run_sync(self.fs.refresh, limiter=self._limiter)
                 await trio.to_thread.run_sync(self.fs.commit_idle, IDLE_COMMIT_SECONDS, limiter=self._limiter)
+                await trio.to_thread.run_sync(self.fs.reclaim, limiter=self._limiter)
                 if ticks % CATALOG_COPY_TICKS == 0:
                     await trio.to_thread.run_sync(self.fs.write_catalog_copy, limiter=self._limiter)
             except (OSError, StoreError) as exc:

@@ -28,6 +28,7 @@ class Committer:
         self._chunk_size = chunk_size
         self._workers = workers or usable_cpus()
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="lmz-encode")
+        self.commits = 0                    # how many commits this mount made (reclaim.py looks)
 
     def commit(self, node: Node) -> bool:
         """Store the node's bytes (if it has uncommitted ones); True if it committed."""
@@ -61,6 +62,7 @@ class Committer:
                 node.holes = holes
             # the record's id stays in fs_spool_commits until a mount finds the record gone (replay.py)
             data.rebase(self._stored.reader(node.file_id), done.size)
+            self.commits += 1
             return True
 
     def commit_idle(self, idle_seconds: float) -> int:

@@ -33,6 +33,7 @@ This class is the facade; the parts live beside it:
     handles.py      open files, their data and spool files
     records.py      spool records: what a replay needs to find spooled bytes a home
     commit.py       when and what is committed to the store
+    reclaim.py      the dead bytes of replaced versions reclaimed while mounted
     replay.py       the spool a previous mount left, committed at start-up
     stored.py       the stored versions of files, read through the store's chunk source
 """
@@ -49,11 +50,13 @@ from lmzfs.fsmodel.handles import Handles
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import (NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, Node,
                                  StatFs)
+from lmzfs.fsmodel.reclaim import RECLAIM_FLOOR, Reclaimer
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.replay import Replay
 from lmzfs.fsmodel.spool import Spool
 from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.fsmodel.xattrs import XATTR_NAMESPACE, XATTR_VALUE_MAX, Xattrs
+from lmzfs.store.gc import GcResult
 from lmzfs.store.layout import StorePaths
 
 __all__ = ["Attributes", "Filesystem", "NAME_MAX", "Node", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "ROOT_INODE",
@@ -62,8 +65,10 @@ __all__ = ["Attributes", "Filesystem", "NAME_MAX", "Node", "RENAME_EXCHANGE", "R
 
 class Filesystem:
     def __init__(self, store_dir: Path, *, cache_bytes: int = 64 << 20, workers: int | None = None,
-                 uid: int | None = None, gid: int | None = None, chunk_size: int | None = None):
-        """`workers`: threads that encode a commit (None: one per CPU this process may use)."""
+                 uid: int | None = None, gid: int | None = None, chunk_size: int | None = None,
+                 reclaim_floor: int = RECLAIM_FLOOR):
+        """`workers`: threads that encode a commit (None: one per CPU this process may use);
+        `reclaim_floor`: dead pack bytes below which reclaim() leaves them (fsmodel/reclaim.py)."""
         self.store = StorePaths(Path(store_dir))
         self.store.create()
         self.store.check_format()
@@ -86,6 +91,7 @@ class Filesystem:
         self._handles = Handles(self._ns, self._stored, self._records, self._committer)
         self._entries = Entries(self._sync, self._ns, self._records)
         self._xattrs = Xattrs(self._sync, self._ns)
+        self._reclaimer = Reclaimer(self._sync, floor=reclaim_floor)
         # The calls made for nearly every request go straight to their part, as fast as before the
         # facade (the methods of the same names below say what they do, and serve type checkers).
         self.lookup, self.getattr = self._ns.lookup, self._ns.getattr
@@ -228,6 +234,11 @@ class Filesystem:
     def commit_idle(self, idle_seconds: float) -> int:
         """Commit files unchanged for idle_seconds; how many were committed."""
         return self._committer.commit_idle(idle_seconds)
+
+    def reclaim(self) -> GcResult | None:
+        """After commits: drop what no file references and rewrite the packs mostly dead, if the
+        dead bytes pass the floor and a fraction of the packs (fsmodel/reclaim.py); None if not run."""
+        return self._reclaimer.maybe_reclaim(self._committer.commits)
 
     # -- the end ---------------------------------------------------------------------------------
     def close(self) -> None:
