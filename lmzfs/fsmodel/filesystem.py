@@ -91,7 +91,7 @@ class Filesystem:
         self._handles = Handles(self._ns, self._stored, self._records, self._committer)
         self._entries = Entries(self._sync, self._ns, self._records)
         self._xattrs = Xattrs(self._sync, self._ns)
-        self._reclaimer = Reclaimer(self._sync, floor=reclaim_floor)
+        self._reclaimer = Reclaimer(self._sync, self._stored, floor=reclaim_floor)
         # The calls made for nearly every request go straight to their part, as fast as before the
         # facade (the methods of the same names below say what they do, and serve type checkers).
         self.lookup, self.getattr = self._ns.lookup, self._ns.getattr

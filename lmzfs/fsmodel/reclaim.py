@@ -4,7 +4,7 @@ them, but a file rewritten again and again would otherwise fill the disk before 
 
 After commits (the mount's, or another process's: `lmz rm`), at most every few seconds, the
 mount compares the packs' bytes on disk with the payload bytes of the chunks something
-references. Once the dead bytes pass both a floor and a fraction of the packs' bytes, it runs
+references (through its read-only catalog connection, holding no lock). Once the dead bytes pass both a floor and a fraction of the packs' bytes, it runs
 gc's remedies itself (store/gc.py, reclaim_dead) under the store's lock, as one change: chunks
 nothing references are dropped and the packs that are mostly dead are rewritten through a pack
 session, their live records copied, the old packs unlinked. Open files keep reading: their pack
@@ -13,10 +13,11 @@ descriptors outlive the unlink, and no pack is cut in place.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 
 from lmzfs.fsmodel.catalogsync import CatalogSync
-from lmzfs.store.catalog.chunkrows import referenced_payload
+from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.store.gc import GcResult, reclaim_dead
 from lmzfs.store.layout import StoreError
 from lmzfs.store.packbackend import LocalPacks
@@ -32,18 +33,19 @@ CHECK_SECONDS = 2.0                 # the dead bytes are counted at most this of
 
 
 class Reclaimer:
-    def __init__(self, sync: CatalogSync, *, floor: int = RECLAIM_FLOOR, fraction: float = RECLAIM_FRACTION):
-        self._sync = sync
+    def __init__(self, sync: CatalogSync, stored: StoredFiles, *, floor: int = RECLAIM_FLOOR,
+                 fraction: float = RECLAIM_FRACTION):
+        self._sync, self._stored = sync, stored
         self.floor, self.fraction = floor, fraction
         self._seen: tuple[int, int] | None = None
         self._checked = 0.0
         self._left = 0                  # dead bytes the last run could not reclaim
 
     def dead_bytes(self) -> tuple[int, int]:
-        """(bytes of the packs on disk, of those what no referenced chunk holds). Under the lock."""
+        """(bytes of the packs on disk, of those what no referenced chunk holds)."""
         packs = LocalPacks(self._sync.store).list_packs()
         on_disk = sum(packs.values())
-        chunks, payload = referenced_payload(self._sync.catalog.db)
+        chunks, payload = self._stored.referenced_payload()
         return on_disk, max(0, on_disk - payload - chunks * RECORD_HEADER.size - len(packs) * len(PACK_HEADER))
 
     def maybe_reclaim(self, commits: int) -> GcResult | None:
@@ -54,19 +56,25 @@ class Reclaimer:
         if seen == self._seen or now - self._checked < CHECK_SECONDS or self._sync.closed:
             return None
         self._checked = now
+        self._seen = seen
         try:
+            if not self._due():
+                return None
             with self._sync.changing():
-                self._seen = (commits, self._sync.seen_version)
-                on_disk, dead = self.dead_bytes()
-                self._left = min(self._left, dead)      # `lmz gc` may have run meanwhile
-                if dead - self._left < max(self.floor, self.fraction * on_disk):
+                if not self._due():                     # what another writer did meanwhile counts
                     return None
+                dead = self.dead_bytes()[1]
                 result = reclaim_dead(self._sync.store, self._sync.catalog, pack_dead_fraction=PACK_DEAD_FRACTION,
                                       max_copy_bytes=MAX_COPY_BYTES)
                 self._left = self.dead_bytes()[1]
-        except (OSError, StoreError) as exc:
+        except (OSError, StoreError, sqlite3.Error) as exc:
             log.error("reclaiming dead pack bytes: %s", exc)
             return None
         log.info("reclaimed %d of %d dead pack bytes (%d chunks dropped, %d packs rewritten, %d removed)",
                  dead - self._left, dead, result.chunks_dropped, result.packs_rewritten, result.packs_deleted)
         return result
+
+    def _due(self) -> bool:
+        on_disk, dead = self.dead_bytes()
+        self._left = min(self._left, dead)              # `lmz gc` may have run meanwhile
+        return dead - self._left >= max(self.floor, self.fraction * on_disk)

@@ -11,6 +11,7 @@ import threading
 
 from lmzfs.fsmodel.holes import HOLE_MIN, ZERO_RATIO, Holes, holes_of
 from lmzfs.fsmodel.nodes import fs_error
+from lmzfs.store.catalog.chunkrows import referenced_payload
 from lmzfs.store.catalog.fsrows import small_coded_extents
 from lmzfs.reader.filereader import FileReader
 from lmzfs.store.catalog import Catalog
@@ -37,6 +38,11 @@ class StoredFiles:
         with self._lock:
             rows = small_coded_extents(self._reads.db, file_id, HOLE_MIN, ZERO_RATIO)
         return holes_of(rows)
+
+    def referenced_payload(self) -> tuple[int, int]:
+        """(chunks something references, their payload bytes), as the catalog is committed now."""
+        with self._lock:
+            return referenced_payload(self._reads.db)
 
     def reader(self, file_id: int | None) -> FileReader | None:
         """The stored version's bytes (None: a file never stored)."""
