@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
@@ -29,6 +30,8 @@ class Committer:
         self._workers = workers or usable_cpus()
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="lmz-encode")
         self.commits = 0                    # how many commits this mount made (reclaim.py looks)
+        self.appended = 0                   # and the payload bytes they appended
+        self.after_commit: Callable[[], object] | None = None     # called by commit_or_log after one
 
     def commit(self, node: Node) -> bool:
         """Store the node's bytes (if it has uncommitted ones); True if it committed."""
@@ -63,6 +66,7 @@ class Committer:
             # the record's id stays in fs_spool_commits until a mount finds the record gone (replay.py)
             data.rebase(self._stored.reader(node.file_id), done.size)
             self.commits += 1
+            self.appended += done.new_payload_bytes
             return True
 
     def commit_idle(self, idle_seconds: float) -> int:
@@ -77,10 +81,13 @@ class Committer:
         """commit(), for a caller no one waits on: a failure is logged (the bytes stay in the spool,
         and commit_idle tries again)."""
         try:
-            return self.commit(node)
+            done = self.commit(node)
         except (OSError, StoreError) as exc:
             log.error("committing %s: %s", "/".join(self._ns.path_parts(node)), exc)
             return False
+        if done and self.after_commit is not None:
+            self.after_commit()
+        return done
 
     def commit_all(self, nodes: list[Node]) -> None:
         """At the end: what is uncommitted is committed (what cannot be is kept in the spool)."""

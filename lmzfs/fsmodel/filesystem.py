@@ -92,6 +92,7 @@ class Filesystem:
         self._entries = Entries(self._sync, self._ns, self._records)
         self._xattrs = Xattrs(self._sync, self._ns)
         self._reclaimer = Reclaimer(self._sync, self._stored, floor=reclaim_floor)
+        self._committer.after_commit = self.reclaim
         # The calls made for nearly every request go straight to their part, as fast as before the
         # facade (the methods of the same names below say what they do, and serve type checkers).
         self.lookup, self.getattr = self._ns.lookup, self._ns.getattr
@@ -238,7 +239,7 @@ class Filesystem:
     def reclaim(self) -> GcResult | None:
         """After commits: drop what no file references and rewrite the packs mostly dead, if the
         dead bytes pass the floor and a fraction of the packs (fsmodel/reclaim.py); None if not run."""
-        return self._reclaimer.maybe_reclaim(self._committer.commits)
+        return self._reclaimer.maybe_reclaim(self._committer.commits, self._committer.appended)
 
     # -- the end ---------------------------------------------------------------------------------
     def close(self) -> None:

@@ -2,8 +2,9 @@
 chunks, and the chunks of the version it replaced lose their references; `lmz gc` would reclaim
 them, but a file rewritten again and again would otherwise fill the disk before anyone runs it.
 
-After commits (the mount's, or another process's: `lmz rm`), at most every few seconds, the
-mount compares the packs' bytes on disk with the payload bytes of the chunks something
+After commits (the mount's, or another process's: `lmz rm`), at most every few seconds, and
+after a commit once the mount's commits appended half the floor since the last look, the mount
+compares the packs' bytes on disk with the payload bytes of the chunks something
 references (through its read-only catalog connection, holding no lock). Once the dead bytes pass both a floor and a fraction of the packs' bytes, it runs
 gc's remedies itself (store/gc.py, reclaim_dead) under the store's lock, as one change: chunks
 nothing references are dropped and the packs that are mostly dead are rewritten through a pack
@@ -40,6 +41,7 @@ class Reclaimer:
         self._seen: tuple[int, int] | None = None
         self._checked = 0.0
         self._left = 0                  # dead bytes the last run could not reclaim
+        self._appended = 0              # what the mount's commits had appended at the last look
 
     def dead_bytes(self) -> tuple[int, int]:
         """(bytes of the packs on disk, of those what no referenced chunk holds)."""
@@ -48,15 +50,16 @@ class Reclaimer:
         chunks, payload = self._stored.referenced_payload()
         return on_disk, max(0, on_disk - payload - chunks * RECORD_HEADER.size - len(packs) * len(PACK_HEADER))
 
-    def maybe_reclaim(self, commits: int) -> GcResult | None:
-        """Reclaim dead pack bytes if there are enough of them; `commits`: the mount's commits so far
-        (nothing changed since the last look: nothing to do). Logs what it did or why it failed."""
+    def maybe_reclaim(self, commits: int, appended: int) -> GcResult | None:
+        """Reclaim dead pack bytes if there are enough of them; `commits`, `appended`: the mount's
+        commits so far and the payload bytes they appended (nothing changed since the last look:
+        nothing to do). Logs what it did or why it failed."""
         seen = (commits, self._sync.seen_version)
         now = time.monotonic()
-        if seen == self._seen or now - self._checked < CHECK_SECONDS or self._sync.closed:
+        grown = appended - self._appended >= self.floor // 2
+        if seen == self._seen or (now - self._checked < CHECK_SECONDS and not grown) or self._sync.closed:
             return None
-        self._checked = now
-        self._seen = seen
+        self._checked, self._seen, self._appended = now, seen, appended
         try:
             if not self._due():
                 return None
