@@ -266,6 +266,12 @@ def test_a_full_disk_gives_enospc_to_the_writer_loses_nothing_fsyncd_and_reads_g
     assert verify_store(StorePaths(store)).ok
 
 
+def errno_of(call, *args) -> int:
+    with pytest.raises(OSError) as caught:
+        call(*args)
+    return caught.value.errno
+
+
 def empty_files(store: Path) -> list[str]:
     return sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file() and p.stat().st_size == 0)
 
@@ -291,6 +297,29 @@ def test_a_catalog_copy_that_finds_the_disk_full_leaves_no_empty_file_behind(tmp
         wait_for(lambda: not due.exists(), 15, "the catalog's copy")
         assert empty_files(store) == ["lock", "spool/mount.lock"]
         assert len(list(store.glob("catalog.sqlite.copy-[0-9]*"))) >= 1
+
+
+def test_an_fsync_that_finds_the_disk_full_fails_and_leaves_no_empty_spool_record(tmpfs, tmp_path):
+    from lmzfs.testing.smalldisk import fill
+    disk = tmpfs("16m", "small")
+    store, mnt = disk / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    with mounted(mnt, store, "--writable"):
+        (mnt / "m").mkdir()
+        fd = os.open(mnt / "m" / "a.bin", os.O_CREAT | os.O_WRONLY)
+        try:
+            os.write(fd, b"spooled " * 10_000)
+            filler = fill(disk)
+            assert errno_of(os.fsync, fd) == errno.ENOSPC
+            assert [p.name for p in (store / "spool").iterdir() if p.suffix != ".data" and p.stat().st_size == 0] \
+                == ["mount.lock"]
+            filler.unlink()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        wait_committed(store)
+        assert sorted(p.name for p in (store / "spool").iterdir()) == ["mount.lock"]
+        assert (mnt / "m" / "a.bin").read_bytes() == b"spooled " * 10_000
 
 
 def test_several_writers_on_different_files_and_lmz_gc_meanwhile_keep_every_byte(tmp_path):
