@@ -45,8 +45,8 @@ def data_bytes(size: int, base_len: int, holes: Holes, ranges: ByteRanges | None
     """Bytes of [0, size) that hold data: the spool's `ranges`, and the stored version's first
     `base_len` bytes outside its `holes`."""
     base_len = min(base_len, size)
-    if not holes and not ranges:
-        return base_len
+    if not holes:                   # the common case, in time logarithmic in the ranges
+        return base_len + (ranges.beyond(base_len) if ranges else 0)
     data = ByteRanges(ranges.as_list() if ranges else None)
     pos = 0
     for start, end in holes:
