@@ -139,7 +139,8 @@ class Handles:
                 self._records.record(node)
 
     def resize(self, node: Node, size: int, fh: int | None, now: int) -> None:
-        """A truncate (setattr's size); `fh`: the handle it came through (ftruncate), whose release commits it."""
+        """A truncate (setattr's size); `fh`: the handle it came through (ftruncate), whose release
+        commits it."""
         if fh is not None and fh in self._handles:
             self._handles[fh].changed = True
         if node.kind != "file":
@@ -172,7 +173,8 @@ class Handles:
             return node.data
 
     def _release_data(self, node: Node, *, commit: bool = False) -> None:
-        """One open of the node's data ends; the last (or one that `commit`s) commits what is uncommitted."""
+        """One open of the node's data ends; the last (or one that `commit`s) commits what is
+        uncommitted."""
         ns = self._ns
         with ns.lock:
             node.opens -= 1

@@ -4,17 +4,19 @@ them, but a file rewritten again and again would otherwise fill the disk before 
 
 After commits (the mount's, or another process's: `lmz rm`), at most every few seconds, and
 after a commit once the mount's commits appended half the floor since the last look, the mount
-compares the packs' bytes on disk with the payload bytes of the chunks something
-references (through its read-only catalog connection, holding no lock). Once the dead bytes pass both a floor and a fraction of the packs' bytes, it runs
-gc's remedies itself (store/gc.py, reclaim_dead) under the store's lock, as one change: chunks
-nothing references are dropped and the packs that are mostly dead are rewritten through a pack
-session, their live records copied, the old packs unlinked. Open files keep reading: their pack
-descriptors outlive the unlink, and no pack is cut in place.
+compares the packs' bytes on disk with the payload bytes of the chunks something references
+(through its read-only catalog connection, holding no lock). Once the dead bytes pass both a
+floor and a fraction of the packs' bytes, it runs gc's remedies itself (store/gc.py,
+reclaim_dead) under the store's lock, as one change: chunks nothing references are dropped and
+the packs that are mostly dead are rewritten through a pack session, their live records copied,
+the old packs unlinked. Open files keep reading: their pack descriptors outlive the unlink, and
+no pack is cut in place.
 """
 from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 import time
 
 from lmzfs.fsmodel.catalogsync import CatalogSync
@@ -42,6 +44,7 @@ class Reclaimer:
         self._checked = 0.0
         self._left = 0                  # dead bytes the last run could not reclaim
         self._appended = 0              # what the mount's commits had appended at the last look
+        self._running = threading.Lock()  # one look at a time (the daemon's tick, a release's commit)
 
     def dead_bytes(self) -> tuple[int, int]:
         """(bytes of the packs on disk, of those what no referenced chunk holds)."""
@@ -54,6 +57,14 @@ class Reclaimer:
         """Reclaim dead pack bytes if there are enough of them; `commits`, `appended`: the mount's
         commits so far and the payload bytes they appended (nothing changed since the last look:
         nothing to do). Logs what it did or why it failed."""
+        if not self._running.acquire(blocking=False):
+            return None
+        try:
+            return self._maybe_reclaim(commits, appended)
+        finally:
+            self._running.release()
+
+    def _maybe_reclaim(self, commits: int, appended: int) -> GcResult | None:
         seen = (commits, self._sync.seen_version)
         now = time.monotonic()
         grown = appended - self._appended >= self.floor // 2
