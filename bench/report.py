@@ -523,8 +523,8 @@ def gguf_mount_md(g: dict) -> list[str]:
 def writable_md(w: dict) -> list[str]:
     out = ["## Writable mount (issue 27)", "",
            "Per model, each run: `lmz add DIR` into a fresh store against `cp -r DIR/. MNT/MODEL/` into a fresh "
-           "`lmz mount --writable` (after `mkdir MNT/MODEL`), both timed as whole processes (`cp` returns once "
-           "close() has committed the file). Stored: payload bytes of the chunks the catalog references. "
+           "`lmz mount --writable` (after `mkdir MNT/MODEL`), both timed as whole processes (`cp` until the mount "
+           "has committed every file). Stored: payload bytes of the chunks the catalog references. "
            "Throughput ratio: add seconds / cp seconds per run, median (min) over runs.", ""]
     if w.get("error"):
         return out + [f"n/a: {w['error']}", ""]
@@ -548,7 +548,7 @@ def writable_md(w: dict) -> list[str]:
     if writes:
         out += ["A 4 KiB write into the middle of the stored file, through the first run's mount (open O_RDWR, "
                 "pwrite at half the size, close):", ""]
-        out += table(["model", "file bytes", "offset", "chunks added", "new payload bytes", "close() returned after s"],
+        out += table(["model", "file bytes", "offset", "chunks added", "new payload bytes", "committed after s"],
                      [[m, f"{x['file_bytes']:,}", f"{x['offset']:,}", str(x["chunks_added"]),
                        f"{x['payload_bytes_added']:,}", f"{x['close_s']:.2f}"] for m, x in writes], "lrrrrr")
     mixed = w.get("mixed")

@@ -578,3 +578,30 @@ def test_a_small_write_into_a_paired_checkpoint_appends_one_chunk_not_the_recode
 
 def pack_bytes(store: Path) -> int:
     return sum(f.stat().st_size for f in (StorePaths(store).root / "packs").iterdir())
+
+
+def test_st_blocks_count_the_bytes_written_and_stored_never_a_sparse_files_holes(fs, p, store_dir):
+    import random
+    p.mkdir("m")
+    fh = p.open("m/f", os.O_RDWR | os.O_CREAT)
+    rng, written = random.Random(5), set()
+    for _ in range(30):                             # 30 writes of 1 to 3000 bytes below 40 MiB
+        offset, n = rng.randrange(40 << 20), rng.randint(1, 3000)
+        fs.write(fh, offset, b"w" * n)
+        written.update(range(offset, offset + n))
+    assert fs.getattr(p.stat("m/f").inode).blocks == (len(written) + 511) // 512
+    fs.setattr(p.stat("m/f").inode, size=20 << 20, fh=fh)
+    cut = len([b for b in written if b < 20 << 20])
+    assert p.stat("m/f").blocks == (cut + 511) // 512
+    fs.release(fh)                                  # committed: 1 MiB chunks, those of zeros a hole
+    chunks = {b >> 20 for b in written if b < 20 << 20}
+    assert p.stat("m/f").blocks == len(chunks) * (1 << 20) // 512
+    fh = p.open("m/f", os.O_RDWR)
+    hole = next(c for c in range(20) if c not in chunks)
+    fs.write(fh, (hole << 20) + 100, b"x" * 1024)   # into a stored hole
+    assert p.stat("m/f").blocks == len(chunks) * (1 << 20) // 512 + 2
+    fs.release(fh)
+    assert p.stat("m/f").blocks == (len(chunks) + 1) * (1 << 20) // 512
+    p = reopen(fs, store_dir)
+    assert p.stat("m/f").blocks == (len(chunks) + 1) * (1 << 20) // 512
+    p.fs.close()

@@ -17,7 +17,7 @@ from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StorePaths
 from lmzfs.admin.verify import verify_store
-from lmzfs.testing.mount import mounted
+from lmzfs.testing.mount import mounted, wait_committed, wait_for
 
 
 def usage(store: Path) -> dict[str, tuple[int, int, int]]:
@@ -58,6 +58,7 @@ def test_cp_of_a_safetensors_model_stores_as_lmz_add_does_reads_back_and_rm_r_re
     with mounted(mnt, store, "--writable"):
         (mnt / "minilm").mkdir()
         subprocess.run(["cp", "-r", f"{source}/.", str(mnt / "minilm")], check=True)
+        wait_committed(store)           # each file commits as cp closes it, cp not waiting
         assert usage(store) == usage(reference)
         assert (mnt / "minilm" / "model.safetensors").read_bytes() == minilm_path.read_bytes()
         assert sorted(os.listdir(mnt / "minilm")) == ["config.json", "model.safetensors"]
@@ -239,21 +240,21 @@ def test_a_full_disk_gives_enospc_to_the_writer_loses_nothing_fsyncd_and_reads_g
     store, mnt = small_filesystem / "store", tmp_path / "mnt"
     mnt.mkdir()
     kept = os.urandom(2 << 20)
-    with mounted(mnt, store, "--writable"):
+    with mounted(mnt, store, "--writable") as fs:
         (mnt / "ck").mkdir()
         with open(mnt / "ck" / "kept.bin", "wb") as f:
             f.write(kept)
             f.flush()
             os.fsync(f.fileno())
+        wait_committed(store)
         packed = sum(p.stat().st_size for p in (store / "packs").iterdir())
         fd = os.open(mnt / "ck" / "filler.bin", os.O_CREAT | os.O_WRONLY)
         with pytest.raises(OSError) as full:
             for _ in range(64):
                 os.write(fd, os.urandom(1 << 20))
         assert full.value.errno == errno.ENOSPC
-        with pytest.raises(OSError) as closing:
-            os.close(fd)                     # the commit cannot be written either
-        assert closing.value.errno == errno.ENOSPC
+        os.close(fd)                         # returns at once; the commit it starts cannot be written
+        wait_for(lambda: "committing ck/filler.bin: [Errno 28]" in fs.log(), what="the failed commit's log line")
         # the failed commit cut what it had appended: the packs hold what they held before
         assert sum(p.stat().st_size for p in (store / "packs").iterdir()) == packed
         assert (mnt / "ck" / "kept.bin").read_bytes() == kept
@@ -263,6 +264,62 @@ def test_a_full_disk_gives_enospc_to_the_writer_loses_nothing_fsyncd_and_reads_g
         assert sorted(os.listdir(mnt / "ck")) == ["after.txt", "kept.bin"]
         assert (mnt / "ck" / "kept.bin").read_bytes() == kept
     assert verify_store(StorePaths(store)).ok
+
+
+def errno_of(call, *args) -> int:
+    with pytest.raises(OSError) as caught:
+        call(*args)
+    return caught.value.errno
+
+
+def empty_files(store: Path) -> list[str]:
+    return sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file() and p.stat().st_size == 0)
+
+
+def test_a_catalog_copy_that_finds_the_disk_full_leaves_no_empty_file_behind(tmpfs, tmp_path):
+    import time
+    from lmzfs.testing.smalldisk import fill
+    disk = tmpfs("16m", "small")
+    store, mnt = disk / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    due = store / "catalog.sqlite.copy-due"
+    with mounted(mnt, store, "--writable"):
+        for attempt in range(5):
+            (mnt / f"m{attempt}").mkdir()           # a change: a copy of the catalog is due
+            filler = fill(disk)
+            if due.exists():
+                break
+            filler.unlink()                         # the copy was written before the disk filled
+        time.sleep(6)                               # the mount tries a copy every 5 s, and fails
+        assert due.exists()
+        assert empty_files(store) == ["catalog.sqlite.copy-due", "lock", "spool/mount.lock"]
+        filler.unlink()
+        wait_for(lambda: not due.exists(), 15, "the catalog's copy")
+        assert empty_files(store) == ["lock", "spool/mount.lock"]
+        assert len(list(store.glob("catalog.sqlite.copy-[0-9]*"))) >= 1
+
+
+def test_an_fsync_that_finds_the_disk_full_fails_and_leaves_no_empty_spool_record(tmpfs, tmp_path):
+    from lmzfs.testing.smalldisk import fill
+    disk = tmpfs("16m", "small")
+    store, mnt = disk / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    with mounted(mnt, store, "--writable"):
+        (mnt / "m").mkdir()
+        fd = os.open(mnt / "m" / "a.bin", os.O_CREAT | os.O_WRONLY)
+        try:
+            os.write(fd, b"spooled " * 10_000)
+            filler = fill(disk)
+            assert errno_of(os.fsync, fd) == errno.ENOSPC
+            assert [p.name for p in (store / "spool").iterdir() if p.suffix != ".data" and p.stat().st_size == 0] \
+                == ["mount.lock"]
+            filler.unlink()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        wait_committed(store)
+        assert sorted(p.name for p in (store / "spool").iterdir()) == ["mount.lock"]
+        assert (mnt / "m" / "a.bin").read_bytes() == b"spooled " * 10_000
 
 
 def test_several_writers_on_different_files_and_lmz_gc_meanwhile_keep_every_byte(tmp_path):

@@ -39,7 +39,7 @@ def test_a_run_that_meets_every_goal_is_judged_met_on_every_line():
     assert [c.met for c in checks] == [True, True, True, True]
     assert checks[0].measured == "minilm: +0.500%, astra: +0.500%"
     assert checks[1].measured == "0.62× (cp 8.0 s, add 5.0 s, median of 2 runs)"
-    assert checks[2].measured == "2 chunk(s), 700,000 B of new payload; close() returned after 1.50 s"
+    assert checks[2].measured == "2 chunk(s), 700,000 B of new payload; committed 1.50 s after the write"
     assert checks[3].measured == "60.0% against zstd -3's 50.0%"
 
 

@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Internal: the launcher's readiness pipe, and a test hook naming the archive to serve.
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--archive-factory", default=None, help=argparse.SUPPRESS)
+    # Internal: a writable mount's floor of dead pack bytes before it reclaims them (tests).
+    parser.add_argument("--reclaim-floor", type=int, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -62,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         os.chdir("/")     # a background server must not keep the launcher's directory busy
     return serve(mountpoint, store_dir, allow_other=args.allow_other, cache_bytes=args.cache_bytes,
                  workers=args.workers, archive_factory=args.archive_factory, ready_fd=args.ready_fd,
-                 readahead=args.readahead, writable=args.writable, remote=remote)
+                 readahead=args.readahead, writable=args.writable, remote=remote,
+                 reclaim_floor=args.reclaim_floor)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,8 @@ def _write_ready(ready_fd: int | None, message: str) -> None:
 
 def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache_bytes: int = MAX_CACHE,
           workers: int | None = None, archive_factory=None, ready_fd: int | None = None,
-          readahead: bool = True, notifier=None, writable: bool = False, remote=None) -> int:
+          readahead: bool = True, notifier=None, writable: bool = False, remote=None,
+          reclaim_floor: int | None = None) -> int:
     """Mount and serve in this process until unmounted or sent SIGTERM/SIGINT.
 
     *remote* (a RemoteOptions): serve that remote store (reader/remotearchive.py), not store_dir.
@@ -126,7 +127,8 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
     ("error STATUS MESSAGE"), and it is closed. The service manager (``$NOTIFY_SOCKET``, or
     *notifier*) gets READY=1 once the kernel has the mount and STOPPING=1 when it goes.
     *readahead* False gives the archive no read-ahead workers; reads still run in up to
-    *workers* threads. *writable*: serve the store as a writable file system (daemon/writable.py).
+    *workers* threads. *writable*: serve the store as a writable file system (daemon/writable.py);
+    *reclaim_floor*: its dead pack bytes reclaimed past this many (None: fsmodel/reclaim.py's default).
     """
     import pyfuse3
     import trio
@@ -146,7 +148,8 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
             store_dir = archive.url
         elif writable:
             from lmzfs.fsmodel.filesystem import Filesystem
-            archive = Filesystem(store_dir, cache_bytes=cache_bytes, workers=workers)
+            archive = Filesystem(store_dir, cache_bytes=cache_bytes, workers=workers,
+                                 **({} if reclaim_floor is None else {"reclaim_floor": reclaim_floor}))
         else:
             check_store(store_dir)
             factory = archive_factory or _default_factory

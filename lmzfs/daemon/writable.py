@@ -21,7 +21,7 @@ import pyfuse3
 import trio
 
 from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, fuse_errors
-from lmzfs.fsmodel.filesystem import Attributes, Filesystem
+from lmzfs.fsmodel.filesystem import NAME_MAX, Attributes, Filesystem
 from lmzfs.hostresources import usable_cpus
 from lmzfs.store.layout import StoreError
 
@@ -31,6 +31,7 @@ ENTRY_TIMEOUT = 1.0             # short: `lmz add` and `lmz rm` change the tree 
 ATTR_TIMEOUT = 1.0
 IDLE_COMMIT_SECONDS = 5.0       # a file written to and then left alone this long is committed
 TICK_SECONDS = 1.0
+FREE_INODES = 1 << 20           # statfs: inodes are not counted on the store's file system
 CATALOG_COPY_TICKS = 5          # the catalog's copy (for `lmz verify --repair`) follows within this many ticks
 
 
@@ -39,6 +40,8 @@ _fuse_errors = fuse_errors(logs=lambda exc: False)
 
 
 def _name(raw: bytes) -> str:
+    if len(raw) > NAME_MAX:                     # before any lookup: ENAMETOOLONG, never ENOENT
+        raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -63,7 +66,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
         return self.fs          # what the mount's log line counts
 
     async def refresh_periodically(self, interval: float = TICK_SECONDS) -> None:
-        """Follow other processes' changes, and commit files left idle."""
+        """Follow other processes' changes, commit files left idle, reclaim dead pack bytes."""
         ticks = 0
         while True:
             await trio.sleep(interval)
@@ -71,6 +74,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
             try:
                 await trio.to_thread.run_sync(self.fs.refresh, limiter=self._limiter)
                 await trio.to_thread.run_sync(self.fs.commit_idle, IDLE_COMMIT_SECONDS, limiter=self._limiter)
+                await trio.to_thread.run_sync(self.fs.reclaim, limiter=self._limiter)
                 if ticks % CATALOG_COPY_TICKS == 0:
                     await trio.to_thread.run_sync(self.fs.write_catalog_copy, limiter=self._limiter)
             except (OSError, StoreError) as exc:
@@ -96,7 +100,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
         attrs.st_rdev = 0
         attrs.st_size = a.size
         attrs.st_blksize = IO_BLOCK_SIZE
-        attrs.st_blocks = (a.size + 511) // 512
+        attrs.st_blocks = a.blocks
         attrs.st_atime_ns, attrs.st_mtime_ns, attrs.st_ctime_ns = a.atime_ns, a.mtime_ns, a.ctime_ns
         return attrs
 
@@ -167,7 +171,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
     # -- directories -----------------------------------------------------------------------------
     @_fuse_errors
     async def opendir(self, inode, ctx):
-        entries = [(os.fsencode(name), attrs) for name, attrs in self.fs.readdir(inode)]
+        entries = [(os.fsencode(name), attrs) for name, attrs in self.fs.readdir(inode, dots=True)]
         fh, self._next_dir_fh = self._next_dir_fh, self._next_dir_fh + 1
         self._dirs[fh] = entries
         return fh
@@ -181,7 +185,8 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
             name, attrs = entries[index]
             if not pyfuse3.readdir_reply(token, name, self._entry(attrs), index + 1):
                 break
-            self.fs.remember(attrs.inode)           # readdirplus hands the kernel a reference
+            if name not in (b".", b".."):           # readdirplus hands the kernel a reference
+                self.fs.remember(attrs.inode)       # (not for the dot entries: the kernel skips them)
 
     async def releasedir(self, fh):
         self._dirs.pop(fh, None)
@@ -217,11 +222,13 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
 
     @_fuse_errors
     async def flush(self, fh):
-        await self._thread(self.fs.flush, fh)        # close(2) returns once its changes are committed
+        # every close(2) of a descriptor: of a dup, or in a child that execs with close-on-exec
+        # descriptors, as of the last. It waits for no commit: the release (below) commits.
+        self.fs.flush(fh)
 
     @_fuse_errors
     async def release(self, fh):
-        await self._thread(self.fs.release, fh)
+        await self._thread(self.fs.release, fh)      # the kernel does not wait for this reply
 
     @_fuse_errors
     async def fsync(self, fh, datasync):
@@ -251,8 +258,9 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = s.block_size
         data.f_blocks = s.blocks
-        data.f_bfree = data.f_bavail = s.blocks_free
-        data.f_files = s.files
-        data.f_ffree = data.f_favail = 1 << 20
+        data.f_bfree = s.blocks_free
+        data.f_bavail = s.blocks_available
+        data.f_ffree = data.f_favail = FREE_INODES
+        data.f_files = s.files + FREE_INODES        # used: the inodes this mount knows
         data.f_namemax = s.name_max
         return data

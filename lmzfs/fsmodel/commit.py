@@ -1,12 +1,14 @@
 """When and what a writable mount commits: a file's bytes go to the store (fsmodel/storecommit.py, the
-`lmz add` machinery) on its last close and the close of a descriptor it changed through, once it
-was left alone for a while (commit_idle), and at the end (commit_all). One commit at a time, each
-encoding on a pool of threads sized by the CPUs this process may use."""
+`lmz add` machinery) at the release of a handle it changed through and at its last release (never
+while a close(2) waits), once it was left alone for a while (commit_idle), and at the end
+(commit_all). One commit at a time, each encoding on a pool of threads sized by the CPUs this
+process may use."""
 from __future__ import annotations
 
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
@@ -27,6 +29,9 @@ class Committer:
         self._chunk_size = chunk_size
         self._workers = workers or usable_cpus()
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="lmz-encode")
+        self.commits = 0                    # how many commits this mount made (reclaim.py looks)
+        self.appended = 0                   # and the payload bytes they appended
+        self.after_commit: Callable[[], object] | None = None     # called by commit_or_log after one
 
     def commit(self, node: Node) -> bool:
         """Store the node's bytes (if it has uncommitted ones); True if it committed."""
@@ -53,11 +58,15 @@ class Committer:
                                spool_id=spool_id, chunk_size=self._chunk_size)
             for warning in done.warnings:
                 log.info("%s/%s: %s", where[0], where[1], warning)
+            holes = self._stored.holes(done.file_id)
             with self._ns.lock:
                 node.file_id = done.file_id
                 node.size = done.size
+                node.holes = holes
             # the record's id stays in fs_spool_commits until a mount finds the record gone (replay.py)
             data.rebase(self._stored.reader(node.file_id), done.size)
+            self.commits += 1
+            self.appended += done.new_payload_bytes
             return True
 
     def commit_idle(self, idle_seconds: float) -> int:
@@ -66,12 +75,18 @@ class Committer:
         with self._ns.lock:
             nodes = [n for n in self._ns.inodes.values()
                      if n.uncommitted and now - n.data.last_change >= idle_seconds]
-        done = 0
-        for node in nodes:
-            try:
-                done += self.commit(node)
-            except OSError as exc:
-                log.error("committing %s: %s", "/".join(self._ns.path_parts(node)), exc)
+        return sum(self.commit_or_log(node) for node in nodes)
+
+    def commit_or_log(self, node: Node) -> bool:
+        """commit(), for a caller no one waits on: a failure is logged (the bytes stay in the spool,
+        and commit_idle tries again)."""
+        try:
+            done = self.commit(node)
+        except (OSError, StoreError) as exc:
+            log.error("committing %s: %s", "/".join(self._ns.path_parts(node)), exc)
+            return False
+        if done and self.after_commit is not None:
+            self.after_commit()
         return done
 
     def commit_all(self, nodes: list[Node]) -> None:

@@ -12,11 +12,12 @@ tables of store/catalog/fsrows.py) and kept in step with it:
   chown, utimes, xattrs) is one catalog transaction under the store's WriterLock before the
   call returns: durable when it returns.
 - A file's bytes are written to the spool (fsmodel/spool.py) and committed to the store
-  (fsmodel/storecommit.py, the `lmz add` machinery) on the last close, on commit_idle(), and at
-  unmount. A file's spool record is written (without fsync) when it gets its spool file and when
-  it is renamed, and each write or truncate appends to its journal, so that what write() accepted
-  survives a kill of the daemon; fsync makes it durable against a power loss too. A mount
-  commits every spool record it finds (replay).
+  (fsmodel/storecommit.py, the `lmz add` machinery) at the release of a handle that changed it
+  (its last descriptor closed; close(2) does not wait for it), on commit_idle(), and at
+  unmount. A file's spool record is written (without fsync) when it gets its spool file and
+  when it is renamed, and each write or truncate appends to its journal, so that what write()
+  accepted survives a kill of the daemon; fsync makes it durable against a power loss too. A
+  mount commits every spool record it finds (replay).
 
 Errors are OSError with the errno the caller passes on (ENOENT, EEXIST, ENOTEMPTY, EXDEV...).
 Thread-safe: in-memory state under one lock; changes to the store serialised by a second one
@@ -32,6 +33,7 @@ This class is the facade; the parts live beside it:
     handles.py      open files, their data and spool files
     records.py      spool records: what a replay needs to find spooled bytes a home
     commit.py       when and what is committed to the store
+    reclaim.py      the dead bytes of replaced versions reclaimed while mounted
     replay.py       the spool a previous mount left, committed at start-up
     stored.py       the stored versions of files, read through the store's chunk source
 """
@@ -48,11 +50,13 @@ from lmzfs.fsmodel.handles import Handles
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import (NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, Node,
                                  StatFs)
+from lmzfs.fsmodel.reclaim import RECLAIM_FLOOR, Reclaimer
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.replay import Replay
 from lmzfs.fsmodel.spool import Spool
 from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.fsmodel.xattrs import XATTR_NAMESPACE, XATTR_VALUE_MAX, Xattrs
+from lmzfs.store.gc import GcResult
 from lmzfs.store.layout import StorePaths
 
 __all__ = ["Attributes", "Filesystem", "NAME_MAX", "Node", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "ROOT_INODE",
@@ -61,8 +65,10 @@ __all__ = ["Attributes", "Filesystem", "NAME_MAX", "Node", "RENAME_EXCHANGE", "R
 
 class Filesystem:
     def __init__(self, store_dir: Path, *, cache_bytes: int = 64 << 20, workers: int | None = None,
-                 uid: int | None = None, gid: int | None = None, chunk_size: int | None = None):
-        """`workers`: threads that encode a commit (None: one per CPU this process may use)."""
+                 uid: int | None = None, gid: int | None = None, chunk_size: int | None = None,
+                 reclaim_floor: int = RECLAIM_FLOOR):
+        """`workers`: threads that encode a commit (None: one per CPU this process may use);
+        `reclaim_floor`: dead pack bytes below which reclaim() leaves them (fsmodel/reclaim.py)."""
         self.store = StorePaths(Path(store_dir))
         self.store.create()
         self.store.check_format()
@@ -85,6 +91,8 @@ class Filesystem:
         self._handles = Handles(self._ns, self._stored, self._records, self._committer)
         self._entries = Entries(self._sync, self._ns, self._records)
         self._xattrs = Xattrs(self._sync, self._ns)
+        self._reclaimer = Reclaimer(self._sync, self._stored, floor=reclaim_floor)
+        self._committer.after_commit = self.reclaim
         # The calls made for nearly every request go straight to their part, as fast as before the
         # facade (the methods of the same names below say what they do, and serve type checkers).
         self.lookup, self.getattr = self._ns.lookup, self._ns.getattr
@@ -135,17 +143,20 @@ class Filesystem:
     def getattr(self, inode: int) -> Attributes:
         return self._ns.getattr(inode)
 
-    def readdir(self, inode: int) -> list[tuple[str, Attributes]]:
-        return self._ns.readdir(inode)
+    def readdir(self, inode: int, *, dots: bool = False) -> list[tuple[str, Attributes]]:
+        """The directory's entries by name; with `dots`, `.` and `..` first."""
+        return self._ns.readdir(inode, dots=dots)
 
     def readlink(self, inode: int) -> bytes:
         return self._ns.readlink(inode)
 
     def statfs(self) -> StatFs:
+        """The store's file system's space (its blocks, free and available apart, as statvfs(2)
+        gives them), and the inodes this file system uses."""
         st = os.statvfs(self.store.root)
         with self._ns.lock:
             files = len(self._ns)
-        return StatFs(st.f_frsize, st.f_blocks, st.f_bavail, files)
+        return StatFs(st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, files)
 
     # -- the namespace and metadata --------------------------------------------------------------
     def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Attributes:
@@ -204,10 +215,12 @@ class Filesystem:
         return self._handles.try_write(fh, offset, data)
 
     def flush(self, fh: int) -> None:
-        """A close of a descriptor (close(2) waits for it): what changed through it is committed."""
+        """A close of one of a handle's descriptors (close(2) waits for it): it waits for nothing."""
         self._handles.flush(fh)
 
     def release(self, fh: int) -> None:
+        """A handle's last descriptor is closed: what changed through it is committed (a failure is
+        logged, the bytes stay in the spool); the file's last release lets its data go."""
         self._handles.release(fh)
 
     def fsync(self, fh: int) -> None:
@@ -222,6 +235,11 @@ class Filesystem:
     def commit_idle(self, idle_seconds: float) -> int:
         """Commit files unchanged for idle_seconds; how many were committed."""
         return self._committer.commit_idle(idle_seconds)
+
+    def reclaim(self) -> GcResult | None:
+        """After commits: drop what no file references and rewrite the packs mostly dead, if the
+        dead bytes pass the floor and a fraction of the packs (fsmodel/reclaim.py); None if not run."""
+        return self._reclaimer.maybe_reclaim(self._committer.commits, self._committer.appended)
 
     # -- the end ---------------------------------------------------------------------------------
     def close(self) -> None:

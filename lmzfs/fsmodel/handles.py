@@ -3,8 +3,10 @@ spool in front) a file has while it is open or holds uncommitted bytes.
 
 A file's bytes are written to its spool file; each write or truncate appends to its journal, so
 that what write() accepted survives a kill of the daemon, and fsync makes it durable against a
-power loss too (records.py). What changed through a handle is committed when a descriptor of it
-is closed (flush); the file's last release commits what is left and lets its data go.
+power loss too (records.py). A close of a descriptor (flush: one of several a handle may have,
+after dup(2) or fork(2), or in a child that execs with close-on-exec descriptors) waits for
+nothing. The release of a handle (its last descriptor closed) that changed the file commits it,
+and so does the file's last release, which then lets its data go.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ class Handle:
     node: Node
     append: bool
     writable: bool
-    changed: bool = False       # the file changed through this handle since its last flush
+    changed: bool = False       # the file changed through this handle: its release commits it
 
 
 class Handles:
@@ -117,17 +119,17 @@ class Handles:
             lock.release()
 
     def flush(self, fh: int) -> None:
-        """A close of a descriptor (close(2) waits for it): what changed through it is committed."""
-        handle = self._handle(fh)
-        if handle.changed:
-            handle.changed = False
-            self._committer.commit(handle.node)
+        """A close of one of the handle's descriptors: nothing to wait for (writes are in the spool,
+        as durable as write() made them; the handle's release commits them)."""
+        self._handle(fh)
 
     def release(self, fh: int) -> None:
+        """The handle's last descriptor is closed: what changed through it is committed (a commit
+        that fails is logged and its bytes stay in the spool, to be committed later)."""
         with self._ns.lock:
             handle = self._handles.pop(fh, None)
         if handle is not None:
-            self._release_data(handle.node)
+            self._release_data(handle.node, commit=handle.changed)
 
     def fsync(self, fh: int) -> None:
         """The file's bytes and metadata are durable when this returns (in the spool or the store)."""
@@ -137,7 +139,8 @@ class Handles:
                 self._records.record(node)
 
     def resize(self, node: Node, size: int, fh: int | None, now: int) -> None:
-        """A truncate (setattr's size); `fh`: the handle it came through (ftruncate), whose flush commits it."""
+        """A truncate (setattr's size); `fh`: the handle it came through (ftruncate), whose release
+        commits it."""
         if fh is not None and fh in self._handles:
             self._handles[fh].changed = True
         if node.kind != "file":
@@ -169,15 +172,17 @@ class Handles:
                 base.close()
             return node.data
 
-    def _release_data(self, node: Node) -> None:
+    def _release_data(self, node: Node, *, commit: bool = False) -> None:
+        """One open of the node's data ends; the last (or one that `commit`s) commits what is
+        uncommitted."""
         ns = self._ns
         with ns.lock:
             node.opens -= 1
             last = node.opens == 0
+        if (last or commit) and node.uncommitted:
+            self._committer.commit_or_log(node)
         if not last:
             return
-        if node.uncommitted:
-            self._committer.commit(node)
         with ns.lock:
             # an unlinked file's bytes go with its last close; a commit that failed keeps them
             if node.opens == 0 and node.data is not None and (not node.data.dirty or not node.linked):

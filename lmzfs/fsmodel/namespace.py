@@ -22,6 +22,12 @@ from lmzfs.fsmodel.nodes import (DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, NAME_MAX, 
 from lmzfs.store.catalog.fsrows import EntryMeta
 
 
+def check_length(name: str) -> None:
+    """A name over NAME_MAX bytes is ENAMETOOLONG wherever it is looked up or made, never ENOENT."""
+    if len(name) > NAME_MAX // 4 and len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        raise fs_error(errno.ENAMETOOLONG)
+
+
 class Namespace:
     def __init__(self, uid: int, gid: int):
         self.uid, self.gid = uid, gid          # of what the catalog has no metadata for
@@ -65,6 +71,7 @@ class Namespace:
 
     @staticmethod
     def child(directory: Node, name: str) -> Node:
+        check_length(name)
         node = directory.children.get(name)
         if node is None:
             raise fs_error(errno.ENOENT)
@@ -101,8 +108,7 @@ class Namespace:
 
     @staticmethod
     def check_name(name: str) -> None:
-        if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
-            raise fs_error(errno.ENAMETOOLONG)
+        check_length(name)
         if "/" in name or name in ("", ".", ".."):
             raise fs_error(errno.EINVAL)
         try:
@@ -127,6 +133,7 @@ class Namespace:
             return sum(1 for _ in self.models_below(self.root))
 
     def lookup(self, parent: int, name: str) -> Attributes:
+        check_length(name)
         with self.lock:
             directory = self.dir(parent)
             if name == ".":
@@ -158,10 +165,14 @@ class Namespace:
         with self.lock:
             return self.node(inode).attributes()
 
-    def readdir(self, inode: int) -> list[tuple[str, Attributes]]:
+    def readdir(self, inode: int, *, dots: bool = False) -> list[tuple[str, Attributes]]:
+        """The directory's entries by name; with `dots`, `.` and `..` (the root's is itself) first."""
         with self.lock:
             directory = self.dir(inode)
-            return [(name, directory.children[name].attributes()) for name in sorted(directory.children)]
+            entries = [(name, directory.children[name].attributes()) for name in sorted(directory.children)]
+            if dots:
+                entries[:0] = [(".", directory.attributes()), ("..", directory.parent.attributes())]
+            return entries
 
     def readlink(self, inode: int) -> bytes:
         node = self.node(inode)

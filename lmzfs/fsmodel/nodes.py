@@ -7,6 +7,7 @@ import stat
 from dataclasses import dataclass, field
 
 from lmzfs.fsmodel.filedata import FileData
+from lmzfs.fsmodel.holes import Holes, blocks, data_bytes
 from lmzfs.store.catalog.fsrows import EntryMeta
 
 ROOT_INODE = 1
@@ -34,6 +35,7 @@ class Attributes:
     atime_ns: int
     mtime_ns: int
     ctime_ns: int
+    blocks: int = 0           # st_blocks: 512-byte units of data (a sparse file's holes take none)
 
 
 @dataclass(eq=False)
@@ -53,6 +55,7 @@ class Node:
     model: str | None = None                     # a model's root directory: the model's name
     file_id: int | None = None                   # the stored version of a file
     size: int = 0                                # of a file with no FileData
+    holes: Holes = ()                            # of the stored version (fsmodel/holes.py)
     data: FileData | None = None                 # a file that is open or has uncommitted bytes
     opens: int = 0
     lookups: int = 0
@@ -87,14 +90,24 @@ class Node:
     def attributes(self) -> Attributes:
         nlink = 0 if not self.linked else (
             2 + sum(1 for c in self.children.values() if c.kind == "dir") if self.kind == "dir" else 1)
+        size = self.current_size
         return Attributes(self.inode, TYPE_BITS[self.kind] | self.mode, nlink, self.uid, self.gid,
-                          self.current_size, self.atime_ns, self.mtime_ns, self.ctime_ns)
+                          size, self.atime_ns, self.mtime_ns, self.ctime_ns,
+                          blocks(self.data_bytes() if self.kind == "file" else size))
+
+    def data_bytes(self) -> int:
+        """Bytes of a file that hold data (its holes left out)."""
+        data = self.data
+        if data is None:
+            return data_bytes(self.size, self.size, self.holes)
+        return data_bytes(data.size, data.base_len, self.holes, data.ranges)
 
 
 @dataclass(frozen=True)
 class StatFs:
     block_size: int
     blocks: int
-    blocks_free: int
+    blocks_free: int          # free on the store's file system
+    blocks_available: int     # of those, what an unprivileged writer may use
     files: int
     name_max: int = NAME_MAX

@@ -18,6 +18,7 @@ class ByteRanges:
     def __init__(self, ranges: list[tuple[int, int]] | None = None):
         self._starts: list[int] = []
         self._ends: list[int] = []
+        self.total = 0                  # bytes in the set
         for start, end in ranges or ():
             self.add(start, end)
 
@@ -28,13 +29,16 @@ class ByteRanges:
         lo = bisect.bisect_left(self._ends, start)
         hi = bisect.bisect_right(self._starts, end)
         if lo < hi:
+            self.total -= sum(self._ends[lo:hi]) - sum(self._starts[lo:hi])
             start = min(start, self._starts[lo])
             end = max(end, self._ends[hi - 1])
         self._starts[lo:hi] = [start]
         self._ends[lo:hi] = [end]
+        self.total += end - start
 
     def cut(self, size: int) -> None:
         """Drop everything at or past `size`."""
+        self.total -= self.beyond(size)
         i = bisect.bisect_left(self._ends, size + 1)
         del self._starts[i + 1:], self._ends[i + 1:]
         if i < len(self._starts):
@@ -42,6 +46,15 @@ class ByteRanges:
                 del self._starts[i], self._ends[i]
             else:
                 self._ends[i] = size
+
+    def beyond(self, pos: int) -> int:
+        """Bytes of the set at or past `pos`, counting the ranges on the shorter side of it."""
+        i = bisect.bisect_right(self._ends, pos)            # the first range that ends past pos
+        n = len(self._starts)
+        if n - i <= i:
+            return sum(self._ends[i:]) - sum(self._starts[i:]) - (max(0, pos - self._starts[i]) if i < n else 0)
+        below = sum(self._ends[:i]) - sum(self._starts[:i]) + (max(0, pos - self._starts[i]) if i < n else 0)
+        return self.total - below
 
     def pieces(self, start: int, end: int) -> list[Piece]:
         """[start, end) cut where the set begins or ends, each piece saying whether it is inside."""

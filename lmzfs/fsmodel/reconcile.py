@@ -3,12 +3,13 @@ tables of store/catalog/fsrows.py), read into the namespace at open and after an
 Nodes that still stand keep their inode numbers; files not yet committed keep their place."""
 from __future__ import annotations
 
+from lmzfs.fsmodel.holes import HOLE_MIN, ZERO_RATIO, Holes, holes_of, is_zero_chunk
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, Node
 from lmzfs.store.catalog import Catalog
-from lmzfs.store.catalog.fsrows import EntryMeta, load_entries, load_xattrs
+from lmzfs.store.catalog.fsrows import EntryMeta, extents_of_chunks, load_entries, load_xattrs, small_coded_chunks
 
-# path parts -> (kind, {"model", "meta", "file_id", "size", "xattrs"}); () is the root
+# path parts -> (kind, {"model", "meta", "file_id", "size", "holes", "xattrs"}); () is the root
 Wanted = dict[tuple[str, ...], tuple[str, dict]]
 
 
@@ -40,11 +41,12 @@ def wanted_tree(catalog: Catalog, uid: int, gid: int) -> Wanted:
         ensure_dirs(parts, m.name)
         secs = int(m.added * 1e9)
         wanted[parts][1].setdefault("meta", EntryMeta("dir", DEFAULT_DIR_MODE, uid, gid, secs, secs, secs))
+    holes = stored_holes(catalog)
     for f in catalog.files():
         parts = _parts(f.model, f.path)
         ensure_dirs(parts[:-1])
         nanos = int(f.mtime * 1e9)
-        wanted[parts] = ("file", {"file_id": f.id, "size": f.size,
+        wanted[parts] = ("file", {"file_id": f.id, "size": f.size, "holes": holes.get(f.id, ()),
                                   "meta": EntryMeta("file", DEFAULT_FILE_MODE, uid, gid, nanos, nanos, nanos)})
     for row in load_entries(db):
         parts = _parts(row.model, row.path)
@@ -64,6 +66,17 @@ def wanted_tree(catalog: Catalog, uid: int, gid: int) -> Wanted:
         if parts in wanted:
             wanted[parts][1].setdefault("xattrs", {})[bytes(x.name)] = bytes(x.value)
     return wanted
+
+
+def stored_holes(catalog: Catalog) -> dict[int, Holes]:
+    """file id -> its holes, of every stored file that has any (fsmodel/holes.py)."""
+    zeros = [cid for cid, size in small_coded_chunks(catalog.db, HOLE_MIN, ZERO_RATIO) if is_zero_chunk(cid, size)]
+    if not zeros:
+        return {}
+    by_file: dict[int, list[tuple[int, int, bytes]]] = {}
+    for file_id, offset, size, cid in extents_of_chunks(catalog.db, zeros):
+        by_file.setdefault(file_id, []).append((offset, size, cid))
+    return {file_id: holes_of(sorted(rows)) for file_id, rows in by_file.items()}
 
 
 def _names_below(wanted: Wanted) -> dict[tuple[str, ...], set[str]]:
@@ -95,8 +108,8 @@ def _reconcile(ns: Namespace, directory: Node, parts: tuple[str, ...], wanted: W
         kind, cinfo = wanted[parts + (name,)]
         child = directory.children.get(name)
         if child is None:
-            child = ns.new_node(kind, name, directory, cinfo.get("meta"),
-                                file_id=cinfo.get("file_id"), size=cinfo.get("size", 0))
+            child = ns.new_node(kind, name, directory, cinfo.get("meta"), file_id=cinfo.get("file_id"),
+                                size=cinfo.get("size", 0), holes=cinfo.get("holes", ()))
             directory.children[name] = child
         elif kind == "file" and child.data is None:
             child.size = cinfo["size"]

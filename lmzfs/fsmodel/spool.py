@@ -240,14 +240,18 @@ class Spool:
         tmp = final.with_suffix(".json-tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
         try:
-            data = record.to_json()
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, "short write of a spool record")
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+            try:
+                data = record.to_json()
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, "short write of a spool record")
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)     # a full disk leaves no empty record behind
+            raise
         if durable:
             fsync_dir(self.dir)
 

@@ -4,8 +4,8 @@ replaces the file's previous version (its references dropped) or adds it.
 
 A checkpoint is paired with a stored model as `lmz add` pairs it (delta_plan.choose_base: tensors
 of the same name, dtype and shape), and that model's paired chunks are recoded as deltas against
-it in the same transaction; their old payloads stay in the packs for `lmz gc`, since the mount
-itself keeps the packs open (gc.reclaim_packs leaves packs in use alone).
+it in the same transaction; their old payloads stay in the packs (gc.reclaim_packs leaves packs
+in use alone) until the mount reclaims dead bytes (fsmodel/reclaim.py).
 
 Chunks a write did not touch hash to chunks already stored and are reused, not encoded again:
 a write into the middle of a large stored file encodes only the chunks it touched (the chunk

@@ -9,7 +9,10 @@ from __future__ import annotations
 import errno
 import threading
 
+from lmzfs.fsmodel.holes import HOLE_MIN, ZERO_RATIO, Holes, holes_of
 from lmzfs.fsmodel.nodes import fs_error
+from lmzfs.store.catalog.chunkrows import referenced_payload
+from lmzfs.store.catalog.fsrows import small_coded_extents
 from lmzfs.reader.filereader import FileReader
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.packbackend import LocalPacks
@@ -28,6 +31,19 @@ class StoredFiles:
         with self._lock:
             row = self._reads.file_by_id(file_id)
         return row.sha256 if row is not None else None
+
+    def holes(self, file_id: int | None) -> Holes:
+        """The stored version's holes (its runs of chunks of zeros)."""
+        if file_id is None:
+            return ()
+        with self._lock:
+            rows = small_coded_extents(self._reads.db, file_id, HOLE_MIN, ZERO_RATIO)
+        return holes_of(rows)
+
+    def referenced_payload(self) -> tuple[int, int]:
+        """(chunks something references, their payload bytes), as the catalog is committed now."""
+        with self._lock:
+            return referenced_payload(self._reads.db)
 
     def reader(self, file_id: int | None) -> FileReader | None:
         """The stored version's bytes (None: a file never stored)."""

@@ -103,6 +103,38 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
     return result
 
 
+def reclaim_dead(store: StorePaths, catalog: Catalog, *, pack_dead_fraction: float,
+                 max_copy_bytes: int) -> GcResult:
+    """`lmz gc` from inside a writer that holds the store's WriterLock and `catalog` open for
+    writing, and keeps packs open (a writable mount, between its commits): every chunk nothing
+    references is dropped, and the packs at least `pack_dead_fraction` dead, most dead first,
+    are rewritten or deleted, their live records copied (at most `max_copy_bytes` of them, but
+    always one pack's). The dead records of the packs left are reclaimed when they qualify.
+
+    A pack is never cut in place (this process's readers may hold it: an open file unlinked
+    still reads its dropped chunks through the pack descriptors it holds, which outlive the
+    unlink). Crash-safe as gc is."""
+    on_disk = LocalPacks(store).list_packs()
+    db = catalog.db
+    dead, lost = dead_chunks(db)
+    guard = set_aside_guard(store, db, dead)
+    if guard is not None:
+        dead, lost = dead_chunks(db, keep=guard.chunks)
+        on_disk = {pid: size for pid, size in on_disk.items() if not guard.keeps(pid)}
+    chunkrows.mark_dead(db, dead)
+    live = _live(chunkrows.unmarked_pack_use(db))
+    chosen: dict[int, int] = {}
+    copied = 0
+    by_dead = sorted(on_disk.items(), key=lambda item: live.get(item[0], _Live()).bytes / max(item[1], 1))
+    for pid, size in by_dead:
+        kept = live.get(pid, _Live()).bytes
+        if size - kept < pack_dead_fraction * size or (chosen and copied + kept > max_copy_bytes):
+            break
+        chosen[pid] = size
+        copied += kept
+    return _remedy(store, catalog, chosen, live, len(dead), lost, True)
+
+
 def reclaim_packs(store: StorePaths, catalog: Catalog, pack_ids: set[int]) -> GcResult:
     """Drop the dead bytes of just these packs (old payloads of recoded chunks, say) with gc's
     remedies, for a writer that holds the store's WriterLock and `catalog` open for writing and

@@ -15,7 +15,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Mapping
+from typing import IO, Callable, Iterator, Mapping
 
 from lmzfs.daemon.mount import is_mount_point
 
@@ -96,3 +96,20 @@ def unmount_and_stop(mountpoint: Path, process: subprocess.Popen | None = None) 
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def wait_for(done: Callable[[], bool], timeout: float = 30.0, what: str = "the condition") -> None:
+    """Poll `done` until it is true; AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout:.0f}s")
+        time.sleep(0.02)
+
+
+def wait_committed(store_dir: str | Path, timeout: float = 30.0) -> None:
+    """Wait until a writable mount of the store has committed every file written to it: its spool
+    holds no record (each is removed once its file's commit is durable). A file's last close
+    returns before its commit (the release that commits runs after close(2) returned)."""
+    spool = Path(store_dir) / "spool"
+    wait_for(lambda: not any(spool.glob("*.json")), timeout, f"every commit of {store_dir}")

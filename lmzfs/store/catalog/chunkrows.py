@@ -162,6 +162,12 @@ def unreferenced(db: sqlite3.Connection) -> set[bytes]:
     return {cid for (cid,) in db.execute("SELECT id FROM chunks WHERE refs <= 0")}
 
 
+def referenced_payload(db: sqlite3.Connection) -> tuple[int, int]:
+    """(how many chunks something references, their payload bytes)."""
+    n, total = db.execute("SELECT COUNT(*), COALESCE(SUM(length), 0) FROM chunks WHERE refs > 0").fetchone()
+    return n, total
+
+
 def base_refs(db: sqlite3.Connection, chunk_id: bytes) -> BaseRefs | None:
     """The chunk's base with its reference count; None for a chunk coded alone (or whose base,
     or itself, is not in the catalog)."""

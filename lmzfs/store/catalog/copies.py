@@ -121,6 +121,24 @@ def write_copy(db: sqlite3.Connection, catalog: Path) -> CatalogCopy:
     generation = generation_of(db)
     tmp = catalog.with_name(catalog.name + COPY_TMP_SUFFIX)
     tmp.unlink(missing_ok=True)
+    try:
+        _write_tmp(db, tmp)
+    except BaseException:
+        # a copy that failed (a full disk) leaves no file behind, not even an empty one
+        for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
+            leftover.unlink(missing_ok=True)
+        raise
+    final = copy_path(catalog, generation)
+    os.replace(tmp, final)
+    fsync_dir(catalog.parent)
+    for old in list_copies(catalog)[KEEP_COPIES:]:
+        old.path.unlink(missing_ok=True)
+    due_marker(catalog).unlink(missing_ok=True)
+    return CatalogCopy(final, generation)
+
+
+def _write_tmp(db: sqlite3.Connection, tmp: Path) -> None:
+    """The copy, written to `tmp` and fsync'd."""
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))   # the owner's, as the catalog
     dest = sqlite3.connect(tmp, isolation_level=None)
     try:
@@ -135,11 +153,3 @@ def write_copy(db: sqlite3.Connection, catalog: Path) -> CatalogCopy:
         os.fsync(fd)
     finally:
         os.close(fd)
-    final = copy_path(catalog, generation)
-    os.replace(tmp, final)
-    fsync_dir(catalog.parent)
-    for old in list_copies(catalog)[KEEP_COPIES:]:
-        old.path.unlink(missing_ok=True)
-    due_marker(catalog).unlink(missing_ok=True)
-    return CatalogCopy(final, generation)
-

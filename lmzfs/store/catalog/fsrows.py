@@ -275,3 +275,29 @@ def delete_model_named(db: sqlite3.Connection, name: str) -> None:
 def record_spool_commit(db: sqlite3.Connection, spool_id: str) -> None:
     """Inside a commit's transaction: the spool record it makes redundant."""
     db.execute("INSERT OR IGNORE INTO fs_spool_commits VALUES (?)", (spool_id,))
+
+
+# -- what may be a file's holes (fsmodel/holes.py): chunks that coded to almost nothing ----------
+def small_coded_extents(db: sqlite3.Connection, file_id: int, min_size: int,
+                        ratio: int) -> list[tuple[int, int, bytes]]:
+    """(offset, plain size, chunk id) of the file's extents whose chunk is at least `min_size`
+    bytes and coded `ratio` times smaller or more."""
+    return db.execute("SELECT e.offset, c.size, c.id FROM extents e JOIN chunks c ON c.id = e.chunk "
+                      "WHERE e.file = ? AND c.size >= ? AND c.length * ? <= c.size ORDER BY e.seq",
+                      (file_id, min_size, ratio)).fetchall()
+
+
+def small_coded_chunks(db: sqlite3.Connection, min_size: int, ratio: int) -> list[tuple[bytes, int]]:
+    """(id, plain size) of every chunk of at least `min_size` bytes coded `ratio` times smaller or more."""
+    return db.execute("SELECT id, size FROM chunks WHERE size >= ? AND length * ? <= size",
+                      (min_size, ratio)).fetchall()
+
+
+def extents_of_chunks(db: sqlite3.Connection, chunk_ids: list[bytes]) -> list[tuple[int, int, int, bytes]]:
+    """(file, offset, plain size, chunk id) of every extent of these chunks."""
+    out: list[tuple[int, int, int, bytes]] = []
+    for start in range(0, len(chunk_ids), 500):
+        batch = chunk_ids[start:start + 500]
+        out += db.execute("SELECT e.file, e.offset, c.size, c.id FROM extents e JOIN chunks c ON c.id = e.chunk "
+                          f"WHERE e.chunk IN ({','.join('?' * len(batch))})", batch).fetchall()
+    return out
