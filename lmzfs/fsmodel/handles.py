@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from lmzfs.fsmodel.commit import Committer
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.namespace import Namespace
-from lmzfs.fsmodel.nodes import Attributes, Node, fs_error
+from lmzfs.fsmodel.nodes import Attributes, Node, found, fs_error
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.store.catalog.fsrows import EntryMeta
@@ -84,10 +84,7 @@ class Handles:
             return fh
 
     def _handle(self, fh: int) -> Handle:
-        handle = self._handles.get(fh)
-        if handle is None:
-            raise fs_error(errno.EBADF)
-        return handle
+        return found(self._handles.get(fh), errno.EBADF)
 
     def read(self, fh: int, offset: int, length: int) -> bytes:
         handle = self._handle(fh)

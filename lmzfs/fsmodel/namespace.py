@@ -18,7 +18,7 @@ from typing import Iterator
 
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.nodes import (DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, NAME_MAX, RENAME_NOREPLACE, ROOT_INODE,
-                                 Attributes, Node, fs_error)
+                                 Attributes, Node, found, fs_error)
 from lmzfs.store.catalog.fsrows import EntryMeta
 
 
@@ -50,10 +50,7 @@ class Namespace:
 
     # -- where things are ------------------------------------------------------------------------
     def node(self, inode: int) -> Node:
-        node = self.inodes.get(inode)
-        if node is None:
-            raise fs_error(errno.ENOENT)
-        return node
+        return found(self.inodes.get(inode))
 
     def dir(self, inode: int) -> Node:
         node = self.node(inode)
@@ -65,10 +62,7 @@ class Namespace:
 
     @staticmethod
     def child(directory: Node, name: str) -> Node:
-        node = directory.children.get(name)
-        if node is None:
-            raise fs_error(errno.ENOENT)
-        return node
+        return found(directory.children.get(name))
 
     @staticmethod
     def where(node: Node) -> tuple[str, str] | None:

@@ -2,6 +2,7 @@
 types every part of lmzfs/fsmodel shares, and the OSError they all raise."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass, field
@@ -21,6 +22,13 @@ TYPE_BITS = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "symlink": stat.S_IFLNK}
 def fs_error(code: int, what: str = "") -> OSError:
     """The error a call fails with: its errno is what the caller passes on (ENOENT, EEXIST ...)."""
     return OSError(code, os.strerror(code) + (f": {what}" if what else ""))
+
+
+def found(value, code: int = errno.ENOENT):
+    """What a table's `get` gave, or the error `code` where it gave None (no such inode, name...)."""
+    if value is None:
+        raise fs_error(code)
+    return value
 
 
 @dataclass(frozen=True)

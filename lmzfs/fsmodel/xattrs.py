@@ -7,7 +7,7 @@ import time
 
 from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
-from lmzfs.fsmodel.nodes import fs_error
+from lmzfs.fsmodel.nodes import found, fs_error
 from lmzfs.store.catalog.fsrows import delete_xattr, model_id, put_xattr
 
 XATTR_NAMESPACE = b"user."
@@ -19,10 +19,7 @@ class Xattrs:
         self._sync, self._ns = sync, ns
 
     def get(self, inode: int, name: bytes) -> bytes:
-        value = self._ns.node(inode).xattrs.get(name)
-        if value is None:
-            raise fs_error(errno.ENODATA)
-        return value
+        return found(self._ns.node(inode).xattrs.get(name), errno.ENODATA)
 
     def list(self, inode: int) -> list[bytes]:
         return sorted(self._ns.node(inode).xattrs)
