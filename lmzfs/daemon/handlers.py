@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import pyfuse3
 import trio
@@ -42,6 +42,43 @@ def fuse_errors(*, logs: Callable[[OSError], bool]):
                 raise pyfuse3.FUSEError(errno.EIO) from None
         return wrapper
     return decorate
+
+
+class OpenDirs:
+    """What opendir opened, by directory handle: readdir answers from it, releasedir drops it."""
+
+    def __init__(self) -> None:
+        self._by_fh: dict[int, Any] = {}
+        self._next_fh = 1
+
+    def open(self, listing) -> int:
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        self._by_fh[fh] = listing
+        return fh
+
+    def __getitem__(self, fh: int):
+        listing = self._by_fh.get(fh)
+        if listing is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return listing
+
+    def release(self, fh: int) -> None:
+        self._by_fh.pop(fh, None)
+
+    def clear(self) -> None:
+        self._by_fh.clear()
+
+
+def reply_entries(token, entries: list, start_id: int, attributes: Callable, remember: Callable) -> None:
+    """Answer readdir from the (name, item) listing opendir took: the entries from `start_id` on,
+    until the kernel's buffer is full. An entry's next_id is its index plus one, so 0 always means
+    "from the top"; each entry handed over is a reference the kernel holds (readdirplus), which
+    `remember(item)` counts."""
+    for index in range(start_id, len(entries)):
+        name, item = entries[index]
+        if not pyfuse3.readdir_reply(token, name, attributes(item), index + 1):
+            break
+        remember(item)
 
 
 class MountLifecycle:

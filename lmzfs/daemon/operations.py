@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, fuse_errors
+from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, OpenDirs, fuse_errors, reply_entries
 from lmzfs.daemon.tree import DirectoryTree, Node, Removal
 from lmzfs.hostresources import usable_cpus
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreError
@@ -93,7 +93,7 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         self._limiter = trio.CapacityLimiter(workers or usable_cpus())
         self._uid, self._gid = os.getuid(), os.getgid()
         self._files: dict[int, _OpenFile] = {}
-        self._dirs: dict[int, _OpenDir] = {}
+        self._dirs = OpenDirs()                 # of _OpenDir
         self._next_fh = 1
         self._totals = None                 # (generation, StoreTotals)
         self._counters = {"reads_inline": 0, "reads_threaded": 0}
@@ -209,28 +209,19 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         self._refresh()
         if not self._node(inode).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        fh = self._new_fh()
-        self._dirs[fh] = _OpenDir(inode, self._snapshot(inode))
-        return fh
+        return self._dirs.open(_OpenDir(inode, self._snapshot(inode)))
 
     @_fuse_errors
     async def readdir(self, fh, start_id, token):
-        handle = self._dirs.get(fh)
-        if handle is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
+        handle = self._dirs[fh]
         if start_id == 0:               # a fresh listing (or rewinddir): take a new snapshot
             self._refresh()
             handle.entries = self._snapshot(handle.inode)
-        # next_id is the index of the following entry plus one, so 0 always means "from the top".
-        for index in range(start_id, len(handle.entries)):
-            name, node = handle.entries[index]
-            if not pyfuse3.readdir_reply(token, name, self._attributes(node), index + 1):
-                break
-            self._tree.remember(node)   # readdirplus hands the kernel a reference
+        reply_entries(token, handle.entries, start_id, self._attributes, self._tree.remember)
 
     @_fuse_errors
     async def releasedir(self, fh):
-        self._dirs.pop(fh, None)
+        self._dirs.release(fh)
 
     # -- files ----------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import stat
 import pyfuse3
 import trio
 
-from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, fuse_errors
+from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, OpenDirs, fuse_errors, reply_entries
 from lmzfs.fsmodel.filesystem import Attributes, Filesystem
 from lmzfs.hostresources import usable_cpus
 from lmzfs.store.layout import StoreError
@@ -54,8 +54,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self._limiter = trio.CapacityLimiter(workers or usable_cpus())
-        self._dirs: dict[int, list[tuple[bytes, Attributes]]] = {}
-        self._next_dir_fh = 1
+        self._dirs = OpenDirs()                 # of [(name, Attributes)]
 
     # -- what mount.py's loop asks of any operations object ---------------------------------------
     @property
@@ -168,23 +167,14 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
     @_fuse_errors
     async def opendir(self, inode, ctx):
         entries = [(os.fsencode(name), attrs) for name, attrs in self.fs.readdir(inode)]
-        fh, self._next_dir_fh = self._next_dir_fh, self._next_dir_fh + 1
-        self._dirs[fh] = entries
-        return fh
+        return self._dirs.open(entries)
 
     @_fuse_errors
     async def readdir(self, fh, start_id, token):
-        entries = self._dirs.get(fh)
-        if entries is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
-        for index in range(start_id, len(entries)):
-            name, attrs = entries[index]
-            if not pyfuse3.readdir_reply(token, name, self._entry(attrs), index + 1):
-                break
-            self.fs.remember(attrs.inode)           # readdirplus hands the kernel a reference
+        reply_entries(token, self._dirs[fh], start_id, self._entry, lambda attrs: self.fs.remember(attrs.inode))
 
     async def releasedir(self, fh):
-        self._dirs.pop(fh, None)
+        self._dirs.release(fh)
 
     async def fsyncdir(self, fh, datasync):
         pass                                        # every namespace change is durable when it returns
