@@ -11,6 +11,7 @@ from typing import Any, Callable
 import pyfuse3
 import trio
 
+from lmzfs.fsmodel.nodes import Attributes
 from lmzfs.reader.api import StoreError
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,23 @@ def fuse_errors(*, logs: Callable[[OSError], bool]):
                 raise pyfuse3.FUSEError(errno.EIO) from None
         return wrapper
     return decorate
+
+
+def entry_attributes(a: Attributes, entry_timeout: float, attr_timeout: float) -> pyfuse3.EntryAttributes:
+    """What the kernel is told of an entry, and how long it may trust the name and the attributes."""
+    attrs = pyfuse3.EntryAttributes()
+    attrs.st_ino = a.inode
+    attrs.generation = 0              # inode numbers are never reused
+    attrs.entry_timeout, attrs.attr_timeout = entry_timeout, attr_timeout
+    attrs.st_mode = a.mode
+    attrs.st_nlink = a.nlink
+    attrs.st_uid, attrs.st_gid = a.uid, a.gid
+    attrs.st_rdev = 0
+    attrs.st_size = a.size
+    attrs.st_blksize = IO_BLOCK_SIZE
+    attrs.st_blocks = (a.size + 511) // 512
+    attrs.st_atime_ns, attrs.st_mtime_ns, attrs.st_ctime_ns = a.atime_ns, a.mtime_ns, a.ctime_ns
+    return attrs
 
 
 class OpenDirs:

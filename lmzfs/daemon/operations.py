@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, OpenDirs, fuse_errors, reply_entries
+from lmzfs.daemon.handlers import MountLifecycle, OpenDirs, entry_attributes, fuse_errors, reply_entries
 from lmzfs.daemon.tree import DirectoryTree, Node, Removal
+from lmzfs.fsmodel.nodes import Attributes
 from lmzfs.hostresources import usable_cpus
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreError
 
@@ -149,27 +150,15 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         return node
 
     def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
-        attrs = pyfuse3.EntryAttributes()
-        attrs.st_ino = node.inode
-        attrs.generation = 0              # inode numbers are never reused
         if node.is_dir:
-            attrs.st_mode = stat.S_IFDIR | 0o555
-            attrs.entry_timeout = attrs.attr_timeout = DIR_TIMEOUT
+            mode, timeouts = stat.S_IFDIR | 0o555, (DIR_TIMEOUT, DIR_TIMEOUT)
         elif node.is_symlink:
-            attrs.st_mode = stat.S_IFLNK | 0o777
-            attrs.entry_timeout = attrs.attr_timeout = DIR_TIMEOUT
+            mode, timeouts = stat.S_IFLNK | 0o777, (DIR_TIMEOUT, DIR_TIMEOUT)
         else:
-            attrs.st_mode = stat.S_IFREG | 0o444
-            attrs.entry_timeout, attrs.attr_timeout = FILE_ENTRY_TIMEOUT, FILE_TIMEOUT
-        attrs.st_nlink = node.nlink
-        attrs.st_uid, attrs.st_gid = self._uid, self._gid
-        attrs.st_rdev = 0
-        attrs.st_size = node.size
-        attrs.st_blksize = IO_BLOCK_SIZE
-        attrs.st_blocks = (node.size + 511) // 512
-        mtime_ns = round(node.mtime * 1e9)
-        attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
-        return attrs
+            mode, timeouts = stat.S_IFREG | 0o444, (FILE_ENTRY_TIMEOUT, FILE_TIMEOUT)
+        mtime_ns = round(node.mtime * 1e9)      # the only time a stored entry has
+        return entry_attributes(Attributes(node.inode, mode, node.nlink, self._uid, self._gid, node.size,
+                                           mtime_ns, mtime_ns, mtime_ns), *timeouts)
 
     @_fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):

@@ -20,7 +20,7 @@ import stat
 import pyfuse3
 import trio
 
-from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, OpenDirs, fuse_errors, reply_entries
+from lmzfs.daemon.handlers import MountLifecycle, OpenDirs, entry_attributes, fuse_errors, reply_entries
 from lmzfs.fsmodel.filesystem import Attributes, Filesystem
 from lmzfs.hostresources import usable_cpus
 from lmzfs.store.layout import StoreError
@@ -84,20 +84,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
     # -- attributes ------------------------------------------------------------------------------
     @staticmethod
     def _entry(a: Attributes) -> pyfuse3.EntryAttributes:
-        attrs = pyfuse3.EntryAttributes()
-        attrs.st_ino = a.inode
-        attrs.generation = 0
-        attrs.entry_timeout = ENTRY_TIMEOUT
-        attrs.attr_timeout = ATTR_TIMEOUT
-        attrs.st_mode = a.mode
-        attrs.st_nlink = a.nlink
-        attrs.st_uid, attrs.st_gid = a.uid, a.gid
-        attrs.st_rdev = 0
-        attrs.st_size = a.size
-        attrs.st_blksize = IO_BLOCK_SIZE
-        attrs.st_blocks = (a.size + 511) // 512
-        attrs.st_atime_ns, attrs.st_mtime_ns, attrs.st_ctime_ns = a.atime_ns, a.mtime_ns, a.ctime_ns
-        return attrs
+        return entry_attributes(a, ENTRY_TIMEOUT, ATTR_TIMEOUT)
 
     @_fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
