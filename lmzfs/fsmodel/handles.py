@@ -75,7 +75,7 @@ class Handles:
         changed = writable and data.dirty and node.file_id is None       # a new file: committed even if empty
         if flags & os.O_TRUNC and writable and data.size:
             data.truncate(0)
-            node.mtime_ns = node.ctime_ns = time.time_ns()
+            node.touch(time.time_ns())
             changed = True
         with self._ns.lock:
             fh = self._next_fh
@@ -100,7 +100,7 @@ class Handles:
                 offset = node.data.size
             n = node.data.write(offset, data)
         handle.changed = True
-        node.mtime_ns = node.ctime_ns = time.time_ns()
+        node.touch(time.time_ns())
         return n
 
     def try_write(self, fh: int, offset: int, data: bytes) -> int | None:
@@ -143,7 +143,7 @@ class Handles:
         try:
             if size != data.size:
                 data.truncate(size)
-                node.mtime_ns = now
+                node.change(mtime_ns=now)
         finally:
             self._release_data(node)
 

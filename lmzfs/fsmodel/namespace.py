@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
+from dataclasses import replace
 from typing import Iterator
 
 from lmzfs.fsmodel.filedata import FileData
@@ -30,7 +31,7 @@ class Namespace:
         self._next_inode = ROOT_INODE + 1
         self._to_close: list[FileData] = []
         now = time.time_ns()
-        self.root = Node(ROOT_INODE, "dir", "", None, DEFAULT_DIR_MODE, uid, gid, now, now, now)
+        self.root = Node(ROOT_INODE, "", None, EntryMeta("dir", DEFAULT_DIR_MODE, uid, gid, now, now, now))
         self.root.parent = self.root
         self.inodes[ROOT_INODE] = self.root
 
@@ -42,8 +43,7 @@ class Namespace:
         if meta is None:
             mode = DEFAULT_DIR_MODE if kind == "dir" else DEFAULT_FILE_MODE
             meta = EntryMeta(kind, mode, self.uid, self.gid, now, now, now)
-        node = Node(self._next_inode, kind, name, parent, meta.mode, meta.uid, meta.gid, meta.atime_ns,
-                    meta.mtime_ns, meta.ctime_ns, meta.target, **kw)
+        node = Node(self._next_inode, name, parent, meta if meta.kind == kind else replace(meta, kind=kind), **kw)
         self._next_inode += 1
         self.inodes[node.inode] = node
         return node

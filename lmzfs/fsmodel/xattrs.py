@@ -39,7 +39,7 @@ class Xattrs:
                     put_xattr(db, model_id(db, where[0]), where[1], name, value)
             with self._ns.lock:
                 node.xattrs[name] = bytes(value)
-                node.ctime_ns = time.time_ns()
+                node.change(ctime_ns=time.time_ns())
 
     def remove(self, inode: int, name: bytes) -> None:
         with self._sync.changing():

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"tb {o.traceback is not None} hang {o.hang} {o.problems[:2]} {o.info}"[:600], flush=True)
             shutil.rmtree(scratch, ignore_errors=True)
             rows.append(row)
-            print(f"torture: {fam}: {row.tally["cases"]} cases in {row.tally["seconds"]:.0f} s", flush=True)
+            print(f"torture: {fam}: {row.tally['cases']} cases in {row.tally['seconds']:.0f} s", flush=True)
         print()
         print(table(rows))
         for row in rows:
