@@ -320,13 +320,7 @@ static int64_t search_classes(const struct search *sp)
         }
     }
 done:
-    free(spread);
-    free(cls);
-    free(counts);
-    free(w);
-    free(col.start);
-    free(col.sym);
-    free(col.h);
+    FREE_ALL(spread, cls, counts, w, col.start, col.sym, col.h);
     return K_best;
 }
 
@@ -363,8 +357,6 @@ PyObject *tans_column_classes(PyObject *self, PyObject *args)
     }
     result = PyLong_FromLongLong(K);
 done:
-    PyBuffer_Release(&ab);
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&cb);
+    RELEASE_BUFFERS(&ab, &sb, &cb);
     return result;
 }

@@ -219,19 +219,8 @@ PyObject *tans_encode(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyBytes_FromStringAndSize((const char *)out, nbytes);
 done:
-    free(x);
-    free(enc16);
-    free(rows);
-    free(runs);
-    free(at);
-    free(bits);
-    free(out);
-    PyBuffer_Release(&si);
-    PyBuffer_Release(&ks);
-    PyBuffer_Release(&thr);
-    PyBuffer_Release(&sf);
-    PyBuffer_Release(&enc);
-    PyBuffer_Release(&x0);
+    FREE_ALL(x, enc16, rows, runs, at, bits, out);
+    RELEASE_BUFFERS(&si, &ks, &thr, &sf, &enc, &x0);
     return result;
 }
 
@@ -291,10 +280,7 @@ PyObject *tans_encode_slots(PyObject *self, PyObject *args)
     }
     result = Py_NewRef(Py_None);
 done:
-    free(cursor);
-    free(limit);
-    PyBuffer_Release(&pb);
-    PyBuffer_Release(&fb);
-    PyBuffer_Release(&eb);
+    FREE_ALL(cursor, limit);
+    RELEASE_BUFFERS(&pb, &fb, &eb);
     return result;
 }

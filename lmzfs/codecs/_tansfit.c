@@ -131,12 +131,7 @@ PyObject *tans_float_fields(PyObject *self, PyObject *args)
     S[1] += s1;
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&eo);
-    PyBuffer_Release(&so);
-    PyBuffer_Release(&cm);
-    PyBuffer_Release(&sg);
-    PyBuffer_Release(&hh);
+    RELEASE_BUFFERS(&u, &eo, &so, &cm, &sg, &hh);
     return result;
 }
 
@@ -169,8 +164,7 @@ PyObject *tans_float_planes(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&u, &out);
     return result;
 }
 
@@ -211,8 +205,7 @@ PyObject *tans_zero_blocks(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(any);
 done:
-    PyBuffer_Release(&pl);
-    PyBuffer_Release(&zo);
+    RELEASE_BUFFERS(&pl, &zo);
     return result;
 }
 
@@ -245,8 +238,7 @@ PyObject *tans_row_means(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&eb);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&eb, &out);
     return result;
 }
 
@@ -337,9 +329,7 @@ PyObject *tans_row_order_stats(PyObject *self, PyObject *args)
     }
     result = Py_NewRef(Py_True);
 done:
-    PyBuffer_Release(&eb);
-    PyBuffer_Release(&rb);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&eb, &rb, &out);
     return result;
 }
 
@@ -387,11 +377,7 @@ PyObject *tans_row_classes(PyObject *self, PyObject *args)
     }
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&eb);
-    PyBuffer_Release(&mb);
-    PyBuffer_Release(&ed);
-    PyBuffer_Release(&cl);
-    PyBuffer_Release(&hb);
+    RELEASE_BUFFERS(&eb, &mb, &ed, &cl, &hb);
     return result;
 }
 
@@ -433,8 +419,7 @@ PyObject *tans_row_contexts(PyObject *self, PyObject *args)
     }
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&cl);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&cl, &out);
     return result;
 }
 
@@ -518,12 +503,6 @@ PyObject *tans_encode_rows(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(ok);
 done:
-    PyBuffer_Release(&sb);
-    if (cb.buf)
-        PyBuffer_Release(&cb);
-    if (mb.buf)
-        PyBuffer_Release(&mb);
-    PyBuffer_Release(&fb);
-    PyBuffer_Release(&ob);
+    RELEASE_BUFFERS(&sb, &cb, &mb, &fb, &ob);
     return result;
 }

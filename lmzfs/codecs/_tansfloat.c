@@ -92,10 +92,7 @@ PyObject *tans_or_plane(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyLong_FromLong(0);
 done:
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&plane);
-    if (mask.obj)
-        PyBuffer_Release(&mask);
+    RELEASE_BUFFERS(&u, &plane, &mask);
     return result;
 }
 
@@ -167,7 +164,6 @@ done:
     PyMem_RawFree(spread);
     PyMem_RawFree(small);
     PyMem_RawFree(big);
-    PyBuffer_Release(&vals);
-    PyBuffer_Release(&packed);
+    RELEASE_BUFFERS(&vals, &packed);
     return result;
 }

@@ -79,8 +79,7 @@ PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&blocks);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&blocks, &out);
     return result;
 }
 
@@ -123,8 +122,7 @@ PyObject *tans_merge_nibbles(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&nib);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&nib, &out);
     return result;
 }
 
@@ -173,7 +171,6 @@ PyObject *tans_scatter_field(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&src, &out);
     return result;
 }

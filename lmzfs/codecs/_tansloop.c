@@ -413,15 +413,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
     }
     result = PyLong_FromUnsignedLongLong(d.pos);
 done:
-    PyBuffer_Release(&packed);
-    PyBuffer_Release(&stream);
-    PyBuffer_Release(&states);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&values);
-    if (ctx.obj)
-        PyBuffer_Release(&ctx);
-    if (nxo.obj)
-        PyBuffer_Release(&nxo);
+    RELEASE_BUFFERS(&packed, &stream, &states, &out, &values, &ctx, &nxo);
     return result;
 }
 

@@ -221,15 +221,6 @@ done:
         PyBuffer_Release(&raws[q]);
     PyMem_Free(masks);
     PyMem_Free(raws);
-    PyBuffer_Release(&packed);
-    PyBuffer_Release(&values);
-    PyBuffer_Release(&body);
-    PyBuffer_Release(&recs);
-    PyBuffer_Release(&groups);
-    PyBuffer_Release(&out);
-    if (nxo.obj)
-        PyBuffer_Release(&nxo);
-    if (cls.obj)
-        PyBuffer_Release(&cls);
+    RELEASE_BUFFERS(&packed, &values, &body, &recs, &groups, &out, &nxo, &cls);
     return result;
 }

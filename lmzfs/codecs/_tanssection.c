@@ -146,12 +146,7 @@ PyObject *tans_section_counts(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(ok);
 done:
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&hb);
-    if (cb.buf)
-        PyBuffer_Release(&cb);
-    if (db.buf)
-        PyBuffer_Release(&db);
+    RELEASE_BUFFERS(&sb, &hb, &cb, &db);
     return result;
 }
 
@@ -233,12 +228,7 @@ PyObject *tans_section_rows(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(ok);
 done:
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&fb);
-    PyBuffer_Release(&rb);
-    PyBuffer_Release(&bbb);
-    if (cb.buf)
-        PyBuffer_Release(&cb);
+    RELEASE_BUFFERS(&sb, &fb, &rb, &bbb, &cb);
     return result;
 }
 
@@ -402,16 +392,7 @@ PyObject *tans_section_model(PyObject *self, PyObject *args)
     else
         result = Py_BuildValue("(LL)", (long long)R, (long long)best_g);
 done:
-    free(counts);
-    free(depth);
-    free(scratch);
-    free(upto);
-    free(logp);
-    free(small);
-    free(big);
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&fb);
-    if (cb.buf)
-        PyBuffer_Release(&cb);
+    FREE_ALL(counts, depth, scratch, upto, logp, small, big);
+    RELEASE_BUFFERS(&sb, &fb, &cb);
     return result;
 }

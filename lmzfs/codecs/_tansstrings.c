@@ -36,8 +36,7 @@ PyObject *tans_string_lengths(PyObject *self, PyObject *args)
         pos += 8 + (Py_ssize_t)n;
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&data);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&data, &out);
     return Py_BuildValue("nn", count, pos);
 }
 
@@ -70,8 +69,6 @@ PyObject *tans_join_strings(PyObject *self, PyObject *args)
         memcpy(o, t, (size_t)(ob.len - (o - (uint8_t *)ob.buf)));
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&lb);
-    PyBuffer_Release(&tb);
-    PyBuffer_Release(&ob);
+    RELEASE_BUFFERS(&lb, &tb, &ob);
     return PyBool_FromLong(ok);
 }

@@ -75,8 +75,7 @@ PyObject *tans_build(PyObject *self, PyObject *args)
 done:
     PyMem_RawFree(spread);
     PyMem_RawFree(next);
-    PyBuffer_Release(&freqs);
-    PyBuffer_Release(&packed);
+    RELEASE_BUFFERS(&freqs, &packed);
     return result;
 }
 
@@ -236,8 +235,7 @@ PyObject *tans_quantize_rows(PyObject *self, PyObject *args)
 done:
     PyMem_RawFree(small);
     PyMem_RawFree(big);
-    PyBuffer_Release(&counts);
-    PyBuffer_Release(&freqs);
+    RELEASE_BUFFERS(&counts, &freqs);
     return result;
 }
 
@@ -288,8 +286,7 @@ PyObject *tans_varints(PyObject *self, PyObject *args)
         code = 2;
     else if (noncanonical)
         code = 3;
-    PyBuffer_Release(&buf);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&buf, &out);
     return PyLong_FromLong(code);
 }
 
@@ -430,7 +427,6 @@ PyObject *tans_unpack_fields(PyObject *self, PyObject *args)
     if (R < 1 || R > 32 || out.len % 8 || count * R > buf.len * 8)
         return refuse_arguments(&buf, &out, "unpack_fields: bad arguments");
     tans_unpack_fields_into(buf.buf, R, out.buf, count);
-    PyBuffer_Release(&buf);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&buf, &out);
     Py_RETURN_NONE;
 }

@@ -126,7 +126,6 @@ PyObject *tans_tail_symbols(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyLong_FromLong(code);
 done:
-    PyBuffer_Release(&sym);
-    PyBuffer_Release(&fin);
+    RELEASE_BUFFERS(&sym, &fin);
     return result;
 }

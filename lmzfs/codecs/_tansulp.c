@@ -161,11 +161,7 @@ PyObject *tans_ulp_residuals(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyLong_FromUnsignedLongLong(total);
 done:
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&sym);
-    PyBuffer_Release(&field);
-    PyBuffer_Release(&raw);
+    RELEASE_BUFFERS(&u, &v, &sym, &field, &raw);
     return result;
 }
 
@@ -205,9 +201,7 @@ PyObject *tans_ulp_contexts(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&cmap);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&v, &cmap, &out);
     return result;
 }
 
@@ -327,9 +321,6 @@ PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyLong_FromLong(err);
 done:
-    PyBuffer_Release(&sym);
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&raw);
-    PyBuffer_Release(&out);
+    RELEASE_BUFFERS(&sym, &v, &raw, &out);
     return result;
 }
