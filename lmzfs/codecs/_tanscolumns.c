@@ -326,17 +326,14 @@ done:
 
 PyObject *tans_column_classes(PyObject *self, PyObject *args)
 {
-    Py_buffer ab = {0}, sb = {0}, cb = {0};
+    TANS_BUFFER ab = {0}, sb = {0}, cb = {0};
     Py_ssize_t n, C, F, G, rounds, table_bytes;
     if (!PyArg_ParseTuple(args, "y*nnnny*nnw*", &ab, &n, &C, &F, &G, &sb, &rounds, &table_bytes, &cb))
         return NULL;
-    PyObject *result = NULL;
     if (C < 8 || n < 0 || n / C < 32 || n / C >= UINT32_MAX || ab.len < n || F < 0 || F > 52 || G < 0 ||
         G > 62 || sb.len < 8 || sb.len % 8 || rounds < 0 || table_bytes < 0 || table_bytes > 4096 ||
-        cb.len < C * 8) {
-        PyErr_SetString(PyExc_ValueError, "column_classes: bad arguments");
-        goto done;
-    }
+        cb.len < C * 8)
+        return tans_bad_arguments("column_classes");
     struct search sp = {.a = ab.buf, .n = n, .C = C, .F = (int)F, .G = (int)G, .series = sb.buf,
                         .ns = sb.len / 8, .rounds = rounds, .table_bytes = table_bytes, .out = cb.buf};
 #ifdef HAVE_AVX2_CLASSES
@@ -353,10 +350,7 @@ PyObject *tans_column_classes(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     if (K < 0) {
         PyErr_NoMemory();
-        goto done;
+        return NULL;
     }
-    result = PyLong_FromLongLong(K);
-done:
-    RELEASE_BUFFERS(&ab, &sb, &cb);
-    return result;
+    return PyLong_FromLongLong(K);
 }

@@ -158,7 +158,7 @@ done:
 
 PyObject *tans_float_parts(PyObject *self, PyObject *args)
 {
-    Py_buffer packed = {0}, values = {0}, nxo = {0}, cls = {0}, body = {0}, recs = {0}, groups = {0}, out = {0};
+    TANS_BUFFER packed = {0}, values = {0}, nxo = {0}, cls = {0}, body = {0}, recs = {0}, groups = {0}, out = {0};
     PyObject *nxo_obj, *cls_obj, *masks_obj, *raws_obj, *result = NULL;
     int checked;
     Py_ssize_t isz, C, shift, c0, R, L, nib_plane;
@@ -221,6 +221,5 @@ done:
         PyBuffer_Release(&raws[q]);
     PyMem_Free(masks);
     PyMem_Free(raws);
-    RELEASE_BUFFERS(&packed, &values, &body, &recs, &groups, &out, &nxo, &cls);
     return result;
 }

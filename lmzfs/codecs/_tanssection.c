@@ -124,50 +124,41 @@ static int count_section(const struct symbols *vp, Py_ssize_t n, Py_ssize_t S, P
 
 PyObject *tans_section_counts(PyObject *self, PyObject *args)
 {
-    Py_buffer sb = {0}, cb = {0}, hb = {0}, db = {0};
+    TANS_BUFFER sb = {0}, cb = {0}, hb = {0}, db = {0};
     PyObject *ctxo, *deptho;
     Py_ssize_t n, S, K, T, Wp, D;
     if (!PyArg_ParseTuple(args, "y*Onnnnnnw*O", &sb, &ctxo, &n, &S, &K, &T, &Wp, &D, &hb, &deptho))
         return NULL;
-    PyObject *result = NULL;
     struct symbols v;
     if (get_optional(ctxo, &cb, 0) < 0 || get_optional(deptho, &db, 1) < 0)
-        goto done;
+        return NULL;
     const Py_ssize_t KS = K * S;
     if (n < 1 || S < 1 || K < 1 || KS > (Py_ssize_t)1 << 24 || !symbols_of(&sb, &cb, n, &v) ||
-        hb.len < KS * 8 || (db.buf && (D < 1 || !layout_ok(n, T, Wp) || db.len < D * KS * 8))) {
-        PyErr_SetString(PyExc_ValueError, "section_counts: bad arguments");
-        goto done;
-    }
+        hb.len < KS * 8 || (db.buf && (D < 1 || !layout_ok(n, T, Wp) || db.len < D * KS * 8)))
+        return tans_bad_arguments("section_counts");
     int64_t *restrict h = hb.buf, *restrict dh = db.buf;
     int ok;
     Py_BEGIN_ALLOW_THREADS
     ok = count_section(&v, n, S, K, T, Wp, D, h, dh);
     Py_END_ALLOW_THREADS
-    result = PyBool_FromLong(ok);
-done:
-    RELEASE_BUFFERS(&sb, &hb, &cb, &db);
-    return result;
+    return PyBool_FromLong(ok);
 }
 
 PyObject *tans_section_rows(PyObject *self, PyObject *args)
 {
-    Py_buffer sb = {0}, cb = {0}, fb = {0}, rb = {0}, bbb = {0};
+    TANS_BUFFER sb = {0}, cb = {0}, fb = {0}, rb = {0}, bbb = {0};
     PyObject *ctxo;
     Py_ssize_t n, S, K, T, Wp, k, g;
     if (!PyArg_ParseTuple(args, "y*Onnnnnnny*w*w*", &sb, &ctxo, &n, &S, &K, &T, &Wp, &k, &g, &fb, &rb, &bbb))
         return NULL;
-    PyObject *result = NULL;
     struct symbols v;
     if (get_optional(ctxo, &cb, 0) < 0)
-        goto done;
+        return NULL;
     const Py_ssize_t nrows = fb.len / 8;
     if (n < 1 || S < 1 || K < 1 || g < 0 || g > 8 || (g && (k < 1 || k > T || k * g > 62)) ||
         !layout_ok(n, T, Wp) || !symbols_of(&sb, &cb, n, &v) || (rb.len != n * 8 && rb.len != n * 2) ||
-        bbb.len < Wp * 8 || nrows < (g ? 2 : 1) * K * S || (rb.len == n * 2 && nrows > 65536)) {
-        PyErr_SetString(PyExc_ValueError, "section_rows: bad arguments");
-        goto done;
-    }
+        bbb.len < Wp * 8 || nrows < (g ? 2 : 1) * K * S || (rb.len == n * 2 && nrows > 65536))
+        return tans_bad_arguments("section_rows");
     const int64_t *restrict fr = fb.buf;
     int64_t *restrict rows = rb.len == n * 8 ? rb.buf : NULL, *restrict bb = bbb.buf;
     uint16_t *restrict rows16 = rows ? NULL : rb.buf;
@@ -226,10 +217,7 @@ PyObject *tans_section_rows(PyObject *self, PyObject *args)
         if (fr[rows ? rows[i] : rows16[i]] == 0)
             ok = 0;
     Py_END_ALLOW_THREADS
-    result = PyBool_FromLong(ok);
-done:
-    RELEASE_BUFFERS(&sb, &fb, &rb, &bbb, &cb);
-    return result;
+    return PyBool_FromLong(ok);
 }
 
 /* entropy._table_log on the counts (K x S): the smallest table log, from the smallest that holds
@@ -297,7 +285,7 @@ static int64_t table_log(const int64_t *counts, int64_t n, int64_t S, int64_t K,
  * double for double. D = min(15, T) depths of tails are counted. */
 PyObject *tans_section_model(PyObject *self, PyObject *args)
 {
-    Py_buffer sb = {0}, cb = {0}, fb = {0};
+    TANS_BUFFER sb = {0}, cb = {0}, fb = {0};
     PyObject *ctxo;
     Py_ssize_t n, S, K, T, Wp, D;
     if (!PyArg_ParseTuple(args, "y*Onnnnnnw*", &sb, &ctxo, &n, &S, &K, &T, &Wp, &D, &fb))
@@ -393,6 +381,5 @@ PyObject *tans_section_model(PyObject *self, PyObject *args)
         result = Py_BuildValue("(LL)", (long long)R, (long long)best_g);
 done:
     FREE_ALL(counts, depth, scratch, upto, logp, small, big);
-    RELEASE_BUFFERS(&sb, &fb, &cb);
     return result;
 }
