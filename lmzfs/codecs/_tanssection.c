@@ -34,24 +34,22 @@ struct symbols {
     const int64_t *s64, *c64;
 };
 
-static int symbols_of(Py_buffer *sb, Py_buffer *cb, Py_ssize_t n, struct symbols *out)
+/* n values held as uint8 or as int64, told apart by the buffer's length; 0 if it is neither. */
+static int either_width(const Py_buffer *b, Py_ssize_t n, const uint8_t **p8, const int64_t **p64)
 {
-    *out = (struct symbols){0};
-    if (sb->len == n)
-        out->s8 = sb->buf;
-    else if (sb->len == 8 * n)
-        out->s64 = sb->buf;
-    else
-        return 0;
-    if (!cb->buf)
-        return 1;
-    if (cb->len == n)
-        out->c8 = cb->buf;
-    else if (cb->len == 8 * n)
-        out->c64 = cb->buf;
+    if (b->len == n)
+        *p8 = b->buf;
+    else if (b->len == 8 * n)
+        *p64 = b->buf;
     else
         return 0;
     return 1;
+}
+
+static int symbols_of(Py_buffer *sb, Py_buffer *cb, Py_ssize_t n, struct symbols *out)
+{
+    *out = (struct symbols){0};
+    return either_width(sb, n, &out->s8, &out->s64) && (!cb->buf || either_width(cb, n, &out->c8, &out->c64));
 }
 
 static inline int64_t sym_at(const struct symbols *v, Py_ssize_t i)
