@@ -55,9 +55,9 @@ def cmd_add(args) -> int:
         snap = hfcache.snapshot_at(Path(args.path)) if _looks_like_snapshot(args.path) else None
     if snap is not None:
         if args.hf_repo:
-            raise StoreError(f"{args.path} is a snapshot of {snap.repo_id}; --hf-repo is for other directories")
+            raise StoreError(f"{args.path} is a snapshot of {snap.origin.repo_id}; --hf-repo is for other directories")
         return _add_one(args, store, snap.path, args.name or snap.model_name(), snap.link_roots,
-                        hfcache.recorder(snap.origin()))
+                        hfcache.recorder(snap.origin))
     record = None
     if args.hf_repo:
         from lmzfs.store.catalog.hfrows import HfOrigin, check_origin
@@ -109,7 +109,7 @@ def _add_hf_cache(args, store: StorePaths, cache: Path | None) -> int:
 
     def add(snap, step):
         progress.finish()          # the bar gives way to each add's lines, and comes back after
-        _add_one(args, store, snap.path, snap.model_name(), snap.link_roots, hfcache.recorder(snap.origin()),
+        _add_one(args, store, snap.path, snap.model_name(), snap.link_roots, hfcache.recorder(snap.origin),
                  progress=lambda done, total: step(done, total) if total else None)
 
     def report_repo(rr):

@@ -43,26 +43,22 @@ def default_cache() -> Path:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One cached revision of a repo, as the add needs it."""
-    repo_id: str
-    repo_type: str
-    commit_hash: str
-    refs: tuple[str, ...]
+    """One cached revision of a repo, as the add needs it: what the add records of it (its
+    repo, commit, refs and blobs: path in the snapshot -> blob name, its symlink's target) and
+    where its files are."""
+    origin: HfOrigin
     path: Path                          # CACHE/models--ORG--NAME/snapshots/COMMIT
-    blobs: dict[str, str]               # path in the snapshot -> blob name (its symlink's target)
     link_roots: tuple[Path, ...]        # where its symlinks may lead: the repo's blobs/, the shared store
     bytes: int                          # the files' sizes, as an add reads them
     last_modified: float
 
     def model_name(self) -> str:
         """ORG/NAME for what `main` points at, else ORG/NAME@REF (or @ the commit's first 12 digits)."""
-        if "main" in self.refs:
-            return self.repo_id
-        tag = sorted(self.refs)[0].replace("/", "-") if self.refs else self.commit_hash[:12]
-        return f"{self.repo_id}@{tag}"
-
-    def origin(self) -> HfOrigin:
-        return HfOrigin(self.repo_id, self.commit_hash, self.refs, dict(self.blobs), self.repo_type)
+        o = self.origin
+        if "main" in o.refs:
+            return o.repo_id
+        tag = sorted(o.refs)[0].replace("/", "-") if o.refs else o.commit_hash[:12]
+        return f"{o.repo_id}@{tag}"
 
 
 def _link_roots(cache: Path, repo_path: Path) -> tuple[Path, ...]:
@@ -84,8 +80,8 @@ def _snapshot(cache: Path, repo, revision) -> Snapshot:
         size += f.size_on_disk
         if Path(f.file_path).is_symlink():
             blobs[rel] = Path(os.readlink(f.file_path)).name
-    return Snapshot(repo.repo_id, repo.repo_type, revision.commit_hash, tuple(sorted(revision.refs)),
-                    Path(revision.snapshot_path), blobs, _link_roots(cache, Path(repo.repo_path)), size,
+    origin = HfOrigin(repo.repo_id, revision.commit_hash, tuple(sorted(revision.refs)), blobs, repo.repo_type)
+    return Snapshot(origin, Path(revision.snapshot_path), _link_roots(cache, Path(repo.repo_path)), size,
                     revision.last_modified)
 
 

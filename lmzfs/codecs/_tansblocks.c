@@ -199,7 +199,7 @@ static const char *one_field(struct field *f, uint8_t *out, Py_ssize_t nblk, Py_
 
 PyObject *tans_decode_fields(PyObject *self, PyObject *args)
 {
-    Py_buffer out = {0};
+    TANS_BUFFER out = {0};
     Py_ssize_t nblk, bsize, count = 0, got = 0;
     PyObject *items, *result = NULL;
     struct field *fields = NULL;
@@ -262,6 +262,5 @@ done:
             PyBuffer_Release(&fields[q].cls);
     }
     PyMem_Free(fields);
-    PyBuffer_Release(&out);
     return result;
 }

@@ -320,29 +320,20 @@ static int64_t search_classes(const struct search *sp)
         }
     }
 done:
-    free(spread);
-    free(cls);
-    free(counts);
-    free(w);
-    free(col.start);
-    free(col.sym);
-    free(col.h);
+    FREE_ALL(spread, cls, counts, w, col.start, col.sym, col.h);
     return K_best;
 }
 
 PyObject *tans_column_classes(PyObject *self, PyObject *args)
 {
-    Py_buffer ab = {0}, sb = {0}, cb = {0};
+    TANS_BUFFER ab = {0}, sb = {0}, cb = {0};
     Py_ssize_t n, C, F, G, rounds, table_bytes;
     if (!PyArg_ParseTuple(args, "y*nnnny*nnw*", &ab, &n, &C, &F, &G, &sb, &rounds, &table_bytes, &cb))
         return NULL;
-    PyObject *result = NULL;
     if (C < 8 || n < 0 || n / C < 32 || n / C >= UINT32_MAX || ab.len < n || F < 0 || F > 52 || G < 0 ||
         G > 62 || sb.len < 8 || sb.len % 8 || rounds < 0 || table_bytes < 0 || table_bytes > 4096 ||
-        cb.len < C * 8) {
-        PyErr_SetString(PyExc_ValueError, "column_classes: bad arguments");
-        goto done;
-    }
+        cb.len < C * 8)
+        return tans_bad_arguments("column_classes");
     struct search sp = {.a = ab.buf, .n = n, .C = C, .F = (int)F, .G = (int)G, .series = sb.buf,
                         .ns = sb.len / 8, .rounds = rounds, .table_bytes = table_bytes, .out = cb.buf};
 #ifdef HAVE_AVX2_CLASSES
@@ -359,12 +350,7 @@ PyObject *tans_column_classes(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     if (K < 0) {
         PyErr_NoMemory();
-        goto done;
+        return NULL;
     }
-    result = PyLong_FromLongLong(K);
-done:
-    PyBuffer_Release(&ab);
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&cb);
-    return result;
+    return PyLong_FromLongLong(K);
 }

@@ -16,7 +16,7 @@
 
 PyObject *tans_copy_bytes(PyObject *self, PyObject *arg)
 {
-    Py_buffer b;
+    TANS_BUFFER b = {0};
     if (PyObject_GetBuffer(arg, &b, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
     PyObject *out = PyBytes_FromStringAndSize(NULL, b.len);
@@ -30,6 +30,5 @@ PyObject *tans_copy_bytes(PyObject *self, PyObject *arg)
             memcpy(dst, b.buf, (size_t)b.len);
         }
     }
-    PyBuffer_Release(&b);
     return out;
 }

@@ -138,7 +138,7 @@ static void put_run(struct bitwriter *w, const uint8_t *run, int64_t nbits)
 
 PyObject *tans_encode(PyObject *self, PyObject *args)
 {
-    Py_buffer si = {0}, ks = {0}, thr = {0}, sf = {0}, enc = {0}, x0 = {0};
+    TANS_BUFFER si = {0}, ks = {0}, thr = {0}, sf = {0}, enc = {0}, x0 = {0};
     Py_ssize_t n, T, Wp, R;
     int interleaved;
     if (!PyArg_ParseTuple(args, "y*nnnpy*y*y*y*y*n", &si, &n, &T, &Wp, &interleaved, &ks, &thr, &sf, &enc,
@@ -219,19 +219,7 @@ PyObject *tans_encode(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = PyBytes_FromStringAndSize((const char *)out, nbytes);
 done:
-    free(x);
-    free(enc16);
-    free(rows);
-    free(runs);
-    free(at);
-    free(bits);
-    free(out);
-    PyBuffer_Release(&si);
-    PyBuffer_Release(&ks);
-    PyBuffer_Release(&thr);
-    PyBuffer_Release(&sf);
-    PyBuffer_Release(&enc);
-    PyBuffer_Release(&x0);
+    FREE_ALL(x, enc16, rows, runs, at, bits, out);
     return result;
 }
 
@@ -241,7 +229,7 @@ done:
  * tans.py's argsort of the spread, by counting instead of sorting, and without spreading again. */
 PyObject *tans_encode_slots(PyObject *self, PyObject *args)
 {
-    Py_buffer pb = {0}, fb = {0}, eb = {0};
+    TANS_BUFFER pb = {0}, fb = {0}, eb = {0};
     Py_ssize_t K, S, R;
     if (!PyArg_ParseTuple(args, "y*nnny*w*", &pb, &K, &S, &R, &fb, &eb))
         return NULL;
@@ -291,10 +279,6 @@ PyObject *tans_encode_slots(PyObject *self, PyObject *args)
     }
     result = Py_NewRef(Py_None);
 done:
-    free(cursor);
-    free(limit);
-    PyBuffer_Release(&pb);
-    PyBuffer_Release(&fb);
-    PyBuffer_Release(&eb);
+    FREE_ALL(cursor, limit);
     return result;
 }

@@ -39,16 +39,13 @@ static inline uint64_t element(const void *p, const int w, Py_ssize_t i)
  * elements (see element_width) */
 PyObject *tans_float_range(PyObject *self, PyObject *args)
 {
-    Py_buffer u = {0};
+    TANS_BUFFER u = {0};
     Py_ssize_t n, mb, eb;
     if (!PyArg_ParseTuple(args, "y*nnn", &u, &n, &mb, &eb))
         return NULL;
-    PyObject *result = NULL;
     const int w = element_width(&u, n);
-    if (!w || mb < 0 || eb < 1 || mb + eb > 8 * w - 1) {
-        PyErr_SetString(PyExc_ValueError, "float_range: bad arguments");
-        goto done;
-    }
+    if (!w || mb < 0 || eb < 1 || mb + eb > 8 * w - 1)
+        return tans_bad_arguments("float_range");
     const uint64_t m = (UINT64_C(1) << eb) - 1;
     uint64_t lo = m, hi = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -60,10 +57,7 @@ PyObject *tans_float_range(PyObject *self, PyObject *args)
         }
     });
     Py_END_ALLOW_THREADS
-    result = Py_BuildValue("(KK)", (unsigned long long)lo, (unsigned long long)hi);
-done:
-    PyBuffer_Release(&u);
-    return result;
+    return Py_BuildValue("(KK)", (unsigned long long)lo, (unsigned long long)hi);
 }
 
 /* float_fields(u, n, bits, mb, eb, k, emin, emax, e, sym, cM, sg, H): for every element (see
@@ -74,22 +68,19 @@ done:
  * H[min(emax - exponent[i-1], 15) * E + e[i]] over i >= 1 (16 x E). The histograms must be zeroed. */
 PyObject *tans_float_fields(PyObject *self, PyObject *args)
 {
-    Py_buffer u = {0}, eo = {0}, so = {0}, cm = {0}, sg = {0}, hh = {0};
+    TANS_BUFFER u = {0}, eo = {0}, so = {0}, cm = {0}, sg = {0}, hh = {0};
     Py_ssize_t n, bits, mb, eb, k, emin, emax;
     if (!PyArg_ParseTuple(args, "y*nnnnnnnw*w*w*w*w*", &u, &n, &bits, &mb, &eb, &k, &emin, &emax,
                           &eo, &so, &cm, &sg, &hh))
         return NULL;
-    PyObject *result = NULL;
     const Py_ssize_t E = emax - emin + 1;
     const int w = element_width(&u, n);
     const int narrow = so.len == n * 2;
     if (!w || bits < 2 || bits > 8 * w || k < 0 || mb < k || eb < 1 || mb + eb + 1 != bits ||
         emin < 0 || E < 1 || emax >= (Py_ssize_t)1 << eb || eo.len < n * 2 || (so.len != n * 8 && !narrow) ||
         (narrow && E << (k + 1) > 65536) ||
-        cm.len < E * ((Py_ssize_t)8 << k) || sg.len < 16 || hh.len < 16 * E * 8) {
-        PyErr_SetString(PyExc_ValueError, "float_fields: bad arguments");
-        goto done;
-    }
+        cm.len < E * ((Py_ssize_t)8 << k) || sg.len < 16 || hh.len < 16 * E * 8)
+        return tans_bad_arguments("float_fields");
     uint16_t *restrict e = eo.buf;
     int64_t *restrict sym = narrow ? NULL : so.buf, *restrict cM = cm.buf, *restrict S = sg.buf, *restrict H = hh.buf;
     uint16_t *restrict sym16 = narrow ? so.buf : NULL;
@@ -125,19 +116,11 @@ PyObject *tans_float_fields(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "float_fields: an exponent is outside [emin, emax]");
-        goto done;
+        return NULL;
     }
     S[0] += n - s1;
     S[1] += s1;
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&eo);
-    PyBuffer_Release(&so);
-    PyBuffer_Release(&cm);
-    PyBuffer_Release(&sg);
-    PyBuffer_Release(&hh);
-    return result;
+    return Py_NewRef(Py_None);
 }
 
 /* float_planes(u, n, raw_bits, out): the low raw_bits bits of each element (see element_width)
@@ -145,17 +128,14 @@ done:
  * above them. */
 PyObject *tans_float_planes(PyObject *self, PyObject *args)
 {
-    Py_buffer u = {0}, out = {0};
+    TANS_BUFFER u = {0}, out = {0};
     Py_ssize_t n, raw_bits;
     if (!PyArg_ParseTuple(args, "y*nnw*", &u, &n, &raw_bits, &out))
         return NULL;
-    PyObject *result = NULL;
     const Py_ssize_t whole = raw_bits / 8, np_ = whole + (raw_bits % 8 ? 1 : 0);
     const int w = n == 0 && u.len == 0 ? 8 : element_width(&u, n);
-    if (n < 0 || !w || raw_bits < 0 || raw_bits > 8 * w || out.len < np_ * n) {
-        PyErr_SetString(PyExc_ValueError, "float_planes: bad arguments");
-        goto done;
-    }
+    if (n < 0 || !w || raw_bits < 0 || raw_bits > 8 * w || out.len < np_ * n)
+        return tans_bad_arguments("float_planes");
     uint8_t *restrict o = out.buf;
     Py_BEGIN_ALLOW_THREADS
     FOR_EACH_WIDTH(w, {
@@ -167,11 +147,7 @@ PyObject *tans_float_planes(PyObject *self, PyObject *args)
                 o[whole * n + i] = (uint8_t)(element(u.buf, W, i) >> (8 * whole) & 15);
     });
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&out);
-    return result;
+    return Py_NewRef(Py_None);
 }
 
 /* zero_blocks(planes, n, nplanes, blog, z) -> bool: for each block b of 2**blog elements (the last
@@ -180,16 +156,13 @@ done:
  * float_planes writes). Returns whether any block has a zero plane. */
 PyObject *tans_zero_blocks(PyObject *self, PyObject *args)
 {
-    Py_buffer pl = {0}, zo = {0};
+    TANS_BUFFER pl = {0}, zo = {0};
     Py_ssize_t n, np_, blog;
     if (!PyArg_ParseTuple(args, "y*nnnw*", &pl, &n, &np_, &blog, &zo))
         return NULL;
-    PyObject *result = NULL;
     const Py_ssize_t B = blog >= 0 && blog < 31 ? (Py_ssize_t)1 << blog : 1, nblk = n > 0 ? (n - 1) / B + 1 : 0;
-    if (n < 0 || np_ < 0 || np_ > 255 || blog < 0 || blog > 30 || pl.len < np_ * n || zo.len < nblk) {
-        PyErr_SetString(PyExc_ValueError, "zero_blocks: bad arguments");
-        goto done;
-    }
+    if (n < 0 || np_ < 0 || np_ > 255 || blog < 0 || blog > 30 || pl.len < np_ * n || zo.len < nblk)
+        return tans_bad_arguments("zero_blocks");
     const uint8_t *restrict p = pl.buf;
     uint8_t *restrict z = zo.buf;
     int any = 0;
@@ -209,33 +182,47 @@ PyObject *tans_zero_blocks(PyObject *self, PyObject *args)
         any |= j != 0;
     }
     Py_END_ALLOW_THREADS
-    result = PyBool_FromLong(any);
-done:
-    PyBuffer_Release(&pl);
-    PyBuffer_Release(&zo);
-    return result;
+    return PyBool_FromLong(any);
+}
+
+/* The rows the row_* functions walk: n elements cut every C, the first row `shift` short, so that
+ * element i is in row (i + shift) // C. */
+struct rows {
+    Py_ssize_t n, C, shift;
+    Py_ssize_t count;           /* set by rows_fit */
+};
+
+/* Whether (n, C, shift) is a layout (n, C >= 1, 0 <= shift < C); counts its rows. */
+static inline int rows_fit(struct rows *rw)
+{
+    rw->count = rw->n > 0 && rw->C > 0 ? (rw->n - 1 + rw->shift) / rw->C + 1 : 0;
+    return rw->n >= 1 && rw->C >= 1 && rw->shift >= 0 && rw->shift < rw->C;
+}
+
+/* Where row r ends (exclusive). */
+static inline Py_ssize_t row_end(const struct rows *rw, Py_ssize_t r)
+{
+    const Py_ssize_t end = (r + 1) * rw->C - rw->shift;
+    return end < rw->n ? end : rw->n;
 }
 
 /* row_means(e, n, C, shift, out): out[r] = the mean of e over row r, where element i is in row
  * (i + shift) // C (the sums of small integers are exact, so this is numpy's bincount quotient). */
 PyObject *tans_row_means(PyObject *self, PyObject *args)
 {
-    Py_buffer eb = {0}, out = {0};
-    Py_ssize_t n, C, shift;
-    if (!PyArg_ParseTuple(args, "y*nnnw*", &eb, &n, &C, &shift, &out))
+    TANS_BUFFER eb = {0}, out = {0};
+    struct rows rw;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &eb, &rw.n, &rw.C, &rw.shift, &out))
         return NULL;
-    PyObject *result = NULL;
-    const Py_ssize_t nrows = n > 0 && C > 0 ? (n - 1 + shift) / C + 1 : 0;
-    if (n < 1 || C < 1 || shift < 0 || shift >= C || eb.len < n * 2 || out.len < nrows * 8) {
-        PyErr_SetString(PyExc_ValueError, "row_means: bad arguments");
-        goto done;
-    }
+    if (!rows_fit(&rw) || eb.len < rw.n * 2 || out.len < rw.count * 8)
+        return tans_bad_arguments("row_means");
+    const Py_ssize_t nrows = rw.count;
     const uint16_t *restrict e = eb.buf;
     double *restrict m = out.buf;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t i = 0;
     for (Py_ssize_t r = 0; r < nrows; r++) {
-        const Py_ssize_t end = (r + 1) * C - shift < n ? (r + 1) * C - shift : n;
+        const Py_ssize_t end = row_end(&rw, r);
         int64_t s = 0;
         const Py_ssize_t c = end - i;
         for (; i < end; i++)
@@ -243,11 +230,7 @@ PyObject *tans_row_means(PyObject *self, PyObject *args)
         m[r] = (double)s / (double)(c > 1 ? c : 1);
     }
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&eb);
-    PyBuffer_Release(&out);
-    return result;
+    return Py_NewRef(Py_None);
 }
 
 /* row_order_stats(e, n, C, shift, E, ranks, out) -> bool: out[j] = the ranks[j]-th smallest row
@@ -258,30 +241,25 @@ done:
  * partition (the caller partitions instead). */
 PyObject *tans_row_order_stats(PyObject *self, PyObject *args)
 {
-    Py_buffer eb = {0}, rb = {0}, out = {0};
-    Py_ssize_t n, C, shift, E;
-    if (!PyArg_ParseTuple(args, "y*nnnny*w*", &eb, &n, &C, &shift, &E, &rb, &out))
+    TANS_BUFFER eb = {0}, rb = {0}, out = {0};
+    struct rows rw;
+    Py_ssize_t E;
+    if (!PyArg_ParseTuple(args, "y*nnnny*w*", &eb, &rw.n, &rw.C, &rw.shift, &E, &rb, &out))
         return NULL;
-    PyObject *result = NULL;
-    const Py_ssize_t nrows = n > 0 && C > 0 ? (n - 1 + shift) / C + 1 : 0, nr = rb.len / 8;
+    const Py_ssize_t nr = rb.len / 8;
+    int bad = !rows_fit(&rw) || E < 1 || eb.len < rw.n * 2 || out.len < nr * 8;
+    const Py_ssize_t C = rw.C, nrows = rw.count;
     const int64_t *restrict ranks = rb.buf;
-    int bad = n < 1 || C < 1 || shift < 0 || shift >= C || E < 1 || eb.len < n * 2 || out.len < nr * 8;
     for (Py_ssize_t j = 0; j < nr && !bad; j++)
         bad = ranks[j] < 0 || ranks[j] >= nrows || (j && ranks[j] < ranks[j - 1]);
-    if (bad) {
-        PyErr_SetString(PyExc_ValueError, "row_order_stats: bad arguments");
-        goto done;
-    }
+    if (bad)
+        return tans_bad_arguments("row_order_stats");
     const Py_ssize_t bins = (E - 1) * C + 1;
-    if (bins > 4 * nrows) {
-        result = Py_NewRef(Py_False);
-        goto done;
-    }
+    if (bins > 4 * nrows)
+        return Py_NewRef(Py_False);
     int64_t *hist = calloc((size_t)bins, sizeof(int64_t));
-    if (!hist) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    if (!hist)
+        return PyErr_NoMemory();
     const uint16_t *restrict e = eb.buf;
     double *restrict o = out.buf;
     Py_BEGIN_ALLOW_THREADS
@@ -289,7 +267,7 @@ PyObject *tans_row_order_stats(PyObject *self, PyObject *args)
     int nx = 0;
     Py_ssize_t i = 0;
     for (Py_ssize_t r = 0; r < nrows && !bad; r++) {
-        const Py_ssize_t end = (r + 1) * C - shift < n ? (r + 1) * C - shift : n;
+        const Py_ssize_t end = row_end(&rw, r);
         int64_t s = 0;
         const Py_ssize_t c = end - i;
         for (; i < end; i++) {
@@ -333,14 +311,9 @@ PyObject *tans_row_order_stats(PyObject *self, PyObject *args)
     free(hist);
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "row_order_stats: an exponent is outside the range");
-        goto done;
+        return NULL;
     }
-    result = Py_NewRef(Py_True);
-done:
-    PyBuffer_Release(&eb);
-    PyBuffer_Release(&rb);
-    PyBuffer_Release(&out);
-    return result;
+    return Py_NewRef(Py_True);
 }
 
 /* row_classes(e, n, C, shift, means, edges, E, cls, hist): cls[r] = how many of the (sorted)
@@ -348,17 +321,16 @@ done:
  * counted over every element (hist zeroed, (len(edges) + 1) x E). */
 PyObject *tans_row_classes(PyObject *self, PyObject *args)
 {
-    Py_buffer eb = {0}, mb = {0}, ed = {0}, cl = {0}, hb = {0};
-    Py_ssize_t n, C, shift, E;
-    if (!PyArg_ParseTuple(args, "y*nnny*y*nw*w*", &eb, &n, &C, &shift, &mb, &ed, &E, &cl, &hb))
+    TANS_BUFFER eb = {0}, mb = {0}, ed = {0}, cl = {0}, hb = {0};
+    struct rows rw;
+    Py_ssize_t E;
+    if (!PyArg_ParseTuple(args, "y*nnny*y*nw*w*", &eb, &rw.n, &rw.C, &rw.shift, &mb, &ed, &E, &cl, &hb))
         return NULL;
-    PyObject *result = NULL;
-    const Py_ssize_t nrows = n > 0 && C > 0 ? (n - 1 + shift) / C + 1 : 0, ne = ed.len / 8;
-    if (n < 1 || C < 1 || shift < 0 || shift >= C || E < 1 || eb.len < n * 2 || mb.len < nrows * 8 ||
-        cl.len < nrows * 8 || hb.len < (ne + 1) * E * 8) {
-        PyErr_SetString(PyExc_ValueError, "row_classes: bad arguments");
-        goto done;
-    }
+    const Py_ssize_t ne = ed.len / 8;
+    if (!rows_fit(&rw) || E < 1 || eb.len < rw.n * 2 || mb.len < rw.count * 8 || cl.len < rw.count * 8 ||
+        hb.len < (ne + 1) * E * 8)
+        return tans_bad_arguments("row_classes");
+    const Py_ssize_t nrows = rw.count;
     const uint16_t *restrict e = eb.buf;
     const double *restrict m = mb.buf, *restrict edges = ed.buf;
     int64_t *restrict cls = cl.buf, *restrict h = hb.buf;
@@ -370,7 +342,7 @@ PyObject *tans_row_classes(PyObject *self, PyObject *args)
         for (Py_ssize_t q = 0; q < ne; q++)
             c += edges[q] <= m[r];
         cls[r] = c;
-        const Py_ssize_t end = (r + 1) * C - shift < n ? (r + 1) * C - shift : n;
+        const Py_ssize_t end = row_end(&rw, r);
         int64_t *row = h + c * E;
         for (; i < end; i++) {
             if (e[i] >= E) {
@@ -383,16 +355,9 @@ PyObject *tans_row_classes(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "row_classes: an exponent is outside the range");
-        goto done;
+        return NULL;
     }
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&eb);
-    PyBuffer_Release(&mb);
-    PyBuffer_Release(&ed);
-    PyBuffer_Release(&cl);
-    PyBuffer_Release(&hb);
-    return result;
+    return Py_NewRef(Py_None);
 }
 
 /* row_contexts(cls, n, C, shift, out): out[i] = cls[(i + shift) // C], out int64[n] or uint8[n]
@@ -400,23 +365,20 @@ done:
  * Row by row: no division per element. */
 PyObject *tans_row_contexts(PyObject *self, PyObject *args)
 {
-    Py_buffer cl = {0}, out = {0};
-    Py_ssize_t n, C, shift;
-    if (!PyArg_ParseTuple(args, "y*nnnw*", &cl, &n, &C, &shift, &out))
+    TANS_BUFFER cl = {0}, out = {0};
+    struct rows rw;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &cl, &rw.n, &rw.C, &rw.shift, &out))
         return NULL;
-    PyObject *result = NULL;
-    const Py_ssize_t nrows = n > 0 && C > 0 ? (n - 1 + shift) / C + 1 : 0;
-    if (n < 1 || C < 1 || shift < 0 || shift >= C || cl.len < nrows * 8 || (out.len != n * 8 && out.len != n)) {
-        PyErr_SetString(PyExc_ValueError, "row_contexts: bad arguments");
-        goto done;
-    }
+    if (!rows_fit(&rw) || cl.len < rw.count * 8 || (out.len != rw.n * 8 && out.len != rw.n))
+        return tans_bad_arguments("row_contexts");
+    const Py_ssize_t n = rw.n, nrows = rw.count;
     const int64_t *restrict c = cl.buf;
     int64_t *restrict o = out.len == n * 8 ? out.buf : NULL;
     uint8_t *restrict o8 = o ? NULL : out.buf;
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0, i = 0; r < nrows; r++) {
-        const Py_ssize_t end = (r + 1) * C - shift < n ? (r + 1) * C - shift : n;
+        const Py_ssize_t end = row_end(&rw, r);
         const int64_t v = c[r];
         bad |= o8 && (v < 0 || v > 255);
         for (; i < end; i++) {
@@ -429,13 +391,9 @@ PyObject *tans_row_contexts(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "row_contexts: a class does not fit in 8 bits");
-        goto done;
+        return NULL;
     }
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&cl);
-    PyBuffer_Release(&out);
-    return result;
+    return Py_NewRef(Py_None);
 }
 
 /* The rows of encode_rows, for one width of symbols (wide: int64, else uint16) and of contexts
@@ -486,21 +444,18 @@ static inline int encode_rows_loop(const void *symv, const int wide, Py_ssize_t 
  * rows. */
 PyObject *tans_encode_rows(PyObject *self, PyObject *args)
 {
-    Py_buffer sb = {0}, cb = {0}, mb = {0}, fb = {0}, ob = {0};
+    TANS_BUFFER sb = {0}, cb = {0}, mb = {0}, fb = {0}, ob = {0};
     PyObject *ctxo, *cmapo;
     Py_ssize_t n, c0, T, S;
     if (!PyArg_ParseTuple(args, "y*nOOnnny*w*", &sb, &n, &ctxo, &cmapo, &c0, &T, &S, &fb, &ob))
         return NULL;
-    PyObject *result = NULL;
     if ((ctxo != Py_None && PyObject_GetBuffer(ctxo, &cb, PyBUF_SIMPLE) < 0) ||
         (cmapo != Py_None && PyObject_GetBuffer(cmapo, &mb, PyBUF_SIMPLE) < 0))
-        goto done;
+        return NULL;
     const Py_ssize_t nrows = fb.len / 8, ncmap = mb.len / 8;
     if (n < 1 || T < 1 || S < 1 || (sb.len != n * 8 && sb.len != n * 2) ||
-        (ob.len != n * 8 && !(ob.len == n * 2 && nrows <= 65536)) || (cb.buf && cb.len != n * 8 && cb.len != n)) {
-        PyErr_SetString(PyExc_ValueError, "encode_rows: bad arguments");
-        goto done;
-    }
+        (ob.len != n * 8 && !(ob.len == n * 2 && nrows <= 65536)) || (cb.buf && cb.len != n * 8 && cb.len != n))
+        return tans_bad_arguments("encode_rows");
     const int64_t *restrict cmap = mb.buf, *restrict fr = fb.buf;
     int64_t *restrict out = ob.len == n * 8 ? ob.buf : NULL;
     uint16_t *restrict out16 = out ? NULL : ob.buf;    /* 16-bit rows: see _tansenc.c */
@@ -516,14 +471,5 @@ PyObject *tans_encode_rows(PyObject *self, PyObject *args)
     else
         ok = encode_rows_loop(sb.buf, 0, n, cb.buf, 0, cmap, ncmap, c0, T, S, fr, nrows, out, out16);
     Py_END_ALLOW_THREADS
-    result = PyBool_FromLong(ok);
-done:
-    PyBuffer_Release(&sb);
-    if (cb.buf)
-        PyBuffer_Release(&cb);
-    if (mb.buf)
-        PyBuffer_Release(&mb);
-    PyBuffer_Release(&fb);
-    PyBuffer_Release(&ob);
-    return result;
+    return PyBool_FromLong(ok);
 }

@@ -57,19 +57,17 @@ void tans_or_plane_into(void *u, Py_ssize_t isz, Py_ssize_t n, const uint8_t *p,
 
 PyObject *tans_or_plane(PyObject *self, PyObject *args)
 {
-    Py_buffer u = {0}, plane = {0}, mask = {0};
+    TANS_BUFFER u = {0}, plane = {0}, mask = {0};
     Py_ssize_t isz, shift;
     int nib;
-    PyObject *mask_obj, *result = NULL;
+    PyObject *mask_obj;
     if (!PyArg_ParseTuple(args, "w*ny*pnO", &u, &isz, &plane, &nib, &shift, &mask_obj))
         return NULL;
     if (mask_obj != Py_None && PyObject_GetBuffer(mask_obj, &mask, PyBUF_SIMPLE) < 0)
-        goto done;
+        return NULL;
     if ((isz != 2 && isz != 4 && isz != 8) || u.len % isz || shift < 0 || shift + 8 > 8 * isz ||
-        (mask.obj && mask.len != u.len / isz)) {
-        PyErr_SetString(PyExc_ValueError, "or_plane: bad arguments");
-        goto done;
-    }
+        (mask.obj && mask.len != u.len / isz))
+        return tans_bad_arguments("or_plane");
     const Py_ssize_t n = u.len / isz;
     Py_ssize_t count = n;
     const uint8_t *m = mask.obj ? mask.buf : NULL;
@@ -79,24 +77,14 @@ PyObject *tans_or_plane(PyObject *self, PyObject *args)
             count += m[i] != 0;
     }
     const uint8_t *p = plane.buf;
-    if (plane.len != (nib ? (count + 1) / 2 : count)) {
-        result = PyLong_FromLong(1);
-        goto done;
-    }
-    if (nib && count % 2 && p[count / 2] >> 4) {
-        result = PyLong_FromLong(2);
-        goto done;
-    }
+    if (plane.len != (nib ? (count + 1) / 2 : count))
+        return PyLong_FromLong(1);
+    if (nib && count % 2 && p[count / 2] >> 4)
+        return PyLong_FromLong(2);
     Py_BEGIN_ALLOW_THREADS
     tans_or_plane_into(u.buf, isz, n, p, nib, (unsigned)shift, m);
     Py_END_ALLOW_THREADS
-    result = PyLong_FromLong(0);
-done:
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&plane);
-    if (mask.obj)
-        PyBuffer_Release(&mask);
-    return result;
+    return PyLong_FromLong(0);
 }
 
 /* float_tables(vals, nb, E, T2, R, a_max, m_max, packed) -> 0 ok, 1 a model value out of range,
@@ -108,7 +96,7 @@ done:
  * decode() only checks them (E * T2 <= 8192). */
 PyObject *tans_float_tables(PyObject *self, PyObject *args)
 {
-    Py_buffer vals = {0}, packed = {0};
+    TANS_BUFFER vals = {0}, packed = {0};
     Py_ssize_t nb, E, T2, R, a_max, m_max;
     PyObject *result = NULL;
     int64_t *joint = NULL, *freqs = NULL, *next = NULL;
@@ -167,7 +155,5 @@ done:
     PyMem_RawFree(spread);
     PyMem_RawFree(small);
     PyMem_RawFree(big);
-    PyBuffer_Release(&vals);
-    PyBuffer_Release(&packed);
     return result;
 }

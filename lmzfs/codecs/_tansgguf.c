@@ -65,23 +65,16 @@ void tans_q4_1_contexts_into(const uint8_t *restrict p, Py_ssize_t nblk, Py_ssiz
 
 PyObject *tans_q4_1_contexts(PyObject *self, PyObject *args)
 {
-    Py_buffer blocks = {0}, out = {0};
+    TANS_BUFFER blocks = {0}, out = {0};
     Py_ssize_t nblk, bsize;
     if (!PyArg_ParseTuple(args, "y*nnw*", &blocks, &nblk, &bsize, &out))
         return NULL;
-    PyObject *result = NULL;
-    if (nblk < 0 || bsize < 4 || blocks.len < nblk * bsize || out.len != 32 * nblk) {
-        PyErr_SetString(PyExc_ValueError, "q4_1_contexts: bad arguments");
-        goto done;
-    }
+    if (nblk < 0 || bsize < 4 || blocks.len < nblk * bsize || out.len != 32 * nblk)
+        return tans_bad_arguments("q4_1_contexts");
     Py_BEGIN_ALLOW_THREADS
     tans_q4_1_contexts_into(blocks.buf, nblk, bsize, out.buf);
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&blocks);
-    PyBuffer_Release(&out);
-    return result;
+    return Py_NewRef(Py_None);
 }
 
 /* d[i] = q[2i] | q[2i + 1] << 4 (as a byte), read as little-endian pairs */
@@ -108,24 +101,17 @@ void tans_merge_nibbles_into(const uint8_t *restrict p, uint8_t *restrict o, Py_
 
 PyObject *tans_merge_nibbles(PyObject *self, PyObject *args)
 {
-    Py_buffer nib = {0}, out = {0};
+    TANS_BUFFER nib = {0}, out = {0};
     Py_ssize_t nblk, bsize, foff, fsize;
     if (!PyArg_ParseTuple(args, "y*w*nnnn", &nib, &out, &nblk, &bsize, &foff, &fsize))
         return NULL;
-    PyObject *result = NULL;
     if (nblk < 0 || fsize < 0 || foff < 0 || bsize < foff + fsize || nib.len != 2 * fsize * nblk ||
-        out.len < nblk * bsize) {
-        PyErr_SetString(PyExc_ValueError, "merge_nibbles: bad arguments");
-        goto done;
-    }
+        out.len < nblk * bsize)
+        return tans_bad_arguments("merge_nibbles");
     Py_BEGIN_ALLOW_THREADS      /* only C buffers: other decodes run meanwhile */
     tans_merge_nibbles_into(nib.buf, out.buf, nblk, bsize, foff, fsize);
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&nib);
-    PyBuffer_Release(&out);
-    return result;
+    return Py_NewRef(Py_None);
 }
 
 /* dst[b * bsize] .. += w bytes from src[b * w], for every block; w a constant where inlined */
@@ -158,22 +144,15 @@ void tans_scatter_field_into(const uint8_t *restrict p, uint8_t *restrict out, P
 
 PyObject *tans_scatter_field(PyObject *self, PyObject *args)
 {
-    Py_buffer src = {0}, out = {0};
+    TANS_BUFFER src = {0}, out = {0};
     Py_ssize_t nblk, bsize, foff, fsize;
     if (!PyArg_ParseTuple(args, "y*w*nnnn", &src, &out, &nblk, &bsize, &foff, &fsize))
         return NULL;
-    PyObject *result = NULL;
     if (nblk < 0 || fsize < 1 || foff < 0 || bsize < foff + fsize || src.len != fsize * nblk ||
-        out.len < nblk * bsize) {
-        PyErr_SetString(PyExc_ValueError, "scatter_field: bad arguments");
-        goto done;
-    }
+        out.len < nblk * bsize)
+        return tans_bad_arguments("scatter_field");
     Py_BEGIN_ALLOW_THREADS
     tans_scatter_field_into(src.buf, out.buf, nblk, bsize, foff, fsize);
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&out);
-    return result;
+    return Py_NewRef(Py_None);
 }

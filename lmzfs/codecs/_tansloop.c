@@ -364,20 +364,19 @@ const char *tans_decode_section(struct decode_in *d, int *nomem)
 
 static PyObject *decode(PyObject *self, PyObject *args)
 {
-    Py_buffer packed = {0}, stream = {0}, states = {0}, out = {0}, values = {0}, ctx = {0}, nxo = {0};
+    TANS_BUFFER packed = {0}, stream = {0}, states = {0}, out = {0}, values = {0}, ctx = {0}, nxo = {0};
     PyObject *ctx_obj, *nxo_obj;
     int interleaved;
     Py_ssize_t n, T, Wp, L, pos0;
-    PyObject *result = NULL;
 
     int compact, checked;
     if (!PyArg_ParseTuple(args, "y*ppy*w*w*y*OOpnnnnn", &packed, &compact, &checked, &stream, &states, &out, &values,
                           &ctx_obj, &nxo_obj, &interleaved, &n, &T, &Wp, &L, &pos0))
         return NULL;
     if (ctx_obj != Py_None && PyObject_GetBuffer(ctx_obj, &ctx, PyBUF_SIMPLE) < 0)
-        goto done;
+        return NULL;
     if (nxo_obj != Py_None && PyObject_GetBuffer(nxo_obj, &nxo, PyBUF_SIMPLE) < 0)
-        goto done;
+        return NULL;
 
     /* values: the item size is passed through ``out``'s length (n items) */
     const Py_ssize_t isz = n > 0 ? out.len / n : 0;
@@ -388,7 +387,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
         (nxo.obj && nxo.len / 8 < nsym) ||
         (interleaved ? (T - 1) * Wp >= n || T * Wp < n : (Wp - 1) * T >= n || Wp * T < n)) {
         PyErr_SetString(PyExc_ValueError, "tans: bad decode arguments");
-        goto done;
+        return NULL;
     }
     /* the context item size (1 or 8) follows from the buffer's length, as for ``out`` */
     struct decode_in d = {.packed = packed.buf, .compact = compact, .checked = checked, .ntab = ntab,
@@ -405,24 +404,13 @@ static PyObject *decode(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     if (nomem) {
         PyErr_NoMemory();
-        goto done;
+        return NULL;
     }
     if (err) {
         PyErr_SetString(PyExc_ValueError, err);
-        goto done;
+        return NULL;
     }
-    result = PyLong_FromUnsignedLongLong(d.pos);
-done:
-    PyBuffer_Release(&packed);
-    PyBuffer_Release(&stream);
-    PyBuffer_Release(&states);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&values);
-    if (ctx.obj)
-        PyBuffer_Release(&ctx);
-    if (nxo.obj)
-        PyBuffer_Release(&nxo);
-    return result;
+    return PyLong_FromUnsignedLongLong(d.pos);
 }
 
 static PyMethodDef methods[] = {

@@ -10,6 +10,7 @@
 #include <Python.h>
 
 #include <stdint.h>
+#include <stdlib.h>
 
 /* One tANS decode (see _tansloop.c): the tables, the stream, the lane states and where the
  * symbols go. The step loops resume at step t0, lane j0 (both 0 at first): the vector loop
@@ -47,6 +48,33 @@ static inline int64_t tans_active_lanes(const struct job *jb, const int interlea
 
 /* A batched decode's outcome once the lock is taken back: None, or the error its loop reported
  * (nomem: an allocation failed there), raised. */
+/* A buffer a Python-facing function parses: released however the function returns (GCC's and
+ * Clang's cleanup attribute), and passed over if it was never filled (still {0}). */
+#define TANS_BUFFER __attribute__((cleanup(PyBuffer_Release))) Py_buffer
+
+/* What a function with a single exit does there: let go of buffers that are not TANS_BUFFERs and
+ * free its scratch (free(NULL) does nothing). */
+static inline void tans_release_buffers(Py_buffer *const *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        PyBuffer_Release(b[i]);
+}
+static inline void tans_free_all(void *const *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(p[i]);
+}
+#define TANS_COUNT(T, ...) (sizeof((T[]){__VA_ARGS__}) / sizeof(T))
+#define RELEASE_BUFFERS(...) tans_release_buffers((Py_buffer *const[]){__VA_ARGS__}, TANS_COUNT(Py_buffer *, __VA_ARGS__))
+#define FREE_ALL(...) tans_free_all((void *const[]){__VA_ARGS__}, TANS_COUNT(void *, __VA_ARGS__))
+
+/* A Python-facing function's refusal of arguments that do not fit together: "FN: bad arguments". */
+static inline PyObject *tans_bad_arguments(const char *fn)
+{
+    PyErr_Format(PyExc_ValueError, "%s: bad arguments", fn);
+    return NULL;
+}
+
 static inline PyObject *tans_none_or_error(const char *err, int nomem)
 {
     if (nomem)

@@ -158,7 +158,7 @@ done:
 
 PyObject *tans_float_parts(PyObject *self, PyObject *args)
 {
-    Py_buffer packed = {0}, values = {0}, nxo = {0}, cls = {0}, body = {0}, recs = {0}, groups = {0}, out = {0};
+    TANS_BUFFER packed = {0}, values = {0}, nxo = {0}, cls = {0}, body = {0}, recs = {0}, groups = {0}, out = {0};
     PyObject *nxo_obj, *cls_obj, *masks_obj, *raws_obj, *result = NULL;
     int checked;
     Py_ssize_t isz, C, shift, c0, R, L, nib_plane;
@@ -221,15 +221,5 @@ done:
         PyBuffer_Release(&raws[q]);
     PyMem_Free(masks);
     PyMem_Free(raws);
-    PyBuffer_Release(&packed);
-    PyBuffer_Release(&values);
-    PyBuffer_Release(&body);
-    PyBuffer_Release(&recs);
-    PyBuffer_Release(&groups);
-    PyBuffer_Release(&out);
-    if (nxo.obj)
-        PyBuffer_Release(&nxo);
-    if (cls.obj)
-        PyBuffer_Release(&cls);
     return result;
 }

@@ -34,24 +34,22 @@ struct symbols {
     const int64_t *s64, *c64;
 };
 
-static int symbols_of(Py_buffer *sb, Py_buffer *cb, Py_ssize_t n, struct symbols *out)
+/* n values held as uint8 or as int64, told apart by the buffer's length; 0 if it is neither. */
+static int either_width(const Py_buffer *b, Py_ssize_t n, const uint8_t **p8, const int64_t **p64)
 {
-    *out = (struct symbols){0};
-    if (sb->len == n)
-        out->s8 = sb->buf;
-    else if (sb->len == 8 * n)
-        out->s64 = sb->buf;
-    else
-        return 0;
-    if (!cb->buf)
-        return 1;
-    if (cb->len == n)
-        out->c8 = cb->buf;
-    else if (cb->len == 8 * n)
-        out->c64 = cb->buf;
+    if (b->len == n)
+        *p8 = b->buf;
+    else if (b->len == 8 * n)
+        *p64 = b->buf;
     else
         return 0;
     return 1;
+}
+
+static int symbols_of(Py_buffer *sb, Py_buffer *cb, Py_ssize_t n, struct symbols *out)
+{
+    *out = (struct symbols){0};
+    return either_width(sb, n, &out->s8, &out->s64) && (!cb->buf || either_width(cb, n, &out->c8, &out->c64));
 }
 
 static inline int64_t sym_at(const struct symbols *v, Py_ssize_t i)
@@ -124,55 +122,41 @@ static int count_section(const struct symbols *vp, Py_ssize_t n, Py_ssize_t S, P
 
 PyObject *tans_section_counts(PyObject *self, PyObject *args)
 {
-    Py_buffer sb = {0}, cb = {0}, hb = {0}, db = {0};
+    TANS_BUFFER sb = {0}, cb = {0}, hb = {0}, db = {0};
     PyObject *ctxo, *deptho;
     Py_ssize_t n, S, K, T, Wp, D;
     if (!PyArg_ParseTuple(args, "y*Onnnnnnw*O", &sb, &ctxo, &n, &S, &K, &T, &Wp, &D, &hb, &deptho))
         return NULL;
-    PyObject *result = NULL;
     struct symbols v;
     if (get_optional(ctxo, &cb, 0) < 0 || get_optional(deptho, &db, 1) < 0)
-        goto done;
+        return NULL;
     const Py_ssize_t KS = K * S;
     if (n < 1 || S < 1 || K < 1 || KS > (Py_ssize_t)1 << 24 || !symbols_of(&sb, &cb, n, &v) ||
-        hb.len < KS * 8 || (db.buf && (D < 1 || !layout_ok(n, T, Wp) || db.len < D * KS * 8))) {
-        PyErr_SetString(PyExc_ValueError, "section_counts: bad arguments");
-        goto done;
-    }
+        hb.len < KS * 8 || (db.buf && (D < 1 || !layout_ok(n, T, Wp) || db.len < D * KS * 8)))
+        return tans_bad_arguments("section_counts");
     int64_t *restrict h = hb.buf, *restrict dh = db.buf;
     int ok;
     Py_BEGIN_ALLOW_THREADS
     ok = count_section(&v, n, S, K, T, Wp, D, h, dh);
     Py_END_ALLOW_THREADS
-    result = PyBool_FromLong(ok);
-done:
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&hb);
-    if (cb.buf)
-        PyBuffer_Release(&cb);
-    if (db.buf)
-        PyBuffer_Release(&db);
-    return result;
+    return PyBool_FromLong(ok);
 }
 
 PyObject *tans_section_rows(PyObject *self, PyObject *args)
 {
-    Py_buffer sb = {0}, cb = {0}, fb = {0}, rb = {0}, bbb = {0};
+    TANS_BUFFER sb = {0}, cb = {0}, fb = {0}, rb = {0}, bbb = {0};
     PyObject *ctxo;
     Py_ssize_t n, S, K, T, Wp, k, g;
     if (!PyArg_ParseTuple(args, "y*Onnnnnnny*w*w*", &sb, &ctxo, &n, &S, &K, &T, &Wp, &k, &g, &fb, &rb, &bbb))
         return NULL;
-    PyObject *result = NULL;
     struct symbols v;
     if (get_optional(ctxo, &cb, 0) < 0)
-        goto done;
+        return NULL;
     const Py_ssize_t nrows = fb.len / 8;
     if (n < 1 || S < 1 || K < 1 || g < 0 || g > 8 || (g && (k < 1 || k > T || k * g > 62)) ||
         !layout_ok(n, T, Wp) || !symbols_of(&sb, &cb, n, &v) || (rb.len != n * 8 && rb.len != n * 2) ||
-        bbb.len < Wp * 8 || nrows < (g ? 2 : 1) * K * S || (rb.len == n * 2 && nrows > 65536)) {
-        PyErr_SetString(PyExc_ValueError, "section_rows: bad arguments");
-        goto done;
-    }
+        bbb.len < Wp * 8 || nrows < (g ? 2 : 1) * K * S || (rb.len == n * 2 && nrows > 65536))
+        return tans_bad_arguments("section_rows");
     const int64_t *restrict fr = fb.buf;
     int64_t *restrict rows = rb.len == n * 8 ? rb.buf : NULL, *restrict bb = bbb.buf;
     uint16_t *restrict rows16 = rows ? NULL : rb.buf;
@@ -231,15 +215,7 @@ PyObject *tans_section_rows(PyObject *self, PyObject *args)
         if (fr[rows ? rows[i] : rows16[i]] == 0)
             ok = 0;
     Py_END_ALLOW_THREADS
-    result = PyBool_FromLong(ok);
-done:
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&fb);
-    PyBuffer_Release(&rb);
-    PyBuffer_Release(&bbb);
-    if (cb.buf)
-        PyBuffer_Release(&cb);
-    return result;
+    return PyBool_FromLong(ok);
 }
 
 /* entropy._table_log on the counts (K x S): the smallest table log, from the smallest that holds
@@ -307,7 +283,7 @@ static int64_t table_log(const int64_t *counts, int64_t n, int64_t S, int64_t K,
  * double for double. D = min(15, T) depths of tails are counted. */
 PyObject *tans_section_model(PyObject *self, PyObject *args)
 {
-    Py_buffer sb = {0}, cb = {0}, fb = {0};
+    TANS_BUFFER sb = {0}, cb = {0}, fb = {0};
     PyObject *ctxo;
     Py_ssize_t n, S, K, T, Wp, D;
     if (!PyArg_ParseTuple(args, "y*Onnnnnnw*", &sb, &ctxo, &n, &S, &K, &T, &Wp, &D, &fb))
@@ -402,16 +378,6 @@ PyObject *tans_section_model(PyObject *self, PyObject *args)
     else
         result = Py_BuildValue("(LL)", (long long)R, (long long)best_g);
 done:
-    free(counts);
-    free(depth);
-    free(scratch);
-    free(upto);
-    free(logp);
-    free(small);
-    free(big);
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&fb);
-    if (cb.buf)
-        PyBuffer_Release(&cb);
+    FREE_ALL(counts, depth, scratch, upto, logp, small, big);
     return result;
 }

@@ -13,7 +13,7 @@
 
 PyObject *tans_string_lengths(PyObject *self, PyObject *args)
 {
-    Py_buffer data = {0}, out = {0};
+    TANS_BUFFER data = {0}, out = {0};
     if (!PyArg_ParseTuple(args, "y*w*", &data, &out))
         return NULL;
     if (out.len / 8 < data.len / 8 + 1) {
@@ -36,14 +36,12 @@ PyObject *tans_string_lengths(PyObject *self, PyObject *args)
         pos += 8 + (Py_ssize_t)n;
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&data);
-    PyBuffer_Release(&out);
     return Py_BuildValue("nn", count, pos);
 }
 
 PyObject *tans_join_strings(PyObject *self, PyObject *args)
 {
-    Py_buffer lb = {0}, tb = {0}, ob = {0};
+    TANS_BUFFER lb = {0}, tb = {0}, ob = {0};
     if (!PyArg_ParseTuple(args, "y*y*w*", &lb, &tb, &ob))
         return NULL;
     const int64_t *len = lb.buf;
@@ -70,8 +68,5 @@ PyObject *tans_join_strings(PyObject *self, PyObject *args)
         memcpy(o, t, (size_t)(ob.len - (o - (uint8_t *)ob.buf)));
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&lb);
-    PyBuffer_Release(&tb);
-    PyBuffer_Release(&ob);
     return PyBool_FromLong(ok);
 }

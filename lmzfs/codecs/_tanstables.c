@@ -42,7 +42,7 @@ const char *tans_build_rows(const int64_t *f, int64_t K, int64_t S, int64_t R, i
 
 PyObject *tans_build(PyObject *self, PyObject *args)
 {
-    Py_buffer freqs = {0}, packed = {0};
+    TANS_BUFFER freqs = {0}, packed = {0};
     Py_ssize_t K, S, R;
     PyObject *result = NULL;
     int16_t *spread = NULL;
@@ -75,8 +75,6 @@ PyObject *tans_build(PyObject *self, PyObject *args)
 done:
     PyMem_RawFree(spread);
     PyMem_RawFree(next);
-    PyBuffer_Release(&freqs);
-    PyBuffer_Release(&packed);
     return result;
 }
 
@@ -211,7 +209,7 @@ int tans_quantize_counts(const int64_t *counts, int64_t *freqs, int64_t K, int64
 
 PyObject *tans_quantize_rows(PyObject *self, PyObject *args)
 {
-    Py_buffer counts = {0}, freqs = {0};
+    TANS_BUFFER counts = {0}, freqs = {0};
     Py_ssize_t K, S, R;
     PyObject *result = NULL;
     unsigned char *small = NULL;
@@ -236,32 +234,22 @@ PyObject *tans_quantize_rows(PyObject *self, PyObject *args)
 done:
     PyMem_RawFree(small);
     PyMem_RawFree(big);
-    PyBuffer_Release(&counts);
-    PyBuffer_Release(&freqs);
     return result;
 }
 
 /* The refusal of a call whose two buffers were already taken: release both, raise ValueError. */
-static PyObject *refuse_arguments(Py_buffer *a, Py_buffer *b, const char *message)
-{
-    PyBuffer_Release(a);
-    PyBuffer_Release(b);
-    PyErr_SetString(PyExc_ValueError, message);
-    return NULL;
-}
-
 /* varints(buf, count, out) -> 0 ok, 1 wrong number of values, 2 a value over 5 bytes,
  * 3 a non-canonical value (a last byte of 0 after others): uintlist.unpack_uints's body, with the
  * same precedence of errors. out: int64[count]. */
 PyObject *tans_varints(PyObject *self, PyObject *args)
 {
-    Py_buffer buf = {0}, out = {0};
+    TANS_BUFFER buf = {0}, out = {0};
     Py_ssize_t count;
     if (!PyArg_ParseTuple(args, "y*nw*", &buf, &count, &out))
         return NULL;
     long code = 0;
     if (count < 0 || out.len != count * 8)
-        return refuse_arguments(&buf, &out, "varints: bad arguments");
+        return tans_bad_arguments("varints");
     const uint8_t *b = buf.buf;
     int64_t *o = out.buf;
     Py_ssize_t got = 0, len = 0;
@@ -288,8 +276,6 @@ PyObject *tans_varints(PyObject *self, PyObject *args)
         code = 2;
     else if (noncanonical)
         code = 3;
-    PyBuffer_Release(&buf);
-    PyBuffer_Release(&out);
     return PyLong_FromLong(code);
 }
 
@@ -297,7 +283,7 @@ PyObject *tans_varints(PyObject *self, PyObject *args)
  * inverse of varints; None if a value is out of that range (pack_uints then raises). */
 PyObject *tans_to_varints(PyObject *self, PyObject *arg)
 {
-    Py_buffer vb = {0};
+    TANS_BUFFER vb = {0};
     if (PyObject_GetBuffer(arg, &vb, PyBUF_SIMPLE) < 0)
         return NULL;
     PyObject *result = NULL;
@@ -329,7 +315,6 @@ PyObject *tans_to_varints(PyObject *self, PyObject *arg)
     result = PyBytes_FromStringAndSize((const char *)out, pos);
 done:
     free(out);
-    PyBuffer_Release(&vb);
     return result;
 }
 
@@ -373,7 +358,7 @@ int tans_pack_fields_into(const int64_t *v, Py_ssize_t count, Py_ssize_t R, uint
 
 PyObject *tans_pack_fields(PyObject *self, PyObject *args)
 {
-    Py_buffer vals = {0};
+    TANS_BUFFER vals = {0};
     Py_ssize_t R, m;
     if (!PyArg_ParseTuple(args, "y*nn", &vals, &R, &m))
         return NULL;
@@ -392,7 +377,6 @@ PyObject *tans_pack_fields(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS      /* only the new bytes object is written, before anyone can see it */
     past = tans_pack_fields_into(vals.buf, count, R, (uint8_t *)PyBytes_AS_STRING(res), m);
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&vals);
     if (past) {
         Py_DECREF(res);
         Py_RETURN_NONE;
@@ -422,15 +406,13 @@ void tans_unpack_fields_into(const uint8_t *b, Py_ssize_t R, int64_t *o, Py_ssiz
 
 PyObject *tans_unpack_fields(PyObject *self, PyObject *args)
 {
-    Py_buffer buf = {0}, out = {0};
+    TANS_BUFFER buf = {0}, out = {0};
     Py_ssize_t R;
     if (!PyArg_ParseTuple(args, "y*nw*", &buf, &R, &out))
         return NULL;
     const Py_ssize_t count = out.len / 8;
     if (R < 1 || R > 32 || out.len % 8 || count * R > buf.len * 8)
-        return refuse_arguments(&buf, &out, "unpack_fields: bad arguments");
+        return tans_bad_arguments("unpack_fields");
     tans_unpack_fields_into(buf.buf, R, out.buf, count);
-    PyBuffer_Release(&buf);
-    PyBuffer_Release(&out);
     Py_RETURN_NONE;
 }

@@ -90,43 +90,30 @@ long tans_tail_symbols_into(void *sym, int narrow, const int64_t *f, Py_ssize_t 
 
 PyObject *tans_tail_contexts(PyObject *self, PyObject *args)
 {
-    Py_buffer ctx = {0};
+    TANS_BUFFER ctx = {0};
     Py_ssize_t n, T, Wp, k, K;
     if (!PyArg_ParseTuple(args, "w*nnnnn", &ctx, &n, &T, &Wp, &k, &K))
         return NULL;
-    PyObject *result = NULL;
-    if (!layout_ok(n, T, Wp, k) || K < 1 || (ctx.len != n && ctx.len != 8 * n) || (ctx.len == n && 2 * K > 255)) {
-        PyErr_SetString(PyExc_ValueError, "tail_contexts: bad arguments");
-        goto done;
-    }
+    if (!layout_ok(n, T, Wp, k) || K < 1 || (ctx.len != n && ctx.len != 8 * n) || (ctx.len == n && 2 * K > 255))
+        return tans_bad_arguments("tail_contexts");
     Py_BEGIN_ALLOW_THREADS
     tans_tail_contexts_into(ctx.buf, ctx.len == n, n, T, Wp, k, K);
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&ctx);
-    return result;
+    return Py_NewRef(Py_None);
 }
 
 PyObject *tans_tail_symbols(PyObject *self, PyObject *args)
 {
-    Py_buffer sym = {0}, fin = {0};
+    TANS_BUFFER sym = {0}, fin = {0};
     Py_ssize_t n, T, Wp, k, g, S;
     if (!PyArg_ParseTuple(args, "w*y*nnnnnn", &sym, &fin, &n, &T, &Wp, &k, &g, &S))
         return NULL;
-    PyObject *result = NULL;
     if (!layout_ok(n, T, Wp, k) || g < 1 || g > 8 || k * g > 62 || S < 1 || (sym.len != n && sym.len != 8 * n) ||
-        (sym.len == n && S > 256) || fin.len != 8 * Wp) {
-        PyErr_SetString(PyExc_ValueError, "tail_symbols: bad arguments");
-        goto done;
-    }
+        (sym.len == n && S > 256) || fin.len != 8 * Wp)
+        return tans_bad_arguments("tail_symbols");
     long code;
     Py_BEGIN_ALLOW_THREADS
     code = tans_tail_symbols_into(sym.buf, sym.len == n, fin.buf, n, T, Wp, k, g, S);
     Py_END_ALLOW_THREADS
-    result = PyLong_FromLong(code);
-done:
-    PyBuffer_Release(&sym);
-    PyBuffer_Release(&fin);
-    return result;
+    return PyLong_FromLong(code);
 }

@@ -134,19 +134,16 @@ residuals_loop(const uint8_t *restrict pu, const uint8_t *restrict pv, int64_t *
 
 PyObject *tans_ulp_residuals(PyObject *self, PyObject *args)
 {
-    Py_buffer u = {0}, v = {0}, sym = {0}, field = {0}, raw = {0};
+    TANS_BUFFER u = {0}, v = {0}, sym = {0}, field = {0}, raw = {0};
     int bits, floating, fshift, fbits, fkey, r;
     if (!PyArg_ParseTuple(args, "y*y*iiiiiiw*w*w*", &u, &v, &bits, &floating, &fshift, &fbits, &fkey, &r, &sym,
                           &field, &raw))
         return NULL;
-    PyObject *result = NULL;
     struct ulp_format f;
     const Py_ssize_t n = bits > 0 ? u.len / (bits / 8) : 0;
     if (format_of(&f, bits, floating, fshift, fbits, fkey) || r < 0 || r + 1 >= bits || u.len != v.len ||
-        u.len % (bits / 8) || sym.len != 8 * n || field.len != n || raw.len < n * (bits / 8) + 8) {
-        PyErr_SetString(PyExc_ValueError, "ulp_residuals: bad arguments");
-        goto done;
-    }
+        u.len % (bits / 8) || sym.len != 8 * n || field.len != n || raw.len < n * (bits / 8) + 8)
+        return tans_bad_arguments("ulp_residuals");
     const uint8_t *restrict pu = u.buf, *restrict pv = v.buf;
     int64_t *restrict ps = sym.buf;
     uint8_t *restrict pf = field.buf, *restrict pr = raw.buf;
@@ -159,14 +156,7 @@ PyObject *tans_ulp_residuals(PyObject *self, PyObject *args)
     else
         total = residuals_loop(pu, pv, ps, pf, pr, n, &f, r, 8);
     Py_END_ALLOW_THREADS
-    result = PyLong_FromUnsignedLongLong(total);
-done:
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&sym);
-    PyBuffer_Release(&field);
-    PyBuffer_Release(&raw);
-    return result;
+    return PyLong_FromUnsignedLongLong(total);
 }
 
 /* specialised by element width, as apply_loop below */
@@ -181,18 +171,15 @@ contexts_loop(const uint8_t *restrict pv, const uint8_t *restrict cm, uint8_t *r
 
 PyObject *tans_ulp_contexts(PyObject *self, PyObject *args)
 {
-    Py_buffer v = {0}, cmap = {0}, out = {0};
+    TANS_BUFFER v = {0}, cmap = {0}, out = {0};
     int bits, floating, fshift, fbits, fkey;
     if (!PyArg_ParseTuple(args, "y*iiiiiy*w*", &v, &bits, &floating, &fshift, &fbits, &fkey, &cmap, &out))
         return NULL;
-    PyObject *result = NULL;
     struct ulp_format f;
     const Py_ssize_t n = bits > 0 ? v.len / (bits / 8) : 0;
     if (format_of(&f, bits, floating, fshift, fbits, fkey) || v.len % (bits / 8) || out.len != n ||
-        cmap.len != (Py_ssize_t)1 << fbits) {
-        PyErr_SetString(PyExc_ValueError, "ulp_contexts: bad arguments");
-        goto done;
-    }
+        cmap.len != (Py_ssize_t)1 << fbits)
+        return tans_bad_arguments("ulp_contexts");
     const uint8_t *restrict pv = v.buf, *restrict cm = cmap.buf;
     uint8_t *restrict po = out.buf;
     Py_BEGIN_ALLOW_THREADS
@@ -203,12 +190,7 @@ PyObject *tans_ulp_contexts(PyObject *self, PyObject *args)
     else
         contexts_loop(pv, cm, po, n, &f, 8);
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&cmap);
-    PyBuffer_Release(&out);
-    return result;
+    return Py_NewRef(Py_None);
 }
 
 /* The rebuild, specialised by element width and keying so that the loops carry no mode tests
@@ -268,19 +250,16 @@ apply_loop(const uint8_t *restrict ps, const uint8_t *restrict pv, const uint8_t
 
 PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
 {
-    Py_buffer sym = {0}, v = {0}, raw = {0}, out = {0};
+    TANS_BUFFER sym = {0}, v = {0}, raw = {0}, out = {0};
     int bits, floating, r;
     Py_ssize_t rlen;
     if (!PyArg_ParseTuple(args, "y*y*y*niiiw*", &sym, &v, &raw, &rlen, &bits, &floating, &r, &out))
         return NULL;
-    PyObject *result = NULL;
     struct ulp_format f;
     const Py_ssize_t n = sym.len;
     if (format_of(&f, bits, floating, 0, 1, 0) || r < 0 || r + 1 >= bits || v.len != n * (bits / 8) ||
-        out.len != v.len || rlen < 0 || raw.len < rlen + 8) {
-        PyErr_SetString(PyExc_ValueError, "ulp_apply: bad arguments");
-        goto done;
-    }
+        out.len != v.len || rlen < 0 || raw.len < rlen + 8)
+        return tans_bad_arguments("ulp_apply");
     const uint8_t *restrict ps = sym.buf, *restrict pv = v.buf, *restrict pr = raw.buf;
     uint8_t *restrict po = out.buf;
     const uint32_t small = 1u << (r + 1), rmask = (1u << r) - 1;
@@ -325,11 +304,5 @@ PyObject *tans_ulp_apply(PyObject *self, PyObject *args)
             err = 1;
     }
     Py_END_ALLOW_THREADS
-    result = PyLong_FromLong(err);
-done:
-    PyBuffer_Release(&sym);
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&raw);
-    PyBuffer_Release(&out);
-    return result;
+    return PyLong_FromLong(err);
 }

@@ -6,11 +6,12 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import pyfuse3
 import trio
 
+from lmzfs.fsmodel.nodes import Attributes
 from lmzfs.reader.api import StoreError
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,61 @@ def fuse_errors(*, logs: Callable[[OSError], bool]):
                 raise pyfuse3.FUSEError(errno.EIO) from None
         return wrapper
     return decorate
+
+
+def entry_attributes(a: Attributes, entry_timeout: float, attr_timeout: float) -> pyfuse3.EntryAttributes:
+    """What the kernel is told of an entry, and how long it may trust the name and the attributes."""
+    attrs = pyfuse3.EntryAttributes()
+    attrs.st_ino = a.inode
+    attrs.generation = 0              # inode numbers are never reused
+    attrs.entry_timeout, attrs.attr_timeout = entry_timeout, attr_timeout
+    attrs.st_mode = a.mode
+    attrs.st_nlink = a.nlink
+    attrs.st_uid, attrs.st_gid = a.uid, a.gid
+    attrs.st_rdev = 0
+    attrs.st_size = a.size
+    attrs.st_blksize = IO_BLOCK_SIZE
+    attrs.st_blocks = a.blocks
+    attrs.st_atime_ns, attrs.st_mtime_ns, attrs.st_ctime_ns = a.atime_ns, a.mtime_ns, a.ctime_ns
+    return attrs
+
+
+class OpenDirs:
+    """What opendir opened, by directory handle: readdir answers from it, releasedir drops it."""
+
+    def __init__(self) -> None:
+        self._by_fh: dict[int, Any] = {}
+        self._next_fh = 1
+
+    def open(self, listing) -> int:
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        self._by_fh[fh] = listing
+        return fh
+
+    def __getitem__(self, fh: int):
+        listing = self._by_fh.get(fh)
+        if listing is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return listing
+
+    def release(self, fh: int) -> None:
+        self._by_fh.pop(fh, None)
+
+    def clear(self) -> None:
+        self._by_fh.clear()
+
+
+def reply_entries(token, entries: list, start_id: int, attributes: Callable, remember: Callable) -> None:
+    """Answer readdir from the (name, item) listing opendir took: the entries from `start_id` on,
+    until the kernel's buffer is full. An entry's next_id is its index plus one, so 0 always means
+    "from the top"; each entry handed over is a reference the kernel holds (readdirplus), which
+    `remember(item)` counts, but for `.` and `..`, which the kernel skips."""
+    for index in range(start_id, len(entries)):
+        name, item = entries[index]
+        if not pyfuse3.readdir_reply(token, name, attributes(item), index + 1):
+            break
+        if name not in (b".", b".."):
+            remember(item)
 
 
 class MountLifecycle:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, fuse_errors
+from lmzfs.daemon.handlers import MountLifecycle, OpenDirs, entry_attributes, fuse_errors, reply_entries
 from lmzfs.daemon.tree import DirectoryTree, Node, Removal
+from lmzfs.fsmodel.nodes import Attributes
 from lmzfs.hostresources import usable_cpus
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreError
 
@@ -93,7 +94,7 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         self._limiter = trio.CapacityLimiter(workers or usable_cpus())
         self._uid, self._gid = os.getuid(), os.getgid()
         self._files: dict[int, _OpenFile] = {}
-        self._dirs: dict[int, _OpenDir] = {}
+        self._dirs = OpenDirs()                 # of _OpenDir
         self._next_fh = 1
         self._totals = None                 # (generation, StoreTotals)
         self._counters = {"reads_inline": 0, "reads_threaded": 0}
@@ -149,27 +150,16 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         return node
 
     def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
-        attrs = pyfuse3.EntryAttributes()
-        attrs.st_ino = node.inode
-        attrs.generation = 0              # inode numbers are never reused
         if node.is_dir:
-            attrs.st_mode = stat.S_IFDIR | 0o555
-            attrs.entry_timeout = attrs.attr_timeout = DIR_TIMEOUT
+            mode, timeouts = stat.S_IFDIR | 0o555, (DIR_TIMEOUT, DIR_TIMEOUT)
         elif node.is_symlink:
-            attrs.st_mode = stat.S_IFLNK | 0o777
-            attrs.entry_timeout = attrs.attr_timeout = DIR_TIMEOUT
+            mode, timeouts = stat.S_IFLNK | 0o777, (DIR_TIMEOUT, DIR_TIMEOUT)
         else:
-            attrs.st_mode = stat.S_IFREG | 0o444
-            attrs.entry_timeout, attrs.attr_timeout = FILE_ENTRY_TIMEOUT, FILE_TIMEOUT
-        attrs.st_nlink = node.nlink
-        attrs.st_uid, attrs.st_gid = self._uid, self._gid
-        attrs.st_rdev = 0
-        attrs.st_size = node.size
-        attrs.st_blksize = IO_BLOCK_SIZE
-        attrs.st_blocks = (node.size + 511) // 512
-        mtime_ns = round(node.mtime * 1e9)
-        attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
-        return attrs
+            mode, timeouts = stat.S_IFREG | 0o444, (FILE_ENTRY_TIMEOUT, FILE_TIMEOUT)
+        mtime_ns = round(node.mtime * 1e9)      # the only time a stored entry has
+        return entry_attributes(Attributes(node.inode, mode, node.nlink, self._uid, self._gid, node.size,
+                                           mtime_ns, mtime_ns, mtime_ns, blocks=(node.size + 511) // 512),
+                                *timeouts)
 
     @_fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
@@ -209,28 +199,19 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         self._refresh()
         if not self._node(inode).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        fh = self._new_fh()
-        self._dirs[fh] = _OpenDir(inode, self._snapshot(inode))
-        return fh
+        return self._dirs.open(_OpenDir(inode, self._snapshot(inode)))
 
     @_fuse_errors
     async def readdir(self, fh, start_id, token):
-        handle = self._dirs.get(fh)
-        if handle is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
+        handle = self._dirs[fh]
         if start_id == 0:               # a fresh listing (or rewinddir): take a new snapshot
             self._refresh()
             handle.entries = self._snapshot(handle.inode)
-        # next_id is the index of the following entry plus one, so 0 always means "from the top".
-        for index in range(start_id, len(handle.entries)):
-            name, node = handle.entries[index]
-            if not pyfuse3.readdir_reply(token, name, self._attributes(node), index + 1):
-                break
-            self._tree.remember(node)   # readdirplus hands the kernel a reference
+        reply_entries(token, handle.entries, start_id, self._attributes, self._tree.remember)
 
     @_fuse_errors
     async def releasedir(self, fh):
-        self._dirs.pop(fh, None)
+        self._dirs.release(fh)
 
     # -- files ----------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import stat
 import pyfuse3
 import trio
 
-from lmzfs.daemon.handlers import IO_BLOCK_SIZE, MountLifecycle, fuse_errors
+from lmzfs.daemon.handlers import MountLifecycle, OpenDirs, entry_attributes, fuse_errors, reply_entries
 from lmzfs.fsmodel.filesystem import NAME_MAX, Attributes, Filesystem
 from lmzfs.hostresources import usable_cpus
 from lmzfs.store.layout import StoreError
@@ -57,8 +57,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self._limiter = trio.CapacityLimiter(workers or usable_cpus())
-        self._dirs: dict[int, list[tuple[bytes, Attributes]]] = {}
-        self._next_dir_fh = 1
+        self._dirs = OpenDirs()                 # of [(name, Attributes)]
 
     # -- what mount.py's loop asks of any operations object ---------------------------------------
     @property
@@ -89,20 +88,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
     # -- attributes ------------------------------------------------------------------------------
     @staticmethod
     def _entry(a: Attributes) -> pyfuse3.EntryAttributes:
-        attrs = pyfuse3.EntryAttributes()
-        attrs.st_ino = a.inode
-        attrs.generation = 0
-        attrs.entry_timeout = ENTRY_TIMEOUT
-        attrs.attr_timeout = ATTR_TIMEOUT
-        attrs.st_mode = a.mode
-        attrs.st_nlink = a.nlink
-        attrs.st_uid, attrs.st_gid = a.uid, a.gid
-        attrs.st_rdev = 0
-        attrs.st_size = a.size
-        attrs.st_blksize = IO_BLOCK_SIZE
-        attrs.st_blocks = a.blocks
-        attrs.st_atime_ns, attrs.st_mtime_ns, attrs.st_ctime_ns = a.atime_ns, a.mtime_ns, a.ctime_ns
-        return attrs
+        return entry_attributes(a, ENTRY_TIMEOUT, ATTR_TIMEOUT)
 
     @_fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
@@ -172,24 +158,15 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
     @_fuse_errors
     async def opendir(self, inode, ctx):
         entries = [(os.fsencode(name), attrs) for name, attrs in self.fs.readdir(inode, dots=True)]
-        fh, self._next_dir_fh = self._next_dir_fh, self._next_dir_fh + 1
-        self._dirs[fh] = entries
-        return fh
+        return self._dirs.open(entries)
 
     @_fuse_errors
     async def readdir(self, fh, start_id, token):
-        entries = self._dirs.get(fh)
-        if entries is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
-        for index in range(start_id, len(entries)):
-            name, attrs = entries[index]
-            if not pyfuse3.readdir_reply(token, name, self._entry(attrs), index + 1):
-                break
-            if name not in (b".", b".."):           # readdirplus hands the kernel a reference
-                self.fs.remember(attrs.inode)       # (not for the dot entries: the kernel skips them)
+        # readdirplus hands the kernel a reference (not for the dot entries: the kernel skips them)
+        reply_entries(token, self._dirs[fh], start_id, self._entry, lambda attrs: self.fs.remember(attrs.inode))
 
     async def releasedir(self, fh):
-        self._dirs.pop(fh, None)
+        self._dirs.release(fh)
 
     async def fsyncdir(self, fh, datasync):
         pass                                        # every namespace change is durable when it returns

@@ -144,7 +144,7 @@ class Entries:
                     self._remove_stored(db, node, model_id(db, model), self._ns.join(path, name))
                     self._store_dir_meta(db, directory)
             with self._ns.lock:
-                node.ctime_ns = now
+                node.change(ctime_ns=now)
                 self._ns.detach(node)
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0) -> None:
@@ -173,7 +173,7 @@ class Entries:
                         else:
                             self._remove_stored(db, victim, new_mid, new_path)
                     move_subtree(db, old_mid, old_where[1], new_mid, new_path)
-                    node.ctime_ns = now
+                    node.change(ctime_ns=now)
                     source_dir.touch(now)
                     target_dir.touch(now)
                     self._store_dir_meta(db, source_dir)
@@ -206,17 +206,9 @@ class Entries:
                  atime_ns: int | None, mtime_ns: int | None) -> None:
         """chmod, chown, utimes (setattr but for the size); `now`: the change's ctime."""
         with self._ns.lock:
-            if mode is not None:
-                node.mode = stat.S_IMODE(mode)
-            if uid is not None:
-                node.uid = uid
-            if gid is not None:
-                node.gid = gid
-            if atime_ns is not None:
-                node.atime_ns = atime_ns
-            if mtime_ns is not None:
-                node.mtime_ns = mtime_ns
-            node.ctime_ns = now
+            given = {"mode": None if mode is None else stat.S_IMODE(mode), "uid": uid, "gid": gid,
+                     "atime_ns": atime_ns, "mtime_ns": mtime_ns}
+            node.change(**{k: v for k, v in given.items() if v is not None}, ctime_ns=now)
             where = self._ns.where(node) if node.linked else None
             stored = node.kind != "file" or node.file_id is not None
         if (mode, uid, gid, atime_ns, mtime_ns) == (None,) * 5:

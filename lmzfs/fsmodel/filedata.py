@@ -18,6 +18,7 @@ from typing import Callable
 
 from lmzfs.fsmodel.ranges import ByteRanges
 from lmzfs.fsmodel.spool import Spool, SpoolFile
+from lmzfs.preadio import PreadIO
 
 
 class FileData:
@@ -132,27 +133,13 @@ class FileData:
             self.spool_file = None
 
 
-class _RawView(io.RawIOBase):
+class _RawView(PreadIO):
     def __init__(self, data: FileData):
         self._data = data
-        self._pos = 0
 
-    def readable(self) -> bool:
-        return True
+    @property
+    def size(self) -> int:
+        return self._data.size
 
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._data.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buffer) -> int:
-        chunk = self._data.read(self._pos, len(buffer))
-        buffer[:len(chunk)] = chunk
-        self._pos += len(chunk)
-        return len(chunk)
+    def pread(self, offset: int, length: int) -> bytes:
+        return self._data.read(offset, length)

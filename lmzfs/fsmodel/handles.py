@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from lmzfs.fsmodel.commit import Committer
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.namespace import Namespace
-from lmzfs.fsmodel.nodes import Attributes, Node, fs_error
+from lmzfs.fsmodel.nodes import Attributes, Node, found, fs_error
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.store.catalog.fsrows import EntryMeta
@@ -77,7 +77,7 @@ class Handles:
         changed = writable and data.dirty and node.file_id is None       # a new file: committed even if empty
         if flags & os.O_TRUNC and writable and data.size:
             data.truncate(0)
-            node.mtime_ns = node.ctime_ns = time.time_ns()
+            node.touch(time.time_ns())
             changed = True
         with self._ns.lock:
             fh = self._next_fh
@@ -86,10 +86,7 @@ class Handles:
             return fh
 
     def _handle(self, fh: int) -> Handle:
-        handle = self._handles.get(fh)
-        if handle is None:
-            raise fs_error(errno.EBADF)
-        return handle
+        return found(self._handles.get(fh), errno.EBADF)
 
     def read(self, fh: int, offset: int, length: int) -> bytes:
         handle = self._handle(fh)
@@ -105,7 +102,7 @@ class Handles:
                 offset = node.data.size
             n = node.data.write(offset, data)
         handle.changed = True
-        node.mtime_ns = node.ctime_ns = time.time_ns()
+        node.touch(time.time_ns())
         return n
 
     def try_write(self, fh: int, offset: int, data: bytes) -> int | None:
@@ -149,7 +146,7 @@ class Handles:
         try:
             if size != data.size:
                 data.truncate(size)
-                node.mtime_ns = now
+                node.change(mtime_ns=now)
         finally:
             self._release_data(node)
 

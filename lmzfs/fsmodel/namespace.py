@@ -14,11 +14,12 @@ from __future__ import annotations
 import errno
 import threading
 import time
+from dataclasses import replace
 from typing import Iterator
 
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.nodes import (DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, NAME_MAX, RENAME_NOREPLACE, ROOT_INODE,
-                                 Attributes, Node, fs_error)
+                                 Attributes, Node, found, fs_error)
 from lmzfs.store.catalog.fsrows import EntryMeta
 
 
@@ -36,7 +37,7 @@ class Namespace:
         self._next_inode = ROOT_INODE + 1
         self._to_close: list[FileData] = []
         now = time.time_ns()
-        self.root = Node(ROOT_INODE, "dir", "", None, DEFAULT_DIR_MODE, uid, gid, now, now, now)
+        self.root = Node(ROOT_INODE, "", None, EntryMeta("dir", DEFAULT_DIR_MODE, uid, gid, now, now, now))
         self.root.parent = self.root
         self.inodes[ROOT_INODE] = self.root
 
@@ -48,18 +49,14 @@ class Namespace:
         if meta is None:
             mode = DEFAULT_DIR_MODE if kind == "dir" else DEFAULT_FILE_MODE
             meta = EntryMeta(kind, mode, self.uid, self.gid, now, now, now)
-        node = Node(self._next_inode, kind, name, parent, meta.mode, meta.uid, meta.gid, meta.atime_ns,
-                    meta.mtime_ns, meta.ctime_ns, meta.target, **kw)
+        node = Node(self._next_inode, name, parent, meta if meta.kind == kind else replace(meta, kind=kind), **kw)
         self._next_inode += 1
         self.inodes[node.inode] = node
         return node
 
     # -- where things are ------------------------------------------------------------------------
     def node(self, inode: int) -> Node:
-        node = self.inodes.get(inode)
-        if node is None:
-            raise fs_error(errno.ENOENT)
-        return node
+        return found(self.inodes.get(inode))
 
     def dir(self, inode: int) -> Node:
         node = self.node(inode)
@@ -72,10 +69,7 @@ class Namespace:
     @staticmethod
     def child(directory: Node, name: str) -> Node:
         check_length(name)
-        node = directory.children.get(name)
-        if node is None:
-            raise fs_error(errno.ENOENT)
-        return node
+        return found(directory.children.get(name))
 
     @staticmethod
     def where(node: Node) -> tuple[str, str] | None:

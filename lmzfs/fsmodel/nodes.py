@@ -2,9 +2,10 @@
 types every part of lmzfs/fsmodel shares, and the OSError they all raise."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.holes import Holes, blocks, data_bytes
@@ -24,6 +25,13 @@ def fs_error(code: int, what: str = "") -> OSError:
     return OSError(code, os.strerror(code) + (f": {what}" if what else ""))
 
 
+def found(value, code: int = errno.ENOENT):
+    """What a table's `get` gave, or the error `code` where it gave None (no such inode, name...)."""
+    if value is None:
+        raise fs_error(code)
+    return value
+
+
 @dataclass(frozen=True)
 class Attributes:
     inode: int
@@ -38,19 +46,12 @@ class Attributes:
     blocks: int = 0           # st_blocks: 512-byte units of data (a sparse file's holes take none)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     inode: int
-    kind: str                                    # "dir", "file" or "symlink"
     name: str
     parent: "Node | None"
-    mode: int
-    uid: int
-    gid: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-    target: bytes | None = None                  # a symlink's
+    entry: EntryMeta                             # its kind, owner, mode and times (fs_entries' row)
     children: dict[str, "Node"] = field(default_factory=dict)
     model: str | None = None                     # a model's root directory: the model's name
     file_id: int | None = None                   # the stored version of a file
@@ -62,19 +63,30 @@ class Node:
     linked: bool = True
     xattrs: dict[bytes, bytes] = field(default_factory=dict)
 
+    @property
+    def kind(self) -> str:
+        """"dir", "file" or "symlink"."""
+        return self.entry.kind
+
+    @property
+    def target(self) -> bytes | None:
+        """A symlink's."""
+        return self.entry.target
+
     def meta(self) -> EntryMeta:
-        return EntryMeta(self.kind, self.mode, self.uid, self.gid, self.atime_ns, self.mtime_ns, self.ctime_ns,
-                         self.target)
+        return self.entry
+
+    def change(self, **fields) -> None:
+        """Some of its metadata changed (chmod, utimes, a write's mtime...)."""
+        self.entry = replace(self.entry, **fields)
 
     def touch(self, now: int) -> None:
-        """A directory's entries changed."""
-        self.mtime_ns = self.ctime_ns = now
+        """Its content changed: a directory's entries, a file's bytes."""
+        self.change(mtime_ns=now, ctime_ns=now)
 
     def apply_meta(self, meta: EntryMeta) -> None:
-        self.mode, self.uid, self.gid = meta.mode, meta.uid, meta.gid
-        self.atime_ns, self.mtime_ns, self.ctime_ns = meta.atime_ns, meta.mtime_ns, meta.ctime_ns
-        if self.kind == "symlink":
-            self.target = meta.target
+        """Take a recorded entry's metadata; the kind stays, and the target of all but a symlink."""
+        self.entry = replace(meta, kind=self.kind, target=meta.target if self.kind == "symlink" else self.target)
 
     @property
     def current_size(self) -> int:
@@ -90,10 +102,11 @@ class Node:
     def attributes(self) -> Attributes:
         nlink = 0 if not self.linked else (
             2 + sum(1 for c in self.children.values() if c.kind == "dir") if self.kind == "dir" else 1)
+        e = self.entry
         size = self.current_size
-        return Attributes(self.inode, TYPE_BITS[self.kind] | self.mode, nlink, self.uid, self.gid,
-                          size, self.atime_ns, self.mtime_ns, self.ctime_ns,
-                          blocks(self.data_bytes() if self.kind == "file" else size))
+        return Attributes(self.inode, TYPE_BITS[e.kind] | e.mode, nlink, e.uid, e.gid, size,
+                          e.atime_ns, e.mtime_ns, e.ctime_ns,
+                          blocks(self.data_bytes() if e.kind == "file" else size))
 
     def data_bytes(self) -> int:
         """Bytes of a file that hold data (its holes left out)."""

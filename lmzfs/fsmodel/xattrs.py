@@ -7,7 +7,7 @@ import time
 
 from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
-from lmzfs.fsmodel.nodes import fs_error
+from lmzfs.fsmodel.nodes import found, fs_error
 from lmzfs.store.catalog.fsrows import delete_xattr, model_id, put_xattr
 
 XATTR_NAMESPACE = b"user."
@@ -19,10 +19,7 @@ class Xattrs:
         self._sync, self._ns = sync, ns
 
     def get(self, inode: int, name: bytes) -> bytes:
-        value = self._ns.node(inode).xattrs.get(name)
-        if value is None:
-            raise fs_error(errno.ENODATA)
-        return value
+        return found(self._ns.node(inode).xattrs.get(name), errno.ENODATA)
 
     def list(self, inode: int) -> list[bytes]:
         return sorted(self._ns.node(inode).xattrs)
@@ -42,7 +39,7 @@ class Xattrs:
                     put_xattr(db, model_id(db, where[0]), where[1], name, value)
             with self._ns.lock:
                 node.xattrs[name] = bytes(value)
-                node.ctime_ns = time.time_ns()
+                node.change(ctime_ns=time.time_ns())
 
     def remove(self, inode: int, name: bytes) -> None:
         with self._sync.changing():

@@ -36,25 +36,24 @@ def default_store_dir() -> Path:
     return Path(env) if env else user_store_dir()
 
 
+class _Under:
+    """One of the store's fixed entries (the module docstring's tree): its path below the root."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, paths: StorePaths | None, owner=None):
+        return self if paths is None else paths.root / self.name
+
+
 @dataclass(frozen=True)
 class StorePaths:
     root: Path
 
-    @property
-    def format_file(self) -> Path:
-        return self.root / "FORMAT"
-
-    @property
-    def catalog(self) -> Path:
-        return self.root / "catalog.sqlite"
-
-    @property
-    def packs(self) -> Path:
-        return self.root / "packs"
-
-    @property
-    def lock(self) -> Path:
-        return self.root / "lock"
+    format_file = _Under("FORMAT")
+    catalog = _Under("catalog.sqlite")
+    packs = _Under("packs")
+    lock = _Under("lock")
 
     def pack(self, pack_id: int) -> Path:
         return self.packs / f"pack-{pack_id:08d}.lmzp"

@@ -41,22 +41,19 @@ class Recode:
 
 
 @dataclass(frozen=True)
-class RowChange:
-    """A chunk's switch from the payload a pass read to its new one."""
-    chunk_id: bytes
-    old: ChunkLocation
-    new: ChunkLocation
-    codec: str
-    old_base: bytes | None = None       # the reference it was coded against
-    new_base: bytes | None = None       # the one it is coded against now
-
-
-@dataclass(frozen=True)
 class ChunkMove:
     """A payload copied as it is to a new place: only the location changes."""
     chunk_id: bytes
     old: ChunkLocation
     new: ChunkLocation
+
+
+@dataclass(frozen=True)
+class RowChange(ChunkMove):
+    """A chunk's switch from the payload a pass read to its new one, coded anew."""
+    codec: str
+    old_base: bytes | None = None       # the reference it was coded against
+    new_base: bytes | None = None       # the one it is coded against now
 
 
 @dataclass(frozen=True)

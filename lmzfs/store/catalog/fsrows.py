@@ -76,16 +76,19 @@ class EntryMeta:
 
 
 @dataclass(frozen=True)
-class FsEntryRow:
+class EntryRow:
+    """A row of the mount's tables: the entry it belongs to, by model and path inside it."""
     model: str
     path: str
+
+
+@dataclass(frozen=True)
+class FsEntryRow(EntryRow):
     meta: EntryMeta
 
 
 @dataclass(frozen=True)
-class XattrRow:
-    model: str
-    path: str
+class XattrRow(EntryRow):
     name: bytes
     value: bytes
 

@@ -18,6 +18,7 @@ from lmzfs.codecs.base import ChunkHint
 from lmzfs.formats import parse_open_file
 from lmzfs.formats.segments import FileLayout, Segment
 from lmzfs.errors import CorruptChunk
+from lmzfs.preadio import PreadIO
 from lmzfs.store.catalog import Catalog, Extent, FileRow
 from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StoreError
@@ -51,43 +52,30 @@ class StoredFile:
     hostile: bool
 
 
-class _StoredBytes(io.RawIOBase):
-    """A stored file as a seekable binary file read through the chunk source (for the parsers)."""
+class _StoredBytes(PreadIO):
+    """A stored file read through the chunk source."""
 
     def __init__(self, source: ChunkSource, extents: tuple[Extent, ...], size: int):
         self._source = source
         self._extents = extents
         self._starts = [e.offset for e in extents]
         self._size = size
-        self._pos = 0
 
-    def readable(self) -> bool:
-        return True
+    @property
+    def size(self) -> int:
+        return self._size
 
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + pos)
-        return self._pos
-
-    def readinto(self, buf) -> int:
-        end = min(self._pos + len(buf), self._size)
-        got = 0
-        i = bisect.bisect_right(self._starts, self._pos) - 1
-        while self._pos < end:
+    def pread(self, offset: int, length: int) -> bytes:
+        end = min(offset + length, self._size)
+        pieces = []
+        i = bisect.bisect_right(self._starts, offset) - 1
+        while offset < end:
             e = self._extents[i]
-            lo, hi = self._pos - e.offset, min(end, e.offset + e.size) - e.offset
-            piece = self._source.read(e, lo, hi)
-            buf[got:got + len(piece)] = piece
-            got += len(piece)
-            self._pos += len(piece)
+            piece = self._source.read(e, offset - e.offset, min(end, e.offset + e.size) - e.offset)
+            pieces.append(piece)
+            offset += len(piece)
             i += 1
-        return got
+        return b"".join(pieces)
 
 
 def hint_of(layout: FileLayout, starts: list[int], offset: int, size: int) -> ChunkHint:

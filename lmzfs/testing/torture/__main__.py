@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"tb {o.traceback is not None} hang {o.hang} {o.problems[:2]} {o.info}"[:600], flush=True)
             shutil.rmtree(scratch, ignore_errors=True)
             rows.append(row)
-            print(f"torture: {fam}: {row.cases} cases in {row.seconds:.0f} s", flush=True)
+            print(f"torture: {fam}: {row.tally['cases']} cases in {row.tally['seconds']:.0f} s", flush=True)
         print()
         print(table(rows))
         for row in rows:
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"total {time.monotonic() - started:.0f} s, seed {seed}")
         if args.json:
             args.json.write_text(json.dumps({"seed": seed, "sample": args.sample, "seconds": time.monotonic() - started,
-                                             "rows": [r.__dict__ for r in rows]}, indent=1, default=str))
-        bad = any(r.wrong_bytes or r.models_lost or r.tracebacks or r.hangs for r in rows)
+                                             "rows": [r.to_json() for r in rows]}, indent=1, default=str))
+        bad = any(r.tally[k] for r in rows for k in ("wrong_bytes", "models_lost", "tracebacks", "hangs"))
         return 1 if bad else 0
     finally:
         if args.work is None:

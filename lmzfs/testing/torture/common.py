@@ -15,6 +15,7 @@ import time
 import traceback as tb_mod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 
 @dataclass
@@ -124,6 +125,22 @@ class Killed:
     hang: bool
 
 
+def exit_with_lmz(store: Path, argv: list[str]) -> NoReturn:
+    """In a forked child: run `lmz --store STORE ARGV` in this process and _exit with its status
+    (70 and the traceback on stderr for an exception it let out)."""
+    from lmzfs.cli import main
+    try:
+        rc = main(["--store", str(store), *argv])
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:       # noqa: B036
+        tb_mod.print_exc()
+        rc = 70
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc if isinstance(rc, int) else 1)
+
+
 def fork_writer_and_kill(store: Path, argv: list[str], *, point: str | None, delay: float,
                          stderr_path: Path, bound: float = 90.0) -> Killed:
     """Fork a child that runs `lmz ARGV` in-process with the kill point `point` switched on
@@ -142,16 +159,7 @@ def fork_writer_and_kill(store: Path, argv: list[str], *, point: str | None, del
             from lmzfs import killpoints
             killpoints._AT = killpoints._parse(point)
             killpoints._seen.clear()
-            from lmzfs.cli import main
-            try:
-                rc = main(["--store", str(store), *argv])
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:       # noqa: B036
-                tb_mod.print_exc()
-                rc = 70
-            sys.stdout.flush()
-            os._exit(rc if isinstance(rc, int) else 1)
+            exit_with_lmz(store, argv)
         finally:
             os._exit(71)
     os.close(w)

@@ -21,7 +21,7 @@ import numpy as np
 
 from lmzfs.testing.onnxfile import Initializer, field, onnx_bytes, varint
 from lmzfs.testing.torture import Case, Outcome
-from lmzfs.testing.torture.common import listed_models, lmz, sha
+from lmzfs.testing.torture.common import exit_with_lmz, listed_models, lmz, sha
 
 RSS_BOUND_MIB = 1536
 DTYPES = ["F32", "F16", "BF16", "I8", "U8", "I16", "I32", "I64", "F64", "BOOL", "F8_E4M3", "Q4", "", "f32"]
@@ -201,17 +201,7 @@ def swap_case(prep, scratch: Path, swap: str, delay: float) -> Outcome:
             os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
             import sys
             sys.stderr = os.fdopen(2, "w", buffering=1)
-            from lmzfs.cli import main
-            try:
-                rc = main(["--store", str(store), "add", str(src), "--name", "swapped"])
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:       # noqa: B036
-                import traceback
-                traceback.print_exc()
-                rc = 70
-            sys.stderr.flush()
-            os._exit(rc)
+            exit_with_lmz(store, ["add", str(src), "--name", "swapped"])
         finally:
             os._exit(71)
     time.sleep(delay)

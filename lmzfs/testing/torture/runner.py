@@ -11,6 +11,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from lmzfs.testing.torture import Case, Outcome
 
@@ -90,59 +91,63 @@ def _unmount_under(scratch: Path) -> None:
             subprocess.run(["fusermount3", "-uz", parts[1]], capture_output=True, timeout=30)
 
 
+@dataclass(frozen=True)
+class Column:
+    """One column of the table: what each case adds to its family's row (or, `peak`, the largest)."""
+    key: str
+    heading: str
+    of: Callable[[Outcome], float]
+    zero: float = 0
+    peak: bool = False
+
+    def fold(self, so_far: float, value: float) -> float:
+        return max(so_far, value) if self.peak else so_far + value
+
+
+COLUMNS = (Column("cases", "cases", lambda o: 1),
+           Column("items", "checks", lambda o: o.items),
+           Column("wrong_bytes", "wrong bytes", lambda o: o.wrong_bytes),
+           Column("models_lost", "models lost", lambda o: o.models_lost),
+           Column("named_lost", "named LOST", lambda o: o.named_lost),
+           Column("tracebacks", "tracebacks", lambda o: o.traceback is not None),
+           Column("hangs", "hangs", lambda o: o.hang),
+           Column("problems", "other failures", lambda o: len(o.problems)),
+           Column("peak_rss_mib", "peak RSS MiB", lambda o: o.peak_rss_kib / 1024, zero=0.0, peak=True),
+           Column("seconds", "seconds", lambda o: o.seconds, zero=0.0))
+
+
 @dataclass
 class Row:
+    """A family's totals over its cases: one value a column, and the failed cases' outcomes."""
     family: str
-    cases: int = 0
-    items: int = 0
-    wrong_bytes: int = 0
-    models_lost: int = 0
-    named_lost: int = 0
-    tracebacks: int = 0
-    hangs: int = 0
-    problems: int = 0
-    peak_rss_mib: float = 0.0
-    seconds: float = 0.0
+    tally: dict[str, float] = field(default_factory=lambda: {c.key: c.zero for c in COLUMNS})
     failures: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
 
     def add(self, o: Outcome) -> None:
-        self.cases += 1
-        self.items += o.items
-        self.wrong_bytes += o.wrong_bytes
-        self.models_lost += o.models_lost
-        self.named_lost += o.named_lost
-        self.tracebacks += o.traceback is not None
-        self.hangs += o.hang
-        self.problems += len(o.problems)
-        self.peak_rss_mib = max(self.peak_rss_mib, o.peak_rss_kib / 1024)
-        self.seconds += o.seconds
+        for c in COLUMNS:
+            self.tally[c.key] = c.fold(self.tally[c.key], c.of(o))
         for k, v in o.info.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 self.info[k] = max(self.info.get(k, 0), v) if k.startswith("peak") else self.info.get(k, 0) + v
         if o.wrong_bytes or o.models_lost or o.traceback or o.hang or o.problems:
             self.failures.append(o.to_json())
 
+    def to_json(self) -> dict:
+        return {"family": self.family, **self.tally, "failures": self.failures, "info": self.info}
 
-COLUMNS = [("family", "family"), ("cases", "cases"), ("items", "checks"), ("wrong_bytes", "wrong bytes"),
-           ("models_lost", "models lost"), ("named_lost", "named LOST"), ("tracebacks", "tracebacks"),
-           ("hangs", "hangs"), ("problems", "other failures"), ("peak_rss_mib", "peak RSS MiB"),
-           ("seconds", "seconds")]
+    def cells(self) -> list[str]:
+        return [self.family] + [f"{v:.0f}" if isinstance(v, float) else str(v) for v in self.tally.values()]
 
 
 def table(rows: list[Row]) -> str:
-    cells = [[h for _, h in COLUMNS]]
-    for row in rows:
-        cells.append([f"{getattr(row, k):.0f}" if isinstance(getattr(row, k), float) else str(getattr(row, k))
-                      for k, _ in COLUMNS])
+    cells = [["family"] + [c.heading for c in COLUMNS]]
     total = Row("total")
     for row in rows:
-        for k, _ in COLUMNS[1:]:
-            v = getattr(row, k)
-            setattr(total, k, max(getattr(total, k), v) if k == "peak_rss_mib" else getattr(total, k) + v)
-    cells.append([f"{getattr(total, k):.0f}" if isinstance(getattr(total, k), float) else str(getattr(total, k))
-                  for k, _ in COLUMNS])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+        cells.append(row.cells())
+        total.tally = {c.key: c.fold(total.tally[c.key], row.tally[c.key]) for c in COLUMNS}
+    cells.append(total.cells())
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     lines = []
     for j, r in enumerate(cells):
         lines.append("| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)) + " |")
