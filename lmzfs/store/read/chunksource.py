@@ -238,9 +238,20 @@ class ChunkSource:
         need = e.size if found is None else len(found[0]) * found[1]
         if e.base is not None and self.cache.peek(e.base.chunk_id) is None:
             codec = None                    # its base is to be decoded first: never cheap
-        if (codec is not None and need <= codec.cheap_bytes) or (idle and lone):
+        if ((codec is not None and need <= codec.cheap_bytes) or (idle and lone)) and self._at_hand(e):
             return self.read(e, lo, hi, lone=lone)
         return None
+
+    def _at_hand(self, e: Extent) -> bool:
+        """Whether the payloads of the chunk and of the chunks it is coded against can be read
+        without waiting on a network (a remote store's packs: fetched already); never for a read
+        that must not wait."""
+        for link in e.chain():
+            pack = self._packs.held(link.location.pack)
+            at_hand = getattr(pack, "at_hand", None)
+            if at_hand is not None and not at_hand(link.location.offset, link.location.length):
+                return False
+        return True
 
     def prefetch(self, e: Extent) -> bool:
         """Decode the chunk into the cache unless it is there or on its way; True if decoded here."""

@@ -93,6 +93,15 @@ class RangeFetcher:
             parts.append(memoryview(blocks[b])[lo:hi])
         return b"".join(parts)
 
+    def at_hand(self, key: str, size: int, offset: int, length: int) -> bool:
+        """Whether every block of the range is in memory or in the disk cache."""
+        end = min(offset + length, size)
+        if end <= offset:
+            return True
+        with self._lock:
+            blocks = range(offset // BLOCK_BYTES, (end - 1) // BLOCK_BYTES + 1)
+            return all((key, b) in self._recent or self.cache.contains(key, b) for b in blocks)
+
     def _block_len(self, size: int, block: int) -> int:
         return min(BLOCK_BYTES, size - block * BLOCK_BYTES)
 

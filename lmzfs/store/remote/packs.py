@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from lmzfs.errors import CorruptChunk
-from lmzfs.store.packs import PackDamaged, check_pack_header
+from lmzfs.store.packs import RECORD_HEADER, PackDamaged, check_pack_header
 from lmzfs.store.remote.fetch import RangeFetcher
 from lmzfs.store.remote.format import RemotePack
 from lmzfs.store.remote.objects import RemoteError
@@ -27,6 +27,10 @@ class RemotePackFile:
 
     def pread(self, length: int, offset: int) -> bytes:
         return self._fetcher.read(self.key, self.size, offset, length)
+
+    def at_hand(self, offset: int, length: int) -> bool:
+        """Whether a pread of this range (its record header included) would fetch nothing."""
+        return self._fetcher.at_hand(self.key, self.size, max(0, offset - RECORD_HEADER.size), length + RECORD_HEADER.size)
 
 
 class RemotePacks:
