@@ -188,11 +188,9 @@ class RangeFetcher:
         view = memoryview(data)
         for b in run:
             out[b] = piece = bytes(view[(b - run.start) * BLOCK_BYTES:(b - run.start + 1) * BLOCK_BYTES])
+            self.cache.put(key, b, piece)      # before the run is settled: a block is always somewhere
             self._remember(key, b, piece)
-        # readers waiting for these blocks go on now; the disk cache gets them after
         self._settle(key, run, fut, result=out)
-        for b, piece in out.items():
-            self.cache.put(key, b, piece)
 
     def _settle(self, key: str, run: range, fut: Future, result=None, error=None) -> None:
         with self._lock:
@@ -218,8 +216,9 @@ class RangeFetcher:
             s.next_block = max(s.next_block, last + 1)
             stop = min(-(-size // BLOCK_BYTES), last + 1 + s.window // BLOCK_BYTES)
             start = max(last + 1, s.checked)
-            todo = [b for b in range(start, stop) if (key, b) not in self._inflight
-                    and not self.cache.contains(key, b)]
+            ahead = [b for b in range(start, stop) if (key, b) not in self._inflight and (key, b) not in self._recent]
+            on_disk = [b for b in ahead if self.cache.contains(key, b)]
+            todo = [b for b in ahead if b not in set(on_disk)]
             runs = _runs(todo)
             room = 2 * self._threads - self._ahead
             runs = runs[:max(0, room)]
@@ -229,6 +228,8 @@ class RangeFetcher:
             self._ahead += len(runs)
         for run, fut in zip(runs, futures):
             self._pool.submit(self._ahead_run, key, size, run, fut)
+        for b in on_disk:           # cached blocks: have the kernel read them in meanwhile
+            self.cache.advise(key, b)
 
     def _ahead_run(self, key: str, size: int, run: range, fut: Future) -> None:
         try:
