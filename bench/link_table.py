@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import describe, log, mounted, read_sequential, run  # noqa: E402
 
-RATES = ("1gbit", "10gbit", "none")
+RATES = ("1gbit", "2gbit", "10gbit", "none")
 LOAD_RATE = "1gbit"
 GOALS = {"astra": 1.3, "minilm": 1.1, "isnet": 1.1}      # cold read × the plain GET stream at 1 Gbit/s
 LOAD_GOAL = 1.0
@@ -82,6 +82,24 @@ def drop_page_cache() -> bool:
         return True
     except OSError:
         return False
+
+
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system CPU seconds of a process and (summed) its live descendants, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        if children:
+            with contextlib.suppress(OSError):
+                for t in Path(f"/proc/{p}/task").iterdir():
+                    with contextlib.suppress(OSError):
+                        todo += [int(c) for c in (t / "children").read_text().split()]
+    return total
 
 
 def load_file(path: Path) -> int:
@@ -184,8 +202,11 @@ class Inner:
         if which == "plain":
             drop_page_cache()
             w, lo = port_bytes(), lo_bytes()
+            c, e = cpu_seconds(os.getpid(), children=False), cpu_seconds(self.eng.proc.pid)
             s = self.plain_stream(name)
-            return {"seconds": s, "wire_bytes": port_bytes() - w, "lo_bytes": lo_bytes() - lo}
+            return {"seconds": s, "wire_bytes": port_bytes() - w, "lo_bytes": lo_bytes() - lo,
+                    "client_cpu_s": cpu_seconds(os.getpid(), children=False) - c,
+                    "engine_cpu_s": cpu_seconds(self.eng.proc.pid) - e, "loadavg": os.getloadavg()[0]}
         cache = self.work / "cache"
         shutil.rmtree(cache, ignore_errors=True)
         try:
@@ -193,10 +214,13 @@ class Inner:
                 path = m.path / name / self.files[name].name
                 drop_page_cache()
                 w, lo = port_bytes(), lo_bytes()
+                c, e = cpu_seconds(m.proc.pid), cpu_seconds(self.eng.proc.pid)
                 n, s = read_sequential(path)
                 wire, lo = port_bytes() - w, lo_bytes() - lo
+                c, e = cpu_seconds(m.proc.pid) - c, cpu_seconds(self.eng.proc.pid) - e
                 st = json.loads((m.path / ".lmzfs" / "stats.json").read_text())["remote"]["fetch"]
-                row = {"seconds": s, "wire_bytes": wire, "lo_bytes": lo, "fetched_bytes": st["bytes_fetched"],
+                row = {"seconds": s, "wire_bytes": wire, "lo_bytes": lo, "mount_cpu_s": c, "engine_cpu_s": e,
+                       "loadavg": os.getloadavg()[0], "fetched_bytes": st["bytes_fetched"],
                        "requests": st["requests"], "mount_s": m.ready_s}
                 if n != size:
                     raise RuntimeError(f"read {n} bytes of {name} through the mount, not {size}")
@@ -282,7 +306,14 @@ def _sha(path: Path) -> str:
 
 
 def inner_main(args) -> int:
+    from lmzfs.testing.netns import exit_with_parent
     from lmzfs.testing.seaweed import S3Engine
+
+    def leave(signum, _frame):          # the exit paths below stop the engine and unmount
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, leave)
+    exit_with_parent()
     files = dict(args.file)
     lmz = [args.lmz] if args.lmz else [sys.executable, "-m", "lmzfs"]
     work = args.workdir or Path(tempfile.mkdtemp(prefix="lmz-bench-link-", dir=args.tmpdir))

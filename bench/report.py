@@ -765,13 +765,25 @@ def link_md(lk: dict) -> list[str]:
             m = [r["mount"]["seconds"] if _ok(r.get("mount")) else None for r in rr]
             pw = max([r["plain"].get("wire_bytes") or 0 for r in rr if _ok(r.get("plain"))] or [0])
             mw = max([r["mount"].get("wire_bytes") or 0 for r in rr if _ok(r.get("mount"))] or [0])
+            cpu = summ([r["mount"].get("mount_cpu_s") for r in rr if _ok(r.get("mount"))])
+            eng = summ([r["mount"].get("engine_cpu_s") for r in rr if _ok(r.get("mount"))])
+            pcpu = summ([r["plain"].get("engine_cpu_s") for r in rr if _ok(r.get("plain"))])
             rows.append([_rate_label(rate), name, f"{n:,}", cell(summ(mbps(p, n)), 0), f"{pw:,}",
                          cell(summ(mbps(m, n)), 0), f"{mw:,} ({mw / n:.3f} of the file)" if n else "",
-                         ratio(per_run(p, m, lambda a, b: a / b))])
+                         ratio(per_run(p, m, lambda a, b: a / b)),
+                         f"{fmt(cpu['median'])} ({fmt(eng['median'])}; plain: {fmt(pcpu['median'])})"
+                         if cpu and eng and pcpu else "n/a"])
     if rows:
         out += ["Cold sequential read, MB/s of the original file:", ""]
         out += table(["link", "file", "bytes", "plain MB/s", "plain: bytes on the wire", "mount MB/s",
-                      "mount: bytes on the wire", "× plain"], rows, "llrrrrrr")
+                      "mount: bytes on the wire", "× plain", "CPU s: mount daemon (engine)"], rows, "llrrrrrrr")
+        loads = [r[w]["loadavg"] for e in (lk.get("rates") or {}).values() for rr in (e.get("reads") or {}).values()
+                 for r in rr for w in ("plain", "mount") if _ok(r.get(w)) and r[w].get("loadavg") is not None]
+        if loads:
+            out += [f"CPU s: the mount daemon's CPU seconds (every thread, user + system) over the read, median, and "
+                    f"in brackets the engine's over the same read and over the plain fetch. The machine's 1-min load "
+                    f"average after each read: median {statistics.median(loads):.1f}, max {max(loads):.1f} "
+                    "(other work shares its CPUs with the decoder).", ""]
     checks = [r["mount"].get("sha256_ok") for e in (lk.get("rates") or {}).values()
               for rr in (e.get("reads") or {}).values() for r in rr if _ok(r.get("mount"))
               and "sha256_ok" in r["mount"]]

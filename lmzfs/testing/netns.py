@@ -18,10 +18,12 @@ netem is not needed (and not available on every kernel): a token bucket with a 2
 gives the rate, and a real link's queueing."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -147,17 +149,22 @@ class ShapedLink:
         try:
             subprocess.run(self.argv(["ip", "link", "set", "lo", "up"]), check=True, capture_output=True,
                            text=True, timeout=30)
+            # a guard outside the namespace, in a session of its own: if this process is killed
+            # outright (SIGKILL, where no exit path runs), it stops what is left and deletes the namespace
+            subprocess.Popen([sys.executable, "-m", "lmzfs.testing.netns", "--guard", self.name, str(os.getpid())],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
         except BaseException:
             self.close()
             raise
         return self
 
-    def close(self) -> None:
-        """Every process still in the namespace (all started through it) SIGTERM, then SIGKILL; then
-        the namespace deleted."""
+    def close(self, grace: float = 15.0) -> None:
+        """Every process still in the namespace (all started through it) SIGTERM, then after `grace`
+        seconds SIGKILL; then the namespace deleted."""
         if not self._made:
             return
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             left = self.pids()
             for pid in left:
                 try:
@@ -175,3 +182,31 @@ class ShapedLink:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def exit_with_parent() -> None:
+    """SIGTERM to this process when the process that started it dies (Linux PR_SET_PDEATHSIG), for a
+    process run inside the namespace: its own exit path then stops what it started."""
+    import ctypes
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
+
+
+def _guard(name: str, owner: int) -> int:
+    """Wait while the namespace exists and its owner lives; if the owner dies first, clean up."""
+    while Path("/run/netns", name).exists():
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            link = ShapedLink(name)
+            link._made = True
+            link.close()
+            return 0
+        time.sleep(0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--guard":
+        raise SystemExit(_guard(sys.argv[2], int(sys.argv[3])))
+    raise SystemExit("usage: python -m lmzfs.testing.netns --guard NAME OWNER_PID")

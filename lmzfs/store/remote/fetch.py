@@ -273,18 +273,18 @@ class RangeFetcher:
 
 def _take(pending: list[memoryview], n: int) -> bytes:
     """The first n bytes of the pieces as one bytes object (one copy), removed from the list."""
-    out = bytearray(n)
+    parts = []
     at = 0
     while at < n:
         view = pending[0]
         k = min(len(view), n - at)
-        out[at:at + k] = view[:k]
+        parts.append(view[:k])
         at += k
         if k == len(view):
             pending.pop(0)
         else:
             pending[0] = view[k:]
-    return bytes(out)
+    return b"".join(parts)
 
 
 def _runs(blocks: list[int]) -> list[range]:
