@@ -2,7 +2,7 @@
 """Issue 50: a model over a real link, from the remote store against the plain file.
 
     .venv/bin/python bench/link_table.py --file astra=PATH [--file NAME=PATH ...] --json OUT.json
-        [--lmz LMZFS_CLI] [--runs 2] [--rates 1gbit,10gbit,none] [--load-rate 1gbit] [--tmpdir DIR]
+        [--lmz LMZFS_CLI] [--runs 2] [--rates 1gbit,2gbit,10gbit,none] [--load-rate 1gbit] [--tmpdir DIR]
 
 Runs in the project's venv (lmzfs, obstore, safetensors, gguf, torch), as root (ip netns, tc,
 drop_caches); bench/run.py runs it as its `link` section. It makes a private network namespace

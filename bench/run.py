@@ -31,7 +31,7 @@
    polling costs the engine, the disk cache's cap.
 10. Shaped link (bench/link_table.py, in the project's venv, as root): the same engine, our remote mount
    and a plain ranged-GET fetcher in a network namespace of their own whose loopback is shaped to
-   1 Gbit/s, 10 Gbit/s and not at all (lmzfs.testing.netns): cold reads of astra, minilm, isnet and
+   1, 2 and 10 Gbit/s and not at all (lmzfs.testing.netns): cold reads of astra, minilm, isnet and
    smollm2, and their real loaders, from the remote mount against the plain file.
 11. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
    JSON goes beside the Markdown (docs/results.json) unless told otherwise: it is committed with
@@ -425,7 +425,7 @@ def link_section(frozen_dir: Path | None, files: dict[str, Path], runs: int, tmp
     if not files:
         return {"error": "none of " + ", ".join(LINK) + " is available"}
     out = tmp / "link.json"
-    log("shaped link: " + ", ".join(files) + " at 1 Gbit/s, 10 Gbit/s and unshaped")
+    log("shaped link: " + ", ".join(files) + " at 1, 2 and 10 Gbit/s and unshaped")
     try:
         common.run([*common.lmzfs_python(frozen_dir), str(HERE / "link_table.py"),
                     *[a for n, p in files.items() for a in ("--file", f"{n}={p}")], "--json", str(out),
