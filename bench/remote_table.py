@@ -19,8 +19,8 @@ whatever happens; every mount is unmounted. Measures:
   engine (MNT/.lmzfs/stats.json, remote.fetch.bytes_fetched) beside the file's stored bytes;
 - two "hosts": two remote mounts, separate cache dirs and processes, serve every file of the
   prefix (astra and its fine-tune) with the originals' SHA-256;
-- client library: ranged GETs of the largest pack object, 8 MiB each, 8 threads at once (the
-  mount's fetcher's request size and parallelism), obstore (through lmzfs's ObjectStore, and
+- client library: ranged GETs of the largest pack object, of the mount fetcher's request size
+  (MAX_GET_BYTES) and as many at once as its fetch threads, obstore (through lmzfs's ObjectStore, and
   called directly) against boto3's client in the same threads, rotating the order, --runs times:
   MB/s, and CPU seconds of this process per GB fetched (the engine's own CPU not included);
 - polling: a mount at --poll 1s behind a counting TCP proxy, idle for POLL_WINDOW_S: requests and
@@ -54,8 +54,7 @@ POLL_WINDOW_S = 60.0
 POLL_S = 1.0
 FLEET_POLL_S = 30.0                  # the default remote_poll
 FLEETS = (10, 100, 1000)
-GET_BYTES = 8 << 20                  # lmzfs.store.remote.fetch.MAX_GET_BYTES
-GET_THREADS = 8                      # lmzfs.store.remote.fetch.FETCH_THREADS
+from lmzfs.store.remote.fetch import FETCH_THREADS as GET_THREADS, MAX_GET_BYTES as GET_BYTES  # noqa: E402 -- the mount's
 FINETUNE_BYTES = 1 << 20             # the stretch of astra's weights the fine-tune changes
 GOALS = {"cold": 0.8, "warm": 0.95, "fetched": 1.03, "cache_cap": 1.05}
 

@@ -29,7 +29,11 @@
    loopback (lmzfs.testing.seaweed) and read back through `lmz mount --remote`, cold and warm, beside
    the local store's mount; bytes fetched, two mounts byte-identical, obstore against boto3, what
    polling costs the engine, the disk cache's cap.
-10. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
+10. Shaped link (bench/link_table.py, in the project's venv, as root): the same engine, our remote mount
+   and a plain ranged-GET fetcher in a network namespace of their own whose loopback is shaped to
+   1, 2 and 10 Gbit/s and not at all (lmzfs.testing.netns): cold reads of astra, minilm, isnet and
+   smollm2, and their real loaders, from the remote mount against the plain file.
+11. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
    JSON goes beside the Markdown (docs/results.json) unless told otherwise: it is committed with
    it, so that a later run of one section can be merged into it on any machine (bench/merge.py).
 
@@ -69,7 +73,8 @@ SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire", "smollm2-q4km", "quire
 WRITABLE = ("minilm", "astra")      # the first is also the mixed tree's model
 GGUF_MOUNT = ("smollm2-q4km", "smollm2")
 HF_CACHE = ("minilm", "quire")      # what lmzfs.testing.hfcache builds the hub cache from
-SECTIONS = ("compress", "codec-speed", "chains", "writable", "gguf-mount", "hf-cache", "remote", "mount")
+SECTIONS = ("compress", "codec-speed", "chains", "writable", "gguf-mount", "hf-cache", "remote", "link", "mount")
+LINK = ("astra", "minilm", "isnet", "smollm2")    # BF16, FP32, FP16, GGUF
 CHAIN = ("quire", "quire@0.3.1")
 CHAIN_NOTE = ("Two successive releases of the same model (v0.3.0 then v0.3.1). Stores add both as one "
               "model (lmzfs shares identical chunks across the whole store, so two models would cost the "
@@ -141,6 +146,19 @@ def odd_things(res: dict) -> list[str]:
         odd += [f"remote: {step} failed: {why[:300]}" for step, why in (r.get("errors") or {}).items()]
         if r.get("two_hosts") and not r["two_hosts"]["identical"]:
             odd.append("remote: two mounts of the same prefix did not both serve every file byte-identical")
+    lk = res.get("link")
+    if isinstance(lk, dict):
+        if lk.get("error"):
+            odd.append(f"link section failed: {lk['error'][:300]}")
+        for rate, e in (lk.get("rates") or {}).items():
+            for kind in ("reads", "loads"):
+                for name, rows in (e.get(kind) or {}).items():
+                    for row in rows:
+                        for which, x in row.items():
+                            if x.get("error"):
+                                odd.append(f"link {rate}: {name} {kind[:-1]} ({which}): {x['error'][:300]}")
+                            if x.get("sha256_ok") is False:
+                                odd.append(f"link {rate}: {name} read through the remote mount was NOT byte-identical")
     return odd
 
 
@@ -163,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-gguf-mount", action="store_true", help="leave out the GGUF-through-the-mount table")
     ap.add_argument("--skip-hf-cache", action="store_true", help="leave out the Hugging Face cache table")
     ap.add_argument("--skip-remote", action="store_true", help="leave out the remote-store section")
+    ap.add_argument("--skip-link", action="store_true", help="leave out the shaped-link section (issue 50)")
     ap.add_argument("--only", metavar="SECTIONS",
                     help=f"run only these sections, comma-separated, of: {', '.join(SECTIONS)} (the others skipped)")
     ap.add_argument("--against", metavar="REV",
@@ -275,6 +294,8 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         need.update(HF_CACHE)
     if not args.skip_remote:
         need.add("astra")
+    if not args.skip_link:
+        need.update(LINK)
     paths: dict[str, Path] = {}
     for name in [n for n in [*SINGLE, CHAIN[1]] if n in need]:
         log(f"corpus: {name}")
@@ -331,6 +352,10 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
             save()
         if not args.skip_remote:
             res["remote"] = remote_section(common.LMZFS_FROZEN, paths.get("astra"), args.runs, Path(tmp))
+            save()
+        if not args.skip_link:
+            res["link"] = link_section(common.LMZFS_FROZEN, {n: paths[n] for n in LINK if n in paths}, args.runs,
+                                       Path(tmp))
             save()
         if args.against:
             try:
@@ -389,6 +414,22 @@ def remote_section(frozen_dir: Path | None, astra: Path | None, runs: int, tmp: 
         common.run([*common.lmzfs_python(frozen_dir), str(HERE / "remote_table.py"), "--astra", str(astra),
                     "--json", str(out), "--lmz", str(common.LMZFS_CLI), "--runs", str(runs), "--tmpdir", str(tmp)],
                    timeout=3600)
+        return json.loads(out.read_text())
+    except Exception as exc:
+        return {"error": describe(exc)}
+
+
+def link_section(frozen_dir: Path | None, files: dict[str, Path], runs: int, tmp: Path) -> dict:
+    """bench/link_table.py in the project's venv, as root: the engine, our mount and a plain fetcher
+    in a network namespace of their own behind a shaped link (lmzfs.testing.netns)."""
+    if not files:
+        return {"error": "none of " + ", ".join(LINK) + " is available"}
+    out = tmp / "link.json"
+    log("shaped link: " + ", ".join(files) + " at 1, 2 and 10 Gbit/s and unshaped")
+    try:
+        common.run([*common.lmzfs_python(frozen_dir), str(HERE / "link_table.py"),
+                    *[a for n, p in files.items() for a in ("--file", f"{n}={p}")], "--json", str(out),
+                    "--lmz", str(common.LMZFS_CLI), "--runs", str(runs), "--tmpdir", str(tmp)], timeout=3 * 3600)
         return json.loads(out.read_text())
     except Exception as exc:
         return {"error": describe(exc)}

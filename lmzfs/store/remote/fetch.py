@@ -3,11 +3,15 @@
 A read names an object and a byte range; the blocks it needs come from the cache, or from the
 engine: the missing ones grouped into runs of at most MAX_GET_BYTES, each run one ranged GET,
 the runs issued in parallel, and a block another thread is already fetching waited for, never
-fetched twice. While reads of an object follow each other in order, read-ahead fetches the
-blocks after them in the background, its window doubling from READAHEAD_MIN to READAHEAD_MAX
-with each read that continues the stream (as hf-mount's adaptive prefetch does), never past
-the object's end, and never more than a quarter of the disk cache (so a small cache does not
-evict what it read ahead before it is read); a read elsewhere starts the window over. The blocks
+fetched twice. A GET's body is taken as it streams in: each block is handed on as soon as its
+last byte has arrived, so decoding starts on the first block of a GET while the rest is still on
+the wire. While reads of an object follow each other in order, read-ahead fetches the blocks after
+them in the background, its window doubling from READAHEAD_MIN to READAHEAD_MAX with each read that
+continues the stream (as hf-mount's adaptive prefetch does), never past the object's end, and never
+more than a quarter of the disk cache (so a small cache does not evict what it read ahead before it
+is read); a read elsewhere starts the window over. At most AHEAD_RUNS read-ahead GETs are in flight,
+the window refilled in order as each ends: GETs in flight share the link, so with fewer of them the
+bytes come about in the order the reader needs them (docs/remote.md, "Over a real link"). The blocks
 read or fetched last are kept in memory (RECENT_BYTES), checked once: a 1 MiB block holds several
 chunks' payloads, which would otherwise each read and check it from disk again.
 """
@@ -22,10 +26,14 @@ from dataclasses import dataclass, field
 from lmzfs.store.remote.blockcache import BLOCK_BYTES, BlockCache
 from lmzfs.store.remote.objects import ObjectStore, RemoteError, RemoteUnavailable
 
-MAX_GET_BYTES = 8 << 20
+MAX_GET_BYTES = 4 << 20
 READAHEAD_MIN = 8 << 20
 READAHEAD_MAX = 128 << 20
 FETCH_THREADS = 8
+# read-ahead GETs in flight at once, for all streams: enough to keep a link full, few enough that
+# the bytes arrive about in the order the reader wants them (GETs in flight share the link: with 8
+# of 8 MiB, the block the decoder waits for came at an eighth of the link's rate, issue 50)
+AHEAD_RUNS = 4
 RECENT_BYTES = 32 << 20       # checked blocks kept in memory: a block serves several chunk reads
 
 
@@ -107,7 +115,7 @@ class RangeFetcher:
 
     def _blocks(self, key: str, size: int, wanted: range) -> dict[int, bytes]:
         got: dict[int, bytes] = {}
-        waits: list[Future] = []
+        waits: list[tuple[int, Future]] = []
         mine: list[int] = []
         for b in wanted:
             data = self._remembered(key, b)
@@ -123,21 +131,21 @@ class RangeFetcher:
                     continue
                 fut = self._inflight.get((key, b))
                 if fut is not None:
-                    waits.append(fut)
+                    waits.append((b, fut))
                 else:
                     mine.append(b)
             runs = _runs(mine)
-            futures = [self._claim(key, run) for run in runs]
+            claimed = [self._claim(key, run) for run in runs]
         # the first run here, the others on the pool, so a read of many blocks fetches in parallel
-        for run, fut in list(zip(runs, futures))[1:]:
-            self._pool.submit(self._fetch_run, key, size, run, fut)
+        for run, futs in list(zip(runs, claimed))[1:]:
+            self._pool.submit(self._fetch_run, key, size, run, futs)
         if runs:
-            self._fetch_run(key, size, runs[0], futures[0])
-        for fut in [*futures, *waits]:
-            got.update(fut.result())
-        missing = [b for b in wanted if b not in got]
-        if missing:         # a block fetched by a read-ahead run that covered other blocks
-            got.update(self._blocks(key, size, range(missing[0], missing[-1] + 1)))
+            self._fetch_run(key, size, runs[0], claimed[0])
+        for run, futs in zip(runs, claimed):
+            for b, fut in zip(run, futs):
+                got[b] = fut.result()
+        for b, fut in waits:
+            got[b] = fut.result()
         return got
 
     def _remembered(self, key: str, block: int) -> bytes | None:
@@ -156,51 +164,72 @@ class RangeFetcher:
             while self._recent_bytes > RECENT_BYTES:
                 self._recent_bytes -= len(self._recent.popitem(last=False)[1])
 
-    def _claim(self, key: str, run: range) -> Future:
-        fut: Future = Future()
-        for b in run:
+    def _claim(self, key: str, run: range) -> list[Future]:
+        """A future per block of the run, each settled as soon as its block has arrived."""
+        futs = [Future() for _ in run]
+        for b, fut in zip(run, futs):
             self._inflight[(key, b)] = fut
-        return fut
+        return futs
 
-    def _fetch_run(self, key: str, size: int, run: range, fut: Future, ahead: bool = False) -> None:
+    def _fetch_run(self, key: str, size: int, run: range, futs: list[Future], ahead: bool = False) -> None:
+        """One ranged GET for the run's blocks, its body streamed: each block is checked into the
+        cache and handed to whoever waits for it as soon as its last byte is in, while the rest of
+        the GET is still on the wire (a decoder starts on the first block of an 8 MiB GET without
+        waiting for its last)."""
         lo, hi = run.start * BLOCK_BYTES, min(run.stop * BLOCK_BYTES, size)
         t0 = time.perf_counter()
+        done = 0                    # blocks of the run settled
+        pending: list[memoryview] = []
+        have = 0
         try:
-            data = self.objects.get_range(key, lo, hi)
+            for view in self.objects.get_range_pieces(key, lo, hi, BLOCK_BYTES):
+                pending.append(view)
+                have += len(view)
+                while done < len(run):
+                    need = self._block_len(size, run.start + done)
+                    if have < need:
+                        break
+                    piece = _take(pending, need)
+                    have -= need
+                    self._arrived(key, run.start + done, piece, futs[done], ahead)
+                    done += 1
+            if done < len(run):
+                raise RemoteUnavailable(f"{self.objects.url}/{key}: the GET of bytes {lo}..{hi} ended early")
         except RemoteError as exc:
             self.stats.errors += 1
             self.last_error = str(exc)
             err = exc if isinstance(exc, RemoteUnavailable) else RemoteUnavailable(str(exc))
-            self._settle(key, run, fut, error=err)
+            self._fail(key, run, futs, done, err)
             return
         except BaseException as exc:            # noqa: BLE001 -- whoever waits gets it
-            self._settle(key, run, fut, error=exc)
+            self._fail(key, run, futs, done, exc)
             return
         dt = time.perf_counter() - t0
         self.stats.requests += 1
-        self.stats.bytes_fetched += len(data)
+        self.stats.bytes_fetched += hi - lo
         self.stats.seconds += dt
         self.stats.latencies.append(dt)
         if ahead:
-            self.stats.readahead_bytes += len(data)
+            self.stats.readahead_bytes += hi - lo
         self.last_ok, self.last_error = time.time(), None
-        out = {}
-        view = memoryview(data)
-        for b in run:
-            out[b] = piece = bytes(view[(b - run.start) * BLOCK_BYTES:(b - run.start + 1) * BLOCK_BYTES])
-            self.cache.put(key, b, piece)      # before the run is settled: a block is always somewhere
-            self._remember(key, b, piece)
-        self._settle(key, run, fut, result=out)
 
-    def _settle(self, key: str, run: range, fut: Future, result=None, error=None) -> None:
+    def _arrived(self, key: str, block: int, data: bytes, fut: Future, ahead: bool) -> None:
+        self.cache.put(key, block, data)
+        if not ahead:
+            self._remember(key, block, data)
         with self._lock:
-            for b in run:
+            if self._inflight.get((key, block)) is fut:
+                del self._inflight[(key, block)]
+        fut.set_result(data)
+
+    def _fail(self, key: str, run: range, futs: list[Future], done: int, error: BaseException) -> None:
+        """The blocks of the run not yet settled fail with error (those settled keep their bytes)."""
+        with self._lock:
+            for b, fut in list(zip(run, futs))[done:]:
                 if self._inflight.get((key, b)) is fut:
                     del self._inflight[(key, b)]
-        if error is not None:
+        for fut in futs[done:]:
             fut.set_exception(error)
-        else:
-            fut.set_result(result)
 
     # -- read-ahead -------------------------------------------------------------------------------
     def _read_ahead(self, key: str, size: int, first: int, last: int) -> None:
@@ -214,36 +243,71 @@ class RangeFetcher:
                 return
             s.window = min(self._ahead_max, s.window * 2)
             s.next_block = max(s.next_block, last + 1)
-            stop = min(-(-size // BLOCK_BYTES), last + 1 + s.window // BLOCK_BYTES)
-            start = max(last + 1, s.checked)
-            ahead = [b for b in range(start, stop) if (key, b) not in self._inflight and (key, b) not in self._recent]
-            on_disk = [b for b in ahead if self.cache.contains(key, b)]
-            todo = [b for b in ahead if b not in set(on_disk)]
-            runs = _runs(todo)
-            room = 2 * self._threads - self._ahead
-            runs = runs[:max(0, room)]
-            # what was looked at and is cached or on its way needs no second look by the next read
-            s.checked = runs[-1].stop if len(runs) < len(_runs(todo)) else stop
-            futures = [self._claim(key, run) for run in runs]
-            self._ahead += len(runs)
-        for run, fut in zip(runs, futures):
-            self._pool.submit(self._ahead_run, key, size, run, fut)
-        for b in on_disk:           # cached blocks: have the kernel read them in meanwhile
-            self.cache.advise(key, b)
+            issued = self._plan_ahead(key, size, s)
+        self._submit_ahead(key, size, issued)
 
-    def _ahead_run(self, key: str, size: int, run: range, fut: Future) -> None:
-        try:
-            self._fetch_run(key, size, run, fut, ahead=True)
+    def _plan_ahead(self, key: str, size: int, s: _Stream) -> list[tuple[range, list[Future]]]:
+        """Under the lock: the runs of the stream's window not yet cached or in flight, in order,
+        as many as AHEAD_RUNS allows in flight, claimed."""
+        room = AHEAD_RUNS - self._ahead
+        if room <= 0:
+            return []
+        stop = min(-(-size // BLOCK_BYTES), s.next_block + s.window // BLOCK_BYTES)
+        todo = []
+        for b in range(max(s.next_block, s.checked), stop):
+            if (key, b) in self._inflight or (key, b) in self._recent:
+                continue
+            if self.cache.contains(key, b):
+                self.cache.advise(key, b)       # on disk: have the kernel read it in meanwhile
+                continue
+            todo.append(b)
+            if len(todo) >= room * (MAX_GET_BYTES // BLOCK_BYTES):
+                break
+        else:
+            if len(_runs(todo)) <= room:
+                s.checked = stop                # all below is cached or on its way: no second look
+        runs = _runs(todo)[:room]
+        self._ahead += len(runs)
+        return [(run, self._claim(key, run)) for run in runs]
+
+    def _submit_ahead(self, key: str, size: int, issued: list[tuple[range, list[Future]]]) -> None:
+        for run, futs in issued:
             try:
-                fut.result()
-            except BaseException:           # noqa: BLE001 -- a read that needs it fetches it again
-                pass
+                self._pool.submit(self._ahead_run, key, size, run, futs)
+            except RuntimeError:            # closing: nobody will wait for these
+                self._fail(key, run, futs, 0, RemoteUnavailable("the fetcher is closed"))
+                with self._lock:
+                    self._ahead -= 1
+
+    def _ahead_run(self, key: str, size: int, run: range, futs: list[Future]) -> None:
+        try:
+            self._fetch_run(key, size, run, futs, ahead=True)     # a failure reaches only those who wait
         finally:
             with self._lock:
                 self._ahead -= 1
+                s = self._streams.get(key)
+                # the window goes on filling while the reader waits on a block, not only when it reads
+                issued = self._plan_ahead(key, size, s) if s is not None and s.window > 0 else []
+            self._submit_ahead(key, size, issued)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _take(pending: list[memoryview], n: int) -> bytes:
+    """The first n bytes of the pieces as one bytes object (one copy), removed from the list."""
+    parts = []
+    at = 0
+    while at < n:
+        view = pending[0]
+        k = min(len(view), n - at)
+        parts.append(view[:k])
+        at += k
+        if k == len(view):
+            pending.pop(0)
+        else:
+            pending[0] = view[k:]
+    return b"".join(parts)
 
 
 def _runs(blocks: list[int]) -> list[range]:

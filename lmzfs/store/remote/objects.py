@@ -16,7 +16,7 @@ import datetime
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 from urllib.parse import urlsplit
 
 from lmzfs.store.layout import StoreError
@@ -168,6 +168,20 @@ class ObjectStore:
         if len(data) != end - start:
             raise RemoteUnavailable(f"{self.url}/{key}: asked for bytes {start}..{end}, got {len(data)}")
         return data
+
+    def get_range_pieces(self, key: str, start: int, end: int, piece: int) -> Iterator[memoryview]:
+        """Bytes [start, end) of the object as they arrive, in pieces of at least `piece` bytes (the
+        last may be shorter): one ranged GET whose body is handed on while it streams in, so that a
+        reader of its first bytes need not wait for its last. RemoteUnavailable if fewer came back."""
+        got = 0
+        with self._mapped(key):
+            result = self._obs.get(self._store, key, options={"range": (start, end)})
+            for buf in result.stream(min_chunk_size=piece):
+                view = memoryview(buf)
+                got += len(view)
+                yield view
+        if got != end - start:
+            raise RemoteUnavailable(f"{self.url}/{key}: asked for bytes {start}..{end}, got {got}")
 
     def head(self, key: str) -> ObjectInfo:
         with self._mapped(key):
