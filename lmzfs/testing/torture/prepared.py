@@ -66,7 +66,7 @@ def _lmz(store: Path, *argv: str) -> None:
                    stdout=subprocess.DEVNULL, timeout=600)
 
 
-def prepare(root: Path, *, mib: int = 3) -> Prepared:
+def prepare(root: Path, *, mib: int = 1) -> Prepared:
     root.mkdir(parents=True, exist_ok=True)
     src = root / "src"
     budget = mib << 20
