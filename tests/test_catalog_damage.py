@@ -297,6 +297,23 @@ def test_kill_9_of_a_repair_at_any_moment_leaves_a_store_the_next_repair_brings_
         assert file_digests(trial) == before
 
 
+def test_a_text_value_flipped_into_bytes_that_are_not_utf8_is_damage_that_repair_mends(tmp_path):
+    # found by make torture: 'safetensors' with one bit flipped was "cannot be used", not damage
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    data = bytearray(store.catalog.read_bytes())
+    at = data.find(b"safetensors")
+    while at >= 0:                        # wherever a row (or an index) holds it
+        data[at + 7] ^= 0x80              # 's' becomes 0xf3: a lead byte with no continuation
+        at = data.find(b"safetensors", at + 1)
+    store.catalog.write_bytes(bytes(data))
+    first = run_lmz(["--store", str(store.root), "verify"])
+    assert first.rc == 2 and "is damaged: run lmz verify --repair" in first.stderr, first.stderr
+    assert repair(store).rc == 0
+    assert file_digests(store.root) == before
+    assert verify_store(store).ok
+
+
 def test_the_copy_a_repair_renames_into_place_is_already_in_wal_mode(tmp_path):
     # switched afterwards, the switch writes through a rollback journal that a kill leaves hot
     # beside the catalog, where no read-only open can roll it back (found by make torture)
