@@ -234,3 +234,37 @@ def test_a_flipped_bit_in_a_spool_record_refuses_the_mount_and_keeps_the_record(
     with pytest.raises(StoreError, match="is damaged \\(its checksum does not match\\)"):
         open_fs(store_dir)
     assert record.read_bytes() == kept
+
+
+def test_a_spool_killed_while_recorded_again_in_this_version_replays_as_recorded(store_dir):
+    # as a mount killed between writing the new record (generation 1) and restarting the
+    # journal leaves it: the old journal (a write, then a truncate to 10 bytes) is in the record
+    from dataclasses import replace
+    from lmzfs.fsmodel.ranges import ByteRanges
+    from lmzfs.fsmodel.spool import SpoolRecord
+    from lmzfs.fsmodel.spoolsums import sums_of
+    fs = open_fs(store_dir)
+    PathDriver(fs).mkdir("m")
+    fs.close()
+    spool_id = "00112233445566778899aabbccddeeff"
+    _old_spool(store_dir, spool_id, PATTERN, durable=True)
+    spool = StorePaths(store_dir).root / "spool"
+    entry = struct.pack("<B3xIQQ4x", 2, 1, 10, 0)
+    with open(spool / f"{spool_id}.log", "ab") as f:
+        f.write(entry + struct.pack("<I", zlib.crc32(entry)))
+    os.truncate(spool / f"{spool_id}.data", 10)
+    record_path = spool / f"{spool_id}.json"
+    old = SpoolRecord.from_json(record_path.read_bytes(), record_path)
+    fd = os.open(spool / f"{spool_id}.data", os.O_RDONLY)
+    try:
+        sums = sorted(sums_of(fd, ByteRanges([(0, 10)])).items())
+    finally:
+        os.close(fd)
+    record_path.write_bytes(replace(old, version=3, size=10, ranges=[(0, 10)], sums=sums, journal_entries=0,
+                                    journal_generation=1).to_json())
+    fs = open_fs(store_dir)
+    try:
+        assert fs.replayed == 1
+        assert PathDriver(fs).read_file("m/old") == PATTERN[:10]
+    finally:
+        fs.close()

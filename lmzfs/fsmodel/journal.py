@@ -159,6 +159,8 @@ def read_journal(data: bytes, spool_id: str, start: int, source: str, generation
         return JournalRead([], 0, f"{source}: the header is damaged")
     if version not in (1, JOURNAL_VERSION):
         raise StoreError(f"spool journal {source}: version {version} is not supported")
+    if version == 1 and generation > 0:
+        return JournalRead([], 0, None, restart=True)      # recorded again in version 3 (generation 1)
     if version == JOURNAL_VERSION and gen != generation:
         if gen < generation:
             return JournalRead([], 0, None, restart=True)       # folded into the record, then cut

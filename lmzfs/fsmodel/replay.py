@@ -78,10 +78,15 @@ class Replay:
             node.data = self._records.new_data(node, base, state.size, spool_file=spool_file,
                                                base_len=state.base_len if base is not None else 0)
             node.apply_meta(record.meta)
-            try:
-                if reopened.refold:    # a record of an older version: recorded again in this one, with sums
+            if reopened.refold:        # a record of an older version: recorded again in this one, with sums
+                try:
                     with node.data.lock:
                         self._records.compact(node, spool_file)
+                except OSError as exc:
+                    raise StoreError(f"{where}: its spool, left by an earlier version of lmzfs, could not be "
+                                     f"recorded again in this one ({exc.strerror or exc}); it is kept as it was: "
+                                     f"free some space and mount again") from None
+            try:
                 stored_now = not reopened.bad_blocks and self._committer.commit(node)
             except (OSError, StoreError) as exc:
                 log.error("%s stays in the spool: %s", where, exc)
