@@ -31,7 +31,7 @@ def writer_argv(prep: Prepared, writer: str) -> tuple[list[str], str | None]:
         "gc": (["gc"], None),
         "compact": (["rewrite", "compact", "--all"], None),
         "recode": (["rewrite", "recode"], None),
-        "delta": (["rewrite", "delta", "quire-next", "--base", "quire"], None),
+        "delta": (["rewrite", "delta", "solo", "--base", "run/step-2"], None),
         "anchor": (["rewrite", "anchor", "run/step-1"], None),
         "repair": (["verify", "--repair"], None),
     }[writer]
