@@ -45,7 +45,8 @@ bench: install
 	bench/.venv/bin/python bench/run.py --out docs/results.md $(BENCH_ARGS)
 
 # Issue 48: damage, kill -9, hostile input, access and load on real corpus files, bounded by
-# TORTURE_SECONDS (default 20 min); prints one table. `make test` runs its short sample (tests/test_torture.py).
+# TORTURE_SECONDS (default 20 min), a family's cases on one worker per usable CPU (TORTURE_ARGS=--jobs N);
+# prints one table and the crashes by writer. `make test` runs its short sample (tests/test_torture.py).
 TORTURE_SECONDS ?= 1200
 TORTURE_ARGS ?=
 torture: install

@@ -400,6 +400,13 @@ def spool_file(store: Path, suffix: str) -> Path:
     return path
 
 
+def edit_record(path: Path, **changes) -> None:
+    """Change fields of a spool record as a hand edit would, its checksum made to match."""
+    from dataclasses import replace
+    from lmzfs.fsmodel.spool import SpoolRecord
+    path.write_bytes(replace(SpoolRecord.from_json(path.read_bytes(), path), **changes).to_json())
+
+
 def replayed_f(store: Path) -> bytes:
     fs = open_fs(store)
     try:
@@ -436,14 +443,10 @@ def test_a_torn_or_damaged_journal_replays_its_whole_entries_and_nothing_after(s
 @pytest.mark.allow_log_warnings
 def test_an_unsynced_record_from_another_boot_is_set_aside_and_a_durable_one_replays_as_of_its_fsync(
         store_dir, tmp_path, caplog):
-    import json
     other = tmp_path / "other"
     for store, mode in ((store_dir, "no"), (other, "fsync")):
         kill_writer(_THREE_WRITES.replace("sys.argv[2]", repr(mode)), store)
-        record = spool_file(store, ".json")
-        raw = json.loads(record.read_bytes())
-        raw["boot_id"] = "a-boot-before-a-power-loss"
-        record.write_text(json.dumps(raw))
+        edit_record(spool_file(store, ".json"), boot_id="a-boot-before-a-power-loss")
     fs = open_fs(store_dir)
     try:
         assert fs.replayed == 0
@@ -465,12 +468,12 @@ def test_a_record_or_journal_of_an_unknown_version_is_refused_and_kept(store_dir
     if what == "record":
         path = spool_file(store_dir, ".json")
         raw = json.loads(path.read_bytes())
-        raw["version"] = 3
+        raw["version"] = 4
         path.write_text(json.dumps(raw))
     else:
         path = spool_file(store_dir, ".log")
         data = bytearray(path.read_bytes())
-        data[4:8] = struct.pack("<I", 2)
+        data[4:8] = struct.pack("<I", 3)
         data[28:32] = struct.pack("<I", zlib.crc32(bytes(data[:28])))
         path.write_bytes(bytes(data))
     kept = path.read_bytes()

@@ -344,6 +344,23 @@ def test_a_zip_member_that_climbs_out_is_flagged(tmp_path, capsys, member):
     assert f"  UNSAFE: zip member {member!r} is absolute or climbs out" in out
 
 
+def test_a_deflated_pickle_entry_whose_stream_is_damaged_is_named_unreadable_not_a_traceback(tmp_path, capsys):
+    # found by make torture: zipfile let zlib.error out of a damaged deflate stream
+    f = tmp_path / "model.pt"
+    payload = pickle.dumps({"w": list(range(2000))}, protocol=2)
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", payload)
+    data = bytearray(f.read_bytes())
+    with zipfile.ZipFile(f) as z:
+        info = z.getinfo("archive/data.pkl")
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start:start + 8] = b"\xff" * 8            # block type 3: no deflate stream has it
+    f.write_bytes(bytes(data))
+    status, out = inspect_out(capsys, f)
+    assert "Traceback" not in out
+    assert "cannot read the entry: Error -3 while decompressing data" in out
+
+
 def test_inspect_of_a_fifo_is_refused_without_hanging(tmp_path, capsys):
     os.mkfifo(tmp_path / "fifo")
     assert lmz(["inspect", str(tmp_path / "fifo")]) == 2

@@ -48,12 +48,11 @@ def test_the_torture_sample_serves_no_wrong_byte_loses_no_model_and_never_hangs(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="found by make torture: a writable mount's spool data (ID.data) carries no "
-                   "checksum, so a flipped bit in it is replayed, committed and served as wrong bytes")
 def test_a_flipped_bit_in_the_spools_data_is_never_served(tmp_path):
     _corpus_or_skip()
     from lmzfs.testing.torture.damage import damage_case
     from lmzfs.testing.torture.prepared import prepare
     prep = prepare(tmp_path / "prepared")
     o = damage_case(prep, tmp_path / "case", "spool-data", "flip", 48)
-    assert o.wrong_bytes == 0, o.info
+    assert o.wrong_bytes == 0 and o.traceback is None and not o.problems, o.info
+    assert o.info["spooled"] == "refused (Input/output error)", o.info

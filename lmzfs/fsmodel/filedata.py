@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Callable
 
+from lmzfs.fsmodel.journal import COMPACT_ENTRIES
 from lmzfs.fsmodel.ranges import ByteRanges
 from lmzfs.fsmodel.spool import Spool, SpoolFile
 from lmzfs.preadio import PreadIO
@@ -23,21 +24,29 @@ from lmzfs.preadio import PreadIO
 
 class FileData:
     def __init__(self, spool: Spool, base, size: int, *, spool_file: SpoolFile | None = None,
-                 base_len: int | None = None, ranges: list[tuple[int, int]] | None = None,
-                 on_new_spool_file: Callable[[SpoolFile], None] | None = None):
+                 base_len: int | None = None,
+                 on_new_spool_file: Callable[[SpoolFile], None] | None = None,
+                 on_long_journal: Callable[[SpoolFile], None] | None = None):
         """`base`: the stored version (anything with pread(offset, length) and close()), or None.
         `on_new_spool_file`: called with a new spool file before anything is written to it (it
-        writes the file's spool record, so that a replay knows whose bytes follow)."""
+        writes the file's spool record, so that a replay knows whose bytes follow).
+        `on_long_journal`: called once the spool's journal reaches COMPACT_ENTRIES entries (it
+        folds them into a new record), so that a file kept open and busy keeps a bounded journal."""
         self.lock = threading.RLock()
         self._spool = spool
         self.base = base
         self.base_len = size if base_len is None else base_len
         self.size = size
         self.spool_file = spool_file
-        self.ranges = ByteRanges(ranges)
         self._on_new_spool_file = on_new_spool_file
+        self._on_long_journal = on_long_journal
         self.dirty = spool_file is not None       # changed since the stored version
         self.last_change = time.monotonic()
+
+    @property
+    def ranges(self) -> ByteRanges:
+        """Where the spool holds the file's bytes (its spool file keeps them, with their sums)."""
+        return self.spool_file.ranges if self.spool_file is not None else _NO_RANGES
 
     # -- reading ---------------------------------------------------------------------------------
     def read(self, offset: int, length: int) -> bytes:
@@ -87,11 +96,16 @@ class FileData:
         with self.lock:
             if not data:
                 return 0
-            n = self.ensure_spool_file().pwrite(data, offset)
-            self.ranges.add(offset, offset + n)
+            spool_file = self.ensure_spool_file()
+            n = spool_file.pwrite(data, offset)
             self.size = max(self.size, offset + n)
             self._changed()
+            self._bound_journal(spool_file)
             return n
+
+    def _bound_journal(self, spool_file: SpoolFile) -> None:
+        if spool_file.journal.entries >= COMPACT_ENTRIES and self._on_long_journal is not None:
+            self._on_long_journal(spool_file)
 
     def truncate(self, size: int) -> None:
         with self.lock:
@@ -99,13 +113,13 @@ class FileData:
                 return
             # the spool's journal says what the truncate did, so a replay after a kill does it too
             spool_file = self.ensure_spool_file()
-            if size < self.size:
-                self.ranges.cut(size)
-                self.base_len = min(self.base_len, size)
             # growing: bytes of the stored version past base_len are gone; the spool's holes read as zeros
             spool_file.truncate(size)
+            if size < self.size:
+                self.base_len = min(self.base_len, size)
             self.size = size
             self._changed()
+            self._bound_journal(spool_file)
 
     # -- after a commit --------------------------------------------------------------------------
     def rebase(self, base, size: int) -> None:
@@ -114,7 +128,6 @@ class FileData:
             if self.base is not None:
                 self.base.close()
             self.base, self.base_len, self.size = base, size, size
-            self.ranges = ByteRanges()
             if self.spool_file is not None:
                 self.spool_file.close()
                 self.spool_file = None
@@ -131,6 +144,9 @@ class FileData:
             elif self.spool_file is not None:
                 self.spool_file.release()
             self.spool_file = None
+
+
+_NO_RANGES = ByteRanges()
 
 
 class _RawView(PreadIO):

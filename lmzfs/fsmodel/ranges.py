@@ -72,6 +72,16 @@ class ByteRanges:
             pos = stop
         return out
 
+    def within(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The set's ranges inside [start, end), clipped to it."""
+        out = []
+        i = bisect.bisect_right(self._ends, start)
+        starts, ends = self._starts, self._ends
+        while i < len(starts) and starts[i] < end:
+            out.append((max(starts[i], start), min(ends[i], end)))
+            i += 1
+        return out
+
     def as_list(self) -> list[tuple[int, int]]:
         return list(zip(self._starts, self._ends))
 

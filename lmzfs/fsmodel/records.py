@@ -23,7 +23,7 @@ class SpoolRecords:
     def new_data(self, node: Node, base, size: int, **kw) -> FileData:
         """FileData for the node, whose spool file (when it gets one) is recorded as the node's."""
         return FileData(self._spool, base, size, on_new_spool_file=lambda spool_file: self.note(node, spool_file),
-                        **kw)
+                        on_long_journal=lambda spool_file: self.compact(node, spool_file), **kw)
 
     def _record_of(self, node: Node, spool_file: SpoolFile) -> SpoolRecord | None:
         """The node's spool record as it stands (None: it is in no model, or unlinked, so no replay
@@ -44,6 +44,14 @@ class SpoolRecords:
         record = self._record_of(node, spool_file)
         if record is not None:
             spool_file.note(record)
+
+    def compact(self, node: Node, spool_file: SpoolFile) -> None:
+        """Fold the journal into a new record of the node (called with its data's lock held): a
+        file kept open and busy keeps a journal of at most COMPACT_ENTRIES entries."""
+        record = self._record_of(node, spool_file)
+        if record is None and spool_file.recorded:
+            return                     # its record is on its way out (unlinked): nothing replays it
+        spool_file.compact(record)
 
     def record(self, node: Node) -> None:
         """Write the node's spool record durably (its bytes first): called with its data's lock held."""

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.commit import Committer
-from lmzfs.fsmodel.journal import FileState
+from lmzfs.fsmodel.journal import JournalEntry
+from lmzfs.fsmodel.spoolsums import BLOCK
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import Node
 from lmzfs.fsmodel.records import SpoolRecords
@@ -28,9 +29,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ReplayedState:
-    """A spooled file as a mount replays it, and how many journal entries that includes."""
-    state: FileState
-    journal_entries: int
+    """The journal entries a mount applies after a spooled file's record, and the later whole
+    ones it drops (their sums may still vouch for blocks they changed: spoolsums.settle)."""
+    applied: list[JournalEntry]
+    dropped: list[JournalEntry]
 
 
 class Replay:
@@ -55,21 +57,43 @@ class Replay:
             replayed = self._replayed_state(record)
             if replayed is None:
                 continue
+            where = f"{record.model}/{record.path}"
+            try:
+                reopened = spool.reopen(record, replayed.applied, replayed.dropped)
+            except (OSError, StoreError) as exc:
+                log.error("%s: its spool %s is kept, not replayed: %s", where, record.spool_id, exc)
+                continue
             try:
                 node = self._node_for_record(record)
             except StoreError as exc:
                 log.error("%s", exc)
+                reopened.spool_file.release()
                 continue
-            spool_file = spool.reopen(record, replayed.journal_entries)
+            spool_file, state = reopened.spool_file, reopened.state
+            if reopened.bad_blocks:
+                log.error("%s: the spool's data is damaged in %d block(s) from byte %d (their checksums do not "
+                          "match): reads of them fail (EIO), and the file stays in the spool %s", where,
+                          len(reopened.bad_blocks), reopened.bad_blocks[0] * BLOCK, record.spool_id)
             base = self._stored.reader(node.file_id)
-            state = replayed.state
             node.data = self._records.new_data(node, base, state.size, spool_file=spool_file,
-                                               base_len=state.base_len if base is not None else 0,
-                                               ranges=state.ranges)
+                                               base_len=state.base_len if base is not None else 0)
             node.apply_meta(record.meta)
-            if self._committer.commit(node):
+            if reopened.refold:        # a record of an older version: recorded again in this one, with sums
+                try:
+                    with node.data.lock:
+                        self._records.compact(node, spool_file)
+                except OSError as exc:
+                    raise StoreError(f"{where}: its spool, left by an earlier version of lmzfs, could not be "
+                                     f"recorded again in this one ({exc.strerror or exc}); it is kept as it was: "
+                                     f"free some space and mount again") from None
+            try:
+                stored_now = not reopened.bad_blocks and self._committer.commit(node)
+            except (OSError, StoreError) as exc:
+                log.error("%s stays in the spool: %s", where, exc)
+                stored_now = False
+            if stored_now:
                 done += 1
-            elif node.data is not None and node.data.dirty:
+            elif node.data is not None and node.data.dirty and not reopened.bad_blocks:
                 with node.data.lock:
                     self._records.note(node, spool_file)    # a record of this boot for what it holds
             with ns.lock:
@@ -86,17 +110,16 @@ class Replay:
         return done
 
     def _replayed_state(self, record: SpoolRecord) -> ReplayedState | None:
-        """What a record and its journal say the file is, and how many journal entries that
-        includes; None if nothing of it can be trusted (the record is set aside)."""
+        """Which journal entries a replay applies to the record and which it drops; None if
+        nothing of it can be trusted (the record is set aside)."""
         journal = self._spool.read_journal(record)
-        recorded = FileState(record.size, record.base_len, record.ranges)
         where = f"{record.model}/{record.path}"
         if record.boot_id and record.boot_id == boot_id():
             # the daemon ended, the machine did not: the page cache holds every byte and entry
             if journal.damage is not None:
                 log.warning("%s: replaying %d journal entries; the rest cannot be trusted (%s)",
                             where, len(journal.entries), journal.damage)
-            return ReplayedState(recorded.after(journal.entries), journal.total)
+            return ReplayedState(journal.entries, [])
         if not record.durable:
             aside = self._spool.set_aside(record.spool_id)
             log.error("%s: written without fsync before the machine restarted, so its bytes may not be on "
@@ -105,7 +128,7 @@ class Replay:
         if journal.entries or journal.damage is not None:
             log.warning("%s: replaying it as of its last fsync; %d later journal entries are dropped (written "
                         "without fsync before the machine restarted)", where, len(journal.entries))
-        return ReplayedState(recorded, record.journal_entries)
+        return ReplayedState([], journal.entries)
 
     def _node_for_record(self, record: SpoolRecord) -> Node:
         ns = self._ns

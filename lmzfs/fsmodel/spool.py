@@ -2,9 +2,10 @@
 
 STORE/spool/ holds, per file with uncommitted writes, ``ID.data`` (a sparse file at the same
 offsets as the file itself: the bytes written, holes elsewhere), ``ID.log`` (its range journal,
-journal.py: one entry per write or truncate) and ``ID.json`` (a SpoolRecord: which file, which
-ranges of ID.data held its bytes when the record was written, its size and metadata, and how
-many journal entries that state already includes).
+journal.py: entries per write or truncate) and ``ID.json`` (a SpoolRecord: which file, which
+ranges of ID.data held its bytes when the record was written, the sum of each block of them
+(spoolsums.py), its size and metadata, and how many journal entries that state already
+includes). No byte of ID.data is served, committed or replayed unless its block's sum matches.
 
 Without fsync the record is written when the file gets its spool file and again when its name
 changes (rename); every write appends a journal entry. None of that is fsync'd, so it costs
@@ -33,13 +34,18 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from lmzfs.fsmodel.journal import JournalRead, JournalWriter, read_journal
+import xxhash
+
+from lmzfs.fsmodel.journal import TRUNCATE, WRITE, FileState, JournalRead, JournalWriter, read_journal
+from lmzfs.fsmodel.ranges import ByteRanges
+from lmzfs.fsmodel.spoolsums import (BLOCK, block_sum, check_block, cut_sums, held, read_blocks, settle, sums_of,
+                                     with_range)
 from lmzfs.store.catalog.fsrows import EntryMeta
 from lmzfs.store.layout import DIR_MODE, FILE_MODE, StoreError, fsync_dir
 
 SPOOL_DIR = "spool"
-RECORD_VERSION = 2
-RECORD_VERSIONS = (1, 2)               # 1: written at fsync only, no journal (always durable)
+RECORD_VERSION = 3
+RECORD_VERSIONS = (1, 2, 3)            # 1: written at fsync only, no journal (always durable); 1, 2: no sums
 MOUNT_LOCK = "mount.lock"
 UNTRUSTED_SUFFIX = ".json-untrusted"
 
@@ -69,9 +75,21 @@ class SpoolRecord:
     durable: bool = True               # written with its bytes fsync'd (else: page cache only)
     journal_entries: int = 0           # entries of ID.log already in `ranges`, `size`, `base_len`
     boot_id: str | None = None         # the boot it was written in
+    sums: list[tuple[int, int]] | None = None   # (block, XXH3-64 of its held bytes) (spoolsums.py)
+    journal_generation: int = 0        # the generation of ID.log whose entries follow it
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        raw = asdict(self)
+        if self.version < 3:
+            del raw["sums"], raw["journal_generation"]
+            return json.dumps(raw, sort_keys=True).encode()
+        body = json.dumps(raw, sort_keys=True).encode()
+        raw["check"] = f"{xxhash.xxh3_64_intdigest(body):016x}"
+        return json.dumps(raw, sort_keys=True).encode()
+
+    def state(self) -> FileState:
+        return FileState(self.size, self.base_len, self.ranges,
+                         None if self.sums is None else dict(self.sums))
 
     @classmethod
     def from_json(cls, data: bytes, source: Path) -> "SpoolRecord":
@@ -79,6 +97,12 @@ class SpoolRecord:
             raw = json.loads(data)
             if raw.get("version") not in RECORD_VERSIONS:
                 raise StoreError(f"spool record {source}: version {raw.get('version')!r} is not supported")
+            if raw["version"] >= 3:
+                check = raw.pop("check", None)
+                body = json.dumps(raw, sort_keys=True).encode()
+                if check != f"{xxhash.xxh3_64_intdigest(body):016x}":
+                    raise ValueError("its checksum does not match")
+                raw["sums"] = [(int(k), int(v)) for k, v in raw["sums"]]
             raw["meta"] = EntryMeta(**raw["meta"])
             raw["ranges"] = [tuple(r) for r in raw["ranges"]]
             record = cls(**raw)
@@ -91,8 +115,9 @@ class SpoolRecord:
 
 @dataclass
 class SpoolFile:
-    """ID.data and ID.log of one file: the bytes written to it, at the file's own offsets, and
-    what each write and truncate did."""
+    """ID.data and ID.log of one file: the bytes written to it, at the file's own offsets, which
+    ranges of them are the file's, each block's sum (spoolsums.py), and what each write and
+    truncate did."""
     spool: "Spool"
     spool_id: str
     fd: int
@@ -100,24 +125,84 @@ class SpoolFile:
     recorded: bool = False             # ID.json exists
     durable: bool = False              # ID.json was written durably (by fsync): it stays so
     closed: bool = field(default=False)
+    ranges: ByteRanges = field(default_factory=ByteRanges)
+    sums: dict[int, int] = field(default_factory=dict)
+
+    def _where(self) -> str:
+        return f"spool {self.spool_id}"
+
+    def _old_block(self, k: int) -> bytes:
+        """Block k as it stands, its held bytes checked (CorruptChunk if damaged)."""
+        block = read_blocks(self.fd, k, 1)
+        if held(self.ranges, k):
+            check_block(block, k, self.ranges, self.sums, self._where())
+        return block
 
     def pwrite(self, data: bytes, offset: int) -> int:
-        n = os.pwrite(self.fd, data, offset)
-        self.journal.write(offset, n)
+        """Write `data` at `offset`: the touched blocks' new sums are journaled first, then the
+        bytes are written; the ranges and sums follow."""
+        if not data:
+            return 0
+        end = offset + len(data)
+        entries, new_sums = [], {}
+        for k in range(offset // BLOCK, (end - 1) // BLOCK + 1):
+            lo, hi = max(offset, k * BLOCK), min(end, (k + 1) * BLOCK)
+            old = held(self.ranges, k)
+            pieces = with_range(old, lo, hi)
+            if any(s < lo or e > hi for s, e in old):        # bytes it keeps: checked, then summed anew
+                block = bytearray(self._old_block(k))
+            else:
+                block = bytearray(BLOCK)
+            block[lo - k * BLOCK:hi - k * BLOCK] = data[lo - offset:hi - offset]
+            new_sums[k] = block_sum(bytes(block), k, pieces)
+            entries.append((WRITE, lo, hi - lo, new_sums[k]))
+        mark = self.journal.append(entries)
+        try:
+            n = os.pwrite(self.fd, data, offset)
+        except OSError:
+            self.journal.retract(mark)
+            raise
+        if n != len(data):             # a full disk took part of it: journal what was written
+            self.journal.retract(mark)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, "no space left for the spool's data")
+            return self.pwrite(data[:n], offset)
+        self.ranges.add(offset, end)
+        self.sums.update(new_sums)
         return n
 
     def pread(self, length: int, offset: int) -> bytes:
-        data = os.pread(self.fd, length, offset)
-        if len(data) < length:             # a hole at the end of a sparse file reads short
-            data += bytes(length - len(data))
-        return data
+        """Held bytes [offset, offset+length), each block they lie in checked first."""
+        if length <= 0:
+            return b""
+        first, last = offset // BLOCK, (offset + length - 1) // BLOCK
+        data = read_blocks(self.fd, first, last - first + 1)
+        for k in range(first, last + 1):
+            at = (k - first) * BLOCK
+            check_block(data[at:at + BLOCK], k, self.ranges, self.sums, self._where())
+        at = offset - first * BLOCK
+        return data[at:at + length]
 
     def truncate(self, size: int) -> None:
-        os.ftruncate(self.fd, size)
-        self.journal.truncate(size)
+        k = size // BLOCK
+        cut_sum = 0
+        if size % BLOCK and k in self.sums:
+            block = self._old_block(k)
+            kept = [(s, min(e, size)) for s, e in held(self.ranges, k) if s < size]
+            cut_sum = block_sum(block, k, kept)
+        mark = self.journal.append([(TRUNCATE, size, 0, cut_sum)])
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError:
+            self.journal.retract(mark)
+            raise
+        self.ranges.cut(size)
+        self.sums = cut_sums(self.sums, size, cut_sum)
 
     def _stamped(self, record: SpoolRecord, durable: bool) -> SpoolRecord:
-        return replace(record, durable=durable, journal_entries=self.journal.entries, boot_id=boot_id())
+        return replace(record, durable=durable, journal_entries=self.journal.entries, boot_id=boot_id(),
+                       version=RECORD_VERSION, sums=sorted(self.sums.items()),
+                       journal_generation=self.journal.generation)
 
     def note(self, record: SpoolRecord) -> None:
         """Write the record as it stands now; durably if an earlier one was (fsync's promise holds)."""
@@ -133,6 +218,21 @@ class SpoolFile:
         os.fsync(self.journal.fd)
         self.spool.write_record(self._stamped(record, True), durable=True)
         self.recorded = self.durable = True
+
+    def compact(self, record: SpoolRecord | None) -> None:
+        """Fold the journal into a new record (`record`: the file as it stands; None if it has
+        none) and start an empty journal of the next generation: the record first, so that a
+        kill between the two finds a record that includes every entry of the older journal."""
+        journal = self.journal
+        before = journal.entries, journal.generation
+        if record is not None:
+            journal.entries, journal.generation = 0, before[1] + 1
+            try:
+                self.note(record)
+            except BaseException:
+                journal.entries, journal.generation = before
+                raise
+        journal.restart(before[1] + 1)
 
     def forget_record(self) -> None:
         """The record no longer stands (the file was unlinked): a crash must not bring it back."""
@@ -156,6 +256,14 @@ class SpoolFile:
             return
         self._close_fds()
         self.spool.remove(self.spool_id)
+
+
+@dataclass
+class Reopened:
+    spool_file: SpoolFile
+    state: FileState
+    bad_blocks: list[int]              # blocks whose held bytes match no sum: they read as EIO
+    refold: bool                       # an older version's record: record it again in this one
 
 
 class Spool:
@@ -214,17 +322,36 @@ class Spool:
             data = path.read_bytes()
         except FileNotFoundError:
             return JournalRead([], record.journal_entries, f"{path} is missing")
-        return read_journal(data, record.spool_id, record.journal_entries, str(path))
+        return read_journal(data, record.spool_id, record.journal_entries, str(path), record.journal_generation)
 
-    def reopen(self, record: SpoolRecord, journal_entries: int) -> SpoolFile:
-        """The files of a record found at mount; the journal goes on after `journal_entries` entries."""
+    def reopen(self, record: SpoolRecord, applied: list, dropped: list) -> "Reopened":
+        """The files of a record found at mount, with the journal's `applied` entries (past the
+        record's) and the later whole ones the replay drops: what they leave, checked against the
+        blocks' sums (spoolsums.settle). A record of an older version has no sums: its bytes are
+        taken as they stand, and it must be recorded again (`refold`) in this version."""
         try:
             fd = os.open(self._data(record.spool_id), os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
             raise StoreError(f"spool record {record.spool_id} names bytes that are missing; it is kept") from None
-        log_fd = os.open(self._log(record.spool_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-        journal = JournalWriter.reopen(log_fd, record.spool_id, journal_entries)
-        return SpoolFile(self, record.spool_id, fd, journal, recorded=True, durable=record.durable)
+        try:
+            log_fd = os.open(self._log(record.spool_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        except OSError:
+            os.close(fd)
+            raise
+        recorded = record.state()
+        if recorded.sums is None:
+            state = recorded.after(applied)
+            sums, bad, entries = sums_of(fd, ByteRanges(state.ranges)), [], record.journal_entries + len(applied)
+            # the old journal stays as it is until the new record (generation 1) includes it
+            journal = JournalWriter(log_fd, record.spool_id, max(1, entries), 0)
+            journal.entries = entries
+        else:
+            state, kept, bad = settle(fd, recorded, applied, dropped)
+            sums, entries = state.sums, record.journal_entries + kept
+            journal = JournalWriter.reopen(log_fd, record.spool_id, entries, record.journal_generation)
+        spool_file = SpoolFile(self, record.spool_id, fd, journal, recorded=True, durable=record.durable,
+                               ranges=ByteRanges(state.ranges), sums=sums)
+        return Reopened(spool_file, state, bad, refold=recorded.sums is None)
 
     def records(self) -> list[SpoolRecord]:
         out = []

@@ -7,10 +7,12 @@ be well-formed and bounded; they re-read it only to report on it.
 from __future__ import annotations
 
 import json
+import lzma
 import math
 import os
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 
 from lmzfs.formats import FileLayout, FormatError, parse_onnx
@@ -150,7 +152,8 @@ def _scan_entry(z: zipfile.ZipFile, e: zipfile.ZipInfo, budget: OpcodeBudget) ->
     try:
         with z.open(e) as f:
             data = f.read(MAX_PICKLE_BYTES + 1)   # never trust file_size to bound a decompressor
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, zlib.error,
+            lzma.LZMAError) as exc:          # a damaged compressed entry: its decompressor's own error
         return PickleScan(e.filename, e.file_size, error=f"cannot read the entry: {exc}")
     return scan_pickle(data, e.filename, budget)
 

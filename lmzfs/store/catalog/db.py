@@ -105,7 +105,8 @@ class CatalogDamaged(StoreError):
 # are wrong, not that it is busy, unreachable or the disk full.
 _DAMAGE_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_FORMAT}
 # A catalog whose schema page is damaged loses tables or columns: our fixed queries then fail so.
-_DAMAGE_MESSAGES = ("no such table", "no such column", "malformed", "not a database")
+# "Could not decode to UTF-8": a text value whose bytes are not UTF-8, which no writer stores
+_DAMAGE_MESSAGES = ("no such table", "no such column", "malformed", "not a database", "Could not decode to UTF-8")
 # Free bytes under which a disk counts as full when SQLite fails: a connection's first open
 # creates catalog.sqlite-shm (32 KiB, reported as a disk I/O error if it cannot) and commits
 # grow catalog.sqlite-wal.

@@ -145,19 +145,29 @@ def _stage(copy: Path, store: StorePaths) -> Path:
     """The copy, written out in full (fsync'd) beside the catalog, ready to be renamed over it."""
     tmp = store.catalog.with_name(store.catalog.name + ".restore-tmp")
     try:
+        for suffix in ("-journal", "-wal", "-shm"):    # a killed repair's: they belong to no file now
+            tmp.with_name(tmp.name + suffix).unlink(missing_ok=True)
         shutil.copyfile(copy, tmp)
         os.chmod(tmp, FILE_MODE)            # the owner's alone, as every store file
+        # in WAL mode before it is renamed: switching it there afterwards writes through a rollback
+        # journal, which a kill would leave hot beside the catalog, where no read-only open can
+        # roll it back and every command would stop
+        db = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+        finally:
+            db.close()
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    except OSError as exc:
+    except (OSError, sqlite3.Error) as exc:
         tmp.unlink(missing_ok=True)
         free = free_if_full(store.catalog)
         full = "" if free is None else f" (the disk holding the store is full: {free} bytes free)"
         raise StoreError(f"could not write out copy {copy.name} to restore the catalog: "
-                         f"{exc.strerror or exc}{full}; nothing was changed") from exc
+                         f"{getattr(exc, 'strerror', None) or exc}{full}; nothing was changed") from exc
     return tmp
 
 

@@ -1,26 +1,119 @@
 """python -m lmzfs.testing.torture [--seconds N] [--sample] [--json PATH]: issue 48's torture run.
 
-Prepares a store from real corpus files once, then runs each family's cases, each on a fresh
-copy in a forked child bounded by a timeout, splitting the time budget across the families,
-and prints one table (and the outcomes as JSON with --json). Exit 1 if any wrong byte was
+Prepares a small store from real corpus files once and imports every module, then runs each
+family's cases on --jobs forked workers (each drawing its own cases), each case on a fresh copy
+in a forked child bounded by a timeout, splitting the time budget across the families, and
+prints one table, the crashes by writer (and the outcomes as JSON with --json). Exit 1 if any wrong byte was
 served, a model was lost, a traceback or a hang was seen; 0 otherwise."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import select
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from lmzfs.testing.torture import access, crashes, damage, hostile, load
+from lmzfs.testing.torture import Outcome, access, crashes, damage, hostile, load
 from lmzfs.testing.torture.prepared import prepare
-from lmzfs.testing.torture.runner import FAMILIES, Row, run_case, table
+from lmzfs.hostresources import usable_cpus
+from lmzfs.testing.torture.runner import FAMILIES, Row, run_case, table, writer_table
 
 MODULES = {"damage": damage, "crashes": crashes, "hostile": hostile, "access": access, "load": load}
-SHARES = {"damage": 0.4, "crashes": 0.4, "hostile": 0.2}
+SHARES = {"damage": 0.33, "crashes": 0.55, "hostile": 0.12}
+
+
+def preload() -> None:
+    """Import every lmzfs module (and build the CLI's parser) once here, before the forks: each
+    case's child then starts with them loaded instead of importing them anew, which costs more
+    than many a case."""
+    import importlib
+    import pkgutil
+
+    import lmzfs
+    from lmzfs import cli
+    for mod in pkgutil.walk_packages(lmzfs.__path__, "lmzfs."):
+        if mod.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(mod.name)
+        except ImportError:
+            pass
+    cli._parser()
+
+
+def cases_of(fam: str, prep, scratch: Path, rng: random.Random, sample: bool, load_secs: float):
+    mod = MODULES[fam]
+    return mod.cases(prep, scratch, rng, sample, load_secs) if fam == "load" else mod.cases(prep, scratch, rng, sample)
+
+
+def _worker(fam: str, prep, scratch: Path, rng: random.Random, sample: bool, load_secs: float,
+            deadline: float | None, out) -> None:
+    """Run one worker's cases of a family (each in its own bounded child) until the deadline,
+    writing each outcome as a JSON line."""
+    for case in cases_of(fam, prep, scratch, rng, sample, load_secs):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if deadline is not None:
+            case = type(case)(case.name, case.run, min(case.timeout, max(30.0, deadline - time.monotonic() + 60)))
+        outcome = run_case(case, scratch)
+        learn = getattr(MODULES[fam], "note", None)
+        if learn is not None:
+            learn(outcome)
+        out.write(json.dumps(outcome.to_json(), default=str) + "\n")
+        out.flush()
+
+
+def run_row(fam: str, prep, scratch: Path, seed: int, sample: bool, load_secs: float, deadline: float | None,
+            jobs: int) -> Row:
+    """A family's row: `jobs` forked workers, worker j drawing its cases from its own random
+    stream (worker 0's is the one a single worker draws), outcomes gathered as they come."""
+    row = Row(fam)
+    pipes = {}
+    for j in range(jobs):
+        rng = random.Random(f"{seed}-{fam}" if j == 0 else f"{seed}-{fam}-{j}")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(r)
+                with os.fdopen(w, "w") as out:
+                    _worker(fam, prep, scratch / f"w{j}", rng, sample, load_secs, deadline, out)
+            except BaseException:       # noqa: B036 -- the harness's own failure, said on stderr
+                import traceback
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        pipes[r] = (pid, b"")
+    while pipes:
+        ready, _, _ = select.select(list(pipes), [], [])
+        for fd in ready:
+            pid, buf = pipes[fd]
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                os.close(fd)
+                del pipes[fd]
+                _, status = os.waitpid(pid, 0)
+                if status:
+                    row.add(Outcome(f"{fam} worker", problems=[f"a worker of the row ended with status {status}"]))
+                continue
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            pipes[fd] = (pid, buf)
+            for line in lines:
+                o = Outcome(**json.loads(line))
+                row.add(o)
+                if o.wrong_bytes or o.models_lost or o.traceback or o.hang or o.problems:
+                    print(f"  {fam}: {o.name}: wrong {o.wrong_bytes} lost {o.models_lost} (named {o.named_lost}) "
+                          f"tb {o.traceback is not None} hang {o.hang} {o.problems[:2]} {o.info}"[:600], flush=True)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
     ap.add_argument("--work", type=Path, help="work directory (default: a new one under /tmp, removed after)")
+    ap.add_argument("--jobs", type=int, default=usable_cpus(),
+                    help="cases of a family run at once, each worker its own cases (default: the usable CPUs)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     families = [f for f in args.families.split(",") if f]
@@ -39,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torture: seed {seed}, {'sample' if args.sample else f'{args.seconds:.0f} s budget'}, work {work}", flush=True)
     try:
         prep = prepare(work / "prepared")
+        preload()
         print(f"torture: prepared store in {time.monotonic() - started:.0f} s "
               f"({len(prep.expected)} files of {len({k.rsplit('/', 1)[0] for k in prep.expected})} models)", flush=True)
         rows = []
@@ -51,32 +147,25 @@ def main(argv: list[str] | None = None) -> int:
         for fam in FAMILIES:
             if fam not in families:
                 continue
-            rng = random.Random(f"{seed}-{fam}")
             scratch = work / "cases" / fam
-            row = Row(fam)
-            mod = MODULES[fam]
-            gen = mod.cases(prep, scratch, rng, args.sample, load_secs) if fam == "load" else \
-                mod.cases(prep, scratch, rng, args.sample)
             deadline = None if args.sample or fam not in shares else \
                 time.monotonic() + rest * shares[fam] / total_share
-            for case in gen:
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-                if deadline is not None:
-                    case = type(case)(case.name, case.run, min(case.timeout, max(30.0, deadline - time.monotonic() + 60)))
-                o = run_case(case, scratch)
-                row.add(o)
-                if o.wrong_bytes or o.models_lost or o.traceback or o.hang or o.problems:
-                    print(f"  {fam}: {o.name}: wrong {o.wrong_bytes} lost {o.models_lost} (named {o.named_lost}) "
-                          f"tb {o.traceback is not None} hang {o.hang} {o.problems[:2]} {o.info}"[:600], flush=True)
+            jobs = 1 if args.sample or deadline is None else max(1, args.jobs)
+            row = run_row(fam, prep, scratch, seed, args.sample, load_secs, deadline, jobs)
             shutil.rmtree(scratch, ignore_errors=True)
             rows.append(row)
-            print(f"torture: {fam}: {row.tally['cases']} cases in {row.tally['seconds']:.0f} s", flush=True)
+            print(f"torture: {fam}: {row.tally['cases']} cases in {row.tally['seconds']:.0f} s of cases, "
+                  f"{jobs} at a time", flush=True)
         print()
         print(table(rows))
         for row in rows:
-            if row.info:
-                print(f"{row.family}: " + ", ".join(f"{k} {v}" for k, v in sorted(row.info.items())))
+            if row.family == "crashes":
+                print()
+                print(writer_table(row))
+            info = {k: v for k, v in row.info.items()
+                    if not k.startswith(("cases ", "killed ")) and k != "writer_seconds"}
+            if info:
+                print(f"{row.family}: " + ", ".join(f"{k} {v}" for k, v in sorted(info.items())))
         print(f"total {time.monotonic() - started:.0f} s, seed {seed}")
         if args.json:
             args.json.write_text(json.dumps({"seed": seed, "sample": args.sample, "seconds": time.monotonic() - started,

@@ -123,6 +123,7 @@ class Killed:
     rc: int | None
     stderr: str
     hang: bool
+    seconds: float = 0.0    # from the fork to the kill, or to its end when it ended first
 
 
 def exit_with_lmz(store: Path, argv: list[str]) -> NoReturn:
@@ -190,10 +191,11 @@ def fork_writer_and_kill(store: Path, argv: list[str], *, point: str | None, del
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     os.close(r)
+    seconds = time.monotonic() - start
     finished = os.WIFEXITED(status)
     rc = os.WEXITSTATUS(status) if finished else None
     err = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
-    return Killed(reached and not finished, finished, rc, err, hang)
+    return Killed(reached and not finished, finished, rc, err, hang, seconds)
 
 
 def unmount_quietly(mnt: Path) -> None:

@@ -31,13 +31,22 @@ def writer_argv(prep: Prepared, writer: str) -> tuple[list[str], str | None]:
         "gc": (["gc"], None),
         "compact": (["rewrite", "compact", "--all"], None),
         "recode": (["rewrite", "recode"], None),
-        "delta": (["rewrite", "delta", "quire-next", "--base", "quire"], None),
+        "delta": (["rewrite", "delta", "solo", "--base", "run/step-2"], None),
         "anchor": (["rewrite", "anchor", "run/step-1"], None),
         "repair": (["verify", "--repair"], None),
     }[writer]
 
 
 def crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: float) -> Outcome:
+    """One kill of `writer`; its outcome counts the case under the writer (`cases WRITER`) and,
+    if the kill came before the writer ended, the kill (`killed WRITER`)."""
+    out = _crash_case(prep, scratch, writer, point, delay)
+    out.info[f"cases {writer}"] = 1
+    out.info[f"killed {writer}"] = int(out.info.pop("killed", 0))
+    return out
+
+
+def _crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: float) -> Outcome:
     if writer == "mount-commit":
         return mount_commit_case(prep, scratch, point, delay)
     store = fresh_copy(prep.store, scratch / "store")
@@ -55,6 +64,8 @@ def crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: fl
                                   stderr_path=scratch / "writer.err")
     out.info["killed"] = int(killed.reached)
     out.info["finished_first"] = int(killed.finished)
+    if killed.finished and killed.rc == 0:
+        out.info["writer_seconds"] = killed.seconds      # how long it runs: the next delays fall inside
     if killed.hang:
         out.hang = True
         out.problems.append(f"the writer neither reached {point} nor ended")
@@ -122,7 +133,7 @@ def mount_commit_case(prep: Prepared, scratch: Path, mode: str, delay: float) ->
     data = (prep.sources["newcomer"] / "model.safetensors").read_bytes()
     digest = sha(data)
     rng = random.Random(int(delay * 1e6))
-    out = Outcome(f"crash mount-commit {mode} +{delay:.2f}s")
+    out = Outcome(f"crash mount-commit {mode} +{delay:.2f}s", info={"killed": 1})
     cut = len(data) if mode != "mid-copy" else rng.randrange(1, len(data))
     fsynced = mode != "mid-copy"
     try:
@@ -178,17 +189,33 @@ def _close(fd: int) -> None:
         pass
 
 
+# How long each writer ran when it ended before its kill (this worker's cases): a kill after a
+# random delay then falls inside the run, not after it.
+_DURATIONS: dict[str, float] = {}
+DELAY_ONLY = ("rm", "repair")          # writers without a pack session: no named point on their way
+
+
+def note(out: Outcome) -> None:
+    """Learn from a finished case (the torture worker calls this with each outcome)."""
+    seconds = out.info.get("writer_seconds")
+    writer = next((k.split(" ", 1)[1] for k in out.info if k.startswith("cases ")), None)
+    if seconds and writer:
+        before = _DURATIONS.get(writer)
+        _DURATIONS[writer] = seconds if before is None else 0.7 * before + 0.3 * seconds
+
+
 def random_case(prep: Prepared, scratch: Path, rng: random.Random, writer: str) -> Case:
     if writer == "mount-commit":
         mode = rng.choice(("mid-copy", "after-fsync", "during-close"))
         delay = rng.uniform(0, 0.3)
         return Case(f"crash mount-commit {mode}", lambda: crash_case(prep, scratch, writer, mode, delay), 150)
-    point = rng.choice(POINTS)
+    point = "delay" if writer in DELAY_ONLY else rng.choice(POINTS)
     if point == "append":
-        point = f"append:{rng.randint(1, 12)}"
+        point = f"append:{rng.randint(1, 6)}"
     elif point != "delay" and rng.random() < 0.3:
         point = f"{point}:{rng.randint(1, 2)}"
-    delay = rng.uniform(0, 1.0) if point == "delay" else (rng.uniform(0, 0.05) if rng.random() < 0.2 else 0.0)
+    delay = rng.uniform(0, _DURATIONS.get(writer, 1.0)) if point == "delay" else \
+        (rng.uniform(0, 0.05) if rng.random() < 0.2 else 0.0)
     return Case(f"crash {writer} {point}", lambda: crash_case(prep, scratch, writer, point, delay), 150)
 
 

@@ -66,7 +66,7 @@ def _lmz(store: Path, *argv: str) -> None:
                    stdout=subprocess.DEVNULL, timeout=600)
 
 
-def prepare(root: Path, *, mib: int = 3) -> Prepared:
+def prepare(root: Path, *, mib: int = 1) -> Prepared:
     root.mkdir(parents=True, exist_ok=True)
     src = root / "src"
     budget = mib << 20
@@ -79,18 +79,20 @@ def prepare(root: Path, *, mib: int = 3) -> Prepared:
         "newcomer": slice_safetensors(minilm, src / "newcomer" / "model.safetensors", budget=budget, skip=20).parent,
     }
     (sources["quire"] / "config.json").write_text('{"release": "0.3.0"}')
-    chain = bf16_checkpoints(src / "run", 4, seed=48, rows=256, cols=1024)
-    for i, d in enumerate(chain):
+    chain = bf16_checkpoints(src / "run", 5, seed=48, rows=256, cols=1024)
+    for i, d in enumerate(chain[:4]):
         sources[f"run/step-{i}"] = d
+    sources["solo"] = chain[4]          # of the run, stored alone: what `rewrite delta` recodes
     store = root / "store"
     _lmz(store, "add", str(sources["minilm"]), "--name", "minilm", "--fast")     # for recode
     _lmz(store, "add", str(sources["quire"]), "--name", "quire")
-    _lmz(store, "add", str(sources["quire-next"]), "--name", "quire-next", "--no-delta")   # for delta
+    _lmz(store, "add", str(sources["quire-next"]), "--name", "quire-next", "--no-delta")   # removed by the rm case
     for i in range(3):      # step-1 recodes step-0, step-2 recodes step-1: a chain; step-3 is spare
         _lmz(store, "add", str(sources[f"run/step-{i}"]), "--name", f"run/step-{i}")
+    _lmz(store, "add", str(sources["solo"]), "--name", "solo", "--no-delta")
     _lmz(store, "add", str(sources["doomed"]), "--name", "doomed")
     _lmz(store, "rm", "doomed")                                               # dead bytes for gc, compact
-    stored = ["minilm", "quire", "quire-next", "run/step-0", "run/step-1", "run/step-2"]
+    stored = ["minilm", "quire", "quire-next", "run/step-0", "run/step-1", "run/step-2", "solo"]
     expected = {k: v for m in stored for k, v in digests_of(m, sources[m]).items()}
     spare = {m: digests_of(m, sources[m]) for m in ("newcomer", "run/step-3", "doomed")}
     spool_store, spooled = _spool_store(root, store, sources["newcomer"] / "model.safetensors")

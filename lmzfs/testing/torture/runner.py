@@ -154,3 +154,17 @@ def table(rows: list[Row]) -> str:
         if j == 0:
             lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def writer_table(row: Row) -> str:
+    """The crashes row by writer: cases, and kills that came before the writer ended."""
+    writers = sorted(k.split(" ", 1)[1] for k in row.info if k.startswith("cases "))
+    cells = [["writer", "cases", "killed before it ended"]]
+    cells += [[w, str(row.info.get(f"cases {w}", 0)), str(row.info.get(f"killed {w}", 0))] for w in writers]
+    widths = [max(len(r[i]) for r in cells) for i in range(3)]
+    lines = []
+    for j, r in enumerate(cells):
+        lines.append("| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)) + " |")
+        if j == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
