@@ -128,9 +128,9 @@ def test_a_flipped_bit_in_the_spool_data_is_reported_at_replay_never_committed_a
         with pytest.raises(OSError) as info:
             fs.read(fh, BLOCK, 10)
         assert info.value.errno == errno.EIO
-        with pytest.raises(OSError) as info:          # its last close commits, and cannot
-            fs.release(fh)
-        assert info.value.errno == errno.EIO
+        fs.release(fh)          # its last close tries to commit and cannot: logged, the bytes stay spooled
+        assert any("damaged" in r.getMessage() and r.levelname in ("WARNING", "ERROR")
+                   for r in caplog.records[len(lines):])
     finally:
         fs.close()
     assert "m/f" not in stored_paths(store_dir)
