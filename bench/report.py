@@ -893,6 +893,10 @@ def markdown(res: dict) -> str:
         out += ["## Mount (issue 4)", "", f"n/a: {mnt['error']}", ""]
     elif mnt:
         out += mount_md(mnt)
+    # sections other tools measured (`make torture`), kept as they printed them (bench/merge.py
+    # and a re-render leave them as they are)
+    for extra in res.get("extra_sections", []):
+        out += extra["markdown"].rstrip("\n").split("\n") + [""]
     versions = meta.get("versions", {})
     out += ["## Versions", "", "; ".join(f"{k}: {v}" for k, v in versions.items()), ""]
     if res.get("odd"):
