@@ -105,7 +105,7 @@ class BlockCache:
         finally:
             os.close(fd)
 
-    def get(self, key: str, block: int, length: int) -> bytes | None:
+    def get(self, key: str, block: int, length: int) -> memoryview | None:
         """The block's bytes if cached whole and sound, else None (a damaged one is removed)."""
         name = self._name(key, block)
         with self._lock:
@@ -129,7 +129,7 @@ class BlockCache:
             data = memoryview(raw)[_HEAD.size:]
             if magic == _MAGIC and n == length and zero == 0 and xxhash.xxh3_128_digest(data) == digest:
                 self.stats.hits += 1
-                return data.tobytes()
+                return data          # a view of what was read: no copy
         self.stats.damaged += 1
         self._drop(name)
         return None

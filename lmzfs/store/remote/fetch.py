@@ -81,9 +81,9 @@ class RangeFetcher:
         self.last_ok: float | None = None
 
     # -- reading ----------------------------------------------------------------------------------
-    def read(self, key: str, size: int, offset: int, length: int) -> bytes:
-        """Bytes [offset, offset + length) of the object (fewer past its end, as pread).
-        RemoteUnavailable (an OSError, EIO) if the engine cannot be reached in time."""
+    def read(self, key: str, size: int, offset: int, length: int) -> bytes | memoryview:
+        """Bytes [offset, offset + length) of the object (fewer past its end, as pread), as bytes or a
+        view of a block. RemoteUnavailable (an OSError, EIO) if the engine cannot be reached in time."""
         end = min(offset + length, size)
         if end <= offset:
             return b""
@@ -93,7 +93,7 @@ class RangeFetcher:
         if first == last:
             lo = offset - first * BLOCK_BYTES
             data = blocks[first]
-            return data if lo == 0 and end - offset == len(data) else data[lo:lo + end - offset]
+            return data if lo == 0 and end - offset == len(data) else memoryview(data)[lo:lo + end - offset]
         parts = []
         for b in range(first, last + 1):
             lo = max(offset, b * BLOCK_BYTES) - b * BLOCK_BYTES
