@@ -85,7 +85,19 @@ def dead_chunks(db, keep: frozenset[bytes] = frozenset()) -> tuple[set[bytes], d
     return dead, {b: n for b, n in lost.items() if b not in dead}
 
 
-def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
+@dataclass
+class _Marked:
+    """What marking the dead chunks found: the packs gc may act on, what stays live in each, and
+    the set-aside catalogs' guard (None: none)."""
+    on_disk: dict[int, int]
+    live: dict
+    dead: set
+    lost: dict
+    guard: object
+
+
+def _mark(store: StorePaths, catalog: Catalog) -> _Marked:
+    """Mark every chunk nothing references as dead (inside the caller's transaction)."""
     on_disk = LocalPacks(store).list_packs()
     db = catalog.db
     dead, lost = dead_chunks(db)
@@ -95,7 +107,12 @@ def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
         dead, lost = dead_chunks(db, keep=guard.chunks)
         on_disk = {pid: size for pid, size in on_disk.items() if not guard.keeps(pid)}
     chunkrows.mark_dead(db, dead)
-    live = _live(chunkrows.unmarked_pack_use(db))
+    return _Marked(on_disk, _live(chunkrows.unmarked_pack_use(db)), dead, lost, guard)
+
+
+def _collect(store: StorePaths, catalog: Catalog) -> GcResult:
+    m = _mark(store, catalog)
+    on_disk, live, dead, lost, guard = m.on_disk, m.live, m.dead, m.lost, m.guard
     result = _remedy(store, catalog, on_disk, live, len(dead), lost, LocalPacks(store).in_use())
     if guard is not None:
         result.set_aside = tuple(f.name for f in guard.files)
@@ -114,15 +131,8 @@ def reclaim_dead(store: StorePaths, catalog: Catalog, *, pack_dead_fraction: flo
     A pack is never cut in place (this process's readers may hold it: an open file unlinked
     still reads its dropped chunks through the pack descriptors it holds, which outlive the
     unlink). Crash-safe as gc is."""
-    on_disk = LocalPacks(store).list_packs()
-    db = catalog.db
-    dead, lost = dead_chunks(db)
-    guard = set_aside_guard(store, db, dead)
-    if guard is not None:
-        dead, lost = dead_chunks(db, keep=guard.chunks)
-        on_disk = {pid: size for pid, size in on_disk.items() if not guard.keeps(pid)}
-    chunkrows.mark_dead(db, dead)
-    live = _live(chunkrows.unmarked_pack_use(db))
+    m = _mark(store, catalog)
+    on_disk, live, dead, lost = m.on_disk, m.live, m.dead, m.lost
     chosen: dict[int, int] = {}
     copied = 0
     by_dead = sorted(on_disk.items(), key=lambda item: live.get(item[0], _Live()).bytes / max(item[1], 1))
