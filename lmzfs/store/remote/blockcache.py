@@ -15,6 +15,7 @@ a cache directory at a time (a lock file); another gets CacheBusy.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import struct
@@ -52,6 +53,8 @@ class BlockCache:
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()     # file name -> bytes on disk, LRU first
         self._bytes = 0
+        self._blocks_dir = str(self.root / "blocks")
+        self._dirs: set[str] = set()          # subdirectories of blocks/ made (or found) so far
         self.root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
         (self.root / "blocks").mkdir(exist_ok=True, mode=DIR_MODE)
         self._owner = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
@@ -83,27 +86,36 @@ class BlockCache:
             self._evict_locked()
 
     @staticmethod
-    def _name(key: str, block: int) -> str:
+    @functools.lru_cache(maxsize=4096)
+    def _stem(key: str) -> str:
         h = hashlib.sha256(key.encode()).hexdigest()[:32]
-        return f"{h[:2]}/{h}-{block:08x}"
+        return f"{h[:2]}/{h}"
+
+    def _name(self, key: str, block: int) -> str:
+        return f"{self._stem(key)}-{block:08x}"
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self._blocks_dir, name)
 
     def contains(self, key: str, block: int) -> bool:
         with self._lock:
             return self._name(key, block) in self._index
 
-    def advise(self, key: str, block: int) -> None:
-        """Tell the kernel the block will be read soon (POSIX_FADV_WILLNEED: it reads it in the
-        background), as its read-ahead does for one long file."""
-        try:
-            fd = os.open(self.root / "blocks" / self._name(key, block), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+    def advise(self, key: str, blocks: list[int]) -> None:
+        """Tell the kernel these blocks will be read soon (POSIX_FADV_WILLNEED: it reads them in
+        the background), as its read-ahead does for one long file. Costs a system call or two per
+        block, and may wait for the disk's queue: call it off a reader's path."""
+        for block in blocks:
+            try:
+                fd = os.open(self._path(self._name(key, block)), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def get(self, key: str, block: int, length: int) -> memoryview | None:
         """The block's bytes if cached whole and sound, else None (a damaged one is removed)."""
@@ -115,9 +127,8 @@ class BlockCache:
         if not known:
             self.stats.misses += 1
             return None
-        path = self.root / "blocks" / name
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self._path(name), os.O_RDONLY | os.O_CLOEXEC)
             try:
                 raw = os.pread(fd, _HEAD.size + length + 1, 0)     # one more: a longer file is damaged too
             finally:
@@ -142,7 +153,9 @@ class BlockCache:
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
         blob = _HEAD.pack(_MAGIC, len(data), 0, xxhash.xxh3_128_digest(data)) + data
         try:
-            path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
+            if name[:2] not in self._dirs:
+                path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
+                self._dirs.add(name[:2])
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
             try:
                 view = memoryview(blob)
@@ -153,6 +166,7 @@ class BlockCache:
             os.replace(tmp, path)
         except OSError:
             self.stats.write_errors += 1
+            self._dirs.discard(name[:2])        # made again next time, should it have gone
             tmp.unlink(missing_ok=True)
             return
         with self._lock:

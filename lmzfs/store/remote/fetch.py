@@ -35,6 +35,7 @@ FETCH_THREADS = 8
 # of 8 MiB, the block the decoder waits for came at an eighth of the link's rate, issue 50)
 AHEAD_RUNS = 4
 RECENT_BYTES = 32 << 20       # checked blocks kept in memory: a block serves several chunk reads
+ADVISED_BLOCKS = 4096         # cached blocks the kernel was lately asked to read in: not asked again
 
 
 @dataclass
@@ -76,6 +77,7 @@ class RangeFetcher:
         self._ahead_max = max(BLOCK_BYTES, min(READAHEAD_MAX, cache.capacity // 4))
         self._recent: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._recent_bytes = 0
+        self._advised: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lmz-fetch")
         self.last_error: str | None = None
         self.last_ok: float | None = None
@@ -214,13 +216,15 @@ class RangeFetcher:
         self.last_ok, self.last_error = time.time(), None
 
     def _arrived(self, key: str, block: int, data: bytes, fut: Future, ahead: bool) -> None:
+        """Whoever waits gets the block first; then it is written to the disk cache, and only then
+        is it no longer in flight (a read meanwhile finds the settled future, never a miss)."""
+        fut.set_result(data)
         self.cache.put(key, block, data)
         if not ahead:
             self._remember(key, block, data)
         with self._lock:
             if self._inflight.get((key, block)) is fut:
                 del self._inflight[(key, block)]
-        fut.set_result(data)
 
     def _fail(self, key: str, run: range, futs: list[Future], done: int, error: BaseException) -> None:
         """The blocks of the run not yet settled fail with error (those settled keep their bytes)."""
@@ -236,41 +240,57 @@ class RangeFetcher:
         with self._lock:
             s = self._streams.get(key)
             if s is None or not s.next_block - 1 <= first <= s.next_block:
+                if s is not None and all((key, b) in self._recent for b in range(first, last + 1)):
+                    return      # a look back at what was just read (a chunk stored once, read twice)
                 self._streams.pop(key, None)
                 self._streams[key] = _Stream(last + 1, min(READAHEAD_MIN, self._ahead_max))     # a new stream: no read-ahead yet
                 if len(self._streams) > 256:
                     self._streams.pop(next(iter(self._streams)))
                 return
+            if last < s.next_block:
+                return          # within the block read last: the window was planned for it
             s.window = min(self._ahead_max, s.window * 2)
-            s.next_block = max(s.next_block, last + 1)
-            issued = self._plan_ahead(key, size, s)
-        self._submit_ahead(key, size, issued)
+            s.next_block = last + 1
+            issued, advise = self._plan_ahead(key, size, s)
+        self._submit_ahead(key, size, issued, advise)
 
-    def _plan_ahead(self, key: str, size: int, s: _Stream) -> list[tuple[range, list[Future]]]:
+    def _plan_ahead(self, key: str, size: int, s: _Stream) -> tuple[list[tuple[range, list[Future]]], list[int]]:
         """Under the lock: the runs of the stream's window not yet cached or in flight, in order,
-        as many as AHEAD_RUNS allows in flight, claimed."""
+        as many as AHEAD_RUNS allows in flight, claimed; and the blocks of the window in the disk
+        cache not yet advised (the kernel is asked to read them in, off this thread)."""
         room = AHEAD_RUNS - self._ahead
-        if room <= 0:
-            return []
         stop = min(-(-size // BLOCK_BYTES), s.next_block + s.window // BLOCK_BYTES)
-        todo = []
+        todo: list[int] = []
+        advise: list[int] = []
+        complete = True
         for b in range(max(s.next_block, s.checked), stop):
             if (key, b) in self._inflight or (key, b) in self._recent:
                 continue
             if self.cache.contains(key, b):
-                self.cache.advise(key, b)       # on disk: have the kernel read it in meanwhile
+                if (key, b) not in self._advised:
+                    self._advised[(key, b)] = None
+                    advise.append(b)
                 continue
-            todo.append(b)
-            if len(todo) >= room * (MAX_GET_BYTES // BLOCK_BYTES):
+            if len(todo) >= max(0, room) * (MAX_GET_BYTES // BLOCK_BYTES):
+                complete = False
                 break
-        else:
-            if len(_runs(todo)) <= room:
-                s.checked = stop                # all below is cached or on its way: no second look
-        runs = _runs(todo)[:room]
+            todo.append(b)
+        while len(self._advised) > ADVISED_BLOCKS:
+            self._advised.popitem(last=False)
+        runs = _runs(todo)
+        if complete and len(runs) <= max(0, room):
+            s.checked = stop                # all below is cached or on its way: no second look
+        runs = runs[:max(0, room)]
         self._ahead += len(runs)
-        return [(run, self._claim(key, run)) for run in runs]
+        return [(run, self._claim(key, run)) for run in runs], advise
 
-    def _submit_ahead(self, key: str, size: int, issued: list[tuple[range, list[Future]]]) -> None:
+    def _submit_ahead(self, key: str, size: int, issued: list[tuple[range, list[Future]]],
+                      advise: list[int] = ()) -> None:
+        try:
+            if advise:
+                self._pool.submit(self.cache.advise, key, advise)
+        except RuntimeError:
+            pass
         for run, futs in issued:
             try:
                 self._pool.submit(self._ahead_run, key, size, run, futs)
@@ -287,8 +307,8 @@ class RangeFetcher:
                 self._ahead -= 1
                 s = self._streams.get(key)
                 # the window goes on filling while the reader waits on a block, not only when it reads
-                issued = self._plan_ahead(key, size, s) if s is not None and s.window > 0 else []
-            self._submit_ahead(key, size, issued)
+                issued, advise = self._plan_ahead(key, size, s) if s is not None and s.window > 0 else ([], [])
+            self._submit_ahead(key, size, issued, advise)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
