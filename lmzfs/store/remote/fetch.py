@@ -240,8 +240,9 @@ class RangeFetcher:
         with self._lock:
             s = self._streams.get(key)
             if s is None or not s.next_block - 1 <= first <= s.next_block:
-                if s is not None and all((key, b) in self._recent for b in range(first, last + 1)):
-                    return      # a look back at what was just read (a chunk stored once, read twice)
+                if s is not None and last < s.next_block - 1 and all(
+                        (key, b) in self._recent or self.cache.contains(key, b) for b in range(first, last + 1)):
+                    return      # a look back at what this stream read (a chunk stored once, read twice)
                 self._streams.pop(key, None)
                 self._streams[key] = _Stream(last + 1, min(READAHEAD_MIN, self._ahead_max))     # a new stream: no read-ahead yet
                 if len(self._streams) > 256:
