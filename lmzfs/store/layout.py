@@ -107,9 +107,15 @@ class StorePaths:
         fsync_dir(self.root)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    """Make what was written to the file at path durable (a file written by another handle, as
+    SQLite's backup or shutil.copyfile)."""
+    fd = os.open(path, flags | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fsync_path(path, os.O_RDONLY | os.O_DIRECTORY)

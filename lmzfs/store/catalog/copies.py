@@ -23,7 +23,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmzfs.store.layout import FILE_MODE, fsync_dir
+from lmzfs.store.layout import FILE_MODE, fsync_dir, fsync_path
 from lmzfs.store.catalog.uri import sqlite_uri
 
 KEEP_COPIES = 3
@@ -148,8 +148,4 @@ def _write_tmp(db: sqlite3.Connection, tmp: Path) -> None:
         dest.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (DIGEST_KEY, content_digest(dest)))
     finally:
         dest.close()
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(tmp)

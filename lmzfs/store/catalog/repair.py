@@ -22,7 +22,7 @@ from pathlib import Path
 from lmzfs.store.catalog import Catalog, free_if_full
 from lmzfs.store.catalog.check import PackIndex, broken_models, diagnose, index_packs
 from lmzfs.store.catalog.copies import DIGEST_KEY, due_marker, write_copy
-from lmzfs.store.layout import FILE_MODE, StoreError, StorePaths, fsync_dir
+from lmzfs.store.layout import FILE_MODE, StoreError, StorePaths, fsync_dir, fsync_path
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import validate_model_name
 from lmzfs.store.catalog.payloadsearch import place_chunks, salvage_chunk_rows
@@ -157,11 +157,7 @@ def _stage(copy: Path, store: StorePaths) -> Path:
             db.execute("PRAGMA journal_mode=WAL")
         finally:
             db.close()
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(tmp)
     except (OSError, sqlite3.Error) as exc:
         tmp.unlink(missing_ok=True)
         free = free_if_full(store.catalog)
