@@ -230,8 +230,10 @@ def _upload(objects: ObjectStore, up: _Upload, fds: dict, sent: _Sent) -> list[I
             records.append(IndexedRecord(c.chunk_id, offset + RECORD_HEADER.size, c.length, c.codec, c.base))
             offset += RECORD_HEADER.size + c.length
             sent.add(RECORD_HEADER.size + c.length)
+            reached("push-record")
 
     objects.put(up.key, body(), create=True, part_bytes=PART_BYTES, parallel=PARTS_IN_FLIGHT)
+    reached("push-data")
     size = len(PACK_HEADER) + sum(RECORD_HEADER.size + r.length for r in records)
     objects.put(index_key(up.key), encode_index(size, records), create=True)
     reached("push-object")

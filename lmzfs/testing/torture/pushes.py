@@ -1,0 +1,268 @@
+"""crashes, the `push` writer: kill -9 of `lmz push REMOTE` against a real S3 engine (SeaweedFS
+on 127.0.0.1, lmzfs/testing/seaweed.py) at a random named point of its phases (a record handed to
+a pack object's upload, a pack object written before its index, a pack object and its index
+written, the snapshot written before the pointer, the pointer switched), at a random moment
+after one of them (the writer going on past it), or after a random delay.
+
+Each case has a remote of its own (a fresh prefix of the engine's bucket). An uninterrupted push
+of the prepared store publishes the previous snapshot; then a push of the next store (the
+prepared one with a model added, a recoding add that gives pushed chunks new payloads, and a
+model removed) is killed. After the kill: the pointer names the previous snapshot or the new one
+(the new one only if the kill came after its switch), and every file of every model that
+snapshot holds reads back byte for byte through the remote (its SHA-256 against the source
+file's); `lmz verify --remote` is clean; the push run again completes and the new snapshot
+serves, read back and verified the same way.
+
+obstore (the object-store client) hangs in a process forked after it was used: the engine runs
+as a subprocess started by the torture run (`start_engine`), and a case uses obstore only after
+its last fork (the uninterrupted push and the killed one run in forked children)."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lmzfs.testing.torture import Outcome
+from lmzfs.testing.torture.common import check, exit_with_lmz, fork_writer_and_kill, fresh_copy, lmz, model_of
+from lmzfs.testing.torture.prepared import Prepared, _lmz
+
+# named points of `lmz push` (lmzfs/killpoints.py), each with how many times it can be reached
+POINTS = ("push-record", "push-data", "push-object", "push-snapshot", "push-published", "delay")
+ADDED, RECODED, REMOVED = "newcomer", "run/step-3", "quire-next"
+START_TIMEOUT = 120.0
+
+
+# -- the engine -----------------------------------------------------------------------------------
+
+def engine_available() -> bool:
+    from lmzfs.testing.seaweed import weed_binary
+    return weed_binary() is not None
+
+
+def start_engine(root: Path) -> subprocess.Popen:
+    """Start a SeaweedFS engine in a subprocess of its own (`python -m lmzfs.testing.seaweed`:
+    this process never touches obstore, so the workers it forks may) and put the client's
+    environment into os.environ, for every process forked or started after. Stop it with
+    stop_engine; it also stops by itself when this process dies."""
+    root.mkdir(parents=True, exist_ok=True)
+    env_file = root / "client.env"
+    proc = subprocess.Popen([sys.executable, "-m", "lmzfs.testing.seaweed", str(root / "engine"),
+                             "--env-file", str(env_file)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(root / "engine.err", "ab"))
+    deadline = time.monotonic() + START_TIMEOUT
+    while not env_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_engine(proc)
+            raise RuntimeError(f"the S3 engine for the push cases did not start; see {root / 'engine.err'}")
+        time.sleep(0.2)
+    for line in env_file.read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, value = line[len("export "):].split("=", 1)
+            os.environ[key] = value
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+        os.environ.pop(key, None)
+    return proc
+
+
+def stop_engine(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# -- the stores -----------------------------------------------------------------------------------
+
+def next_store(prep: Prepared) -> Path:
+    """The prepared store with ADDED added, RECODED added (recoding the pushed run/step-2 as a
+    delta against it: chunks the remote has, with new payloads) and REMOVED removed; built once
+    a run, by whichever worker comes first."""
+    dest = prep.root / "push-next"
+    with open(prep.root / "push-next.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (prep.root / "push-next.ready").exists():
+            tmp = prep.root / "push-next.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(prep.store, tmp, symlinks=True)
+            _lmz(tmp, "add", str(prep.sources[ADDED]), "--name", ADDED)
+            _lmz(tmp, "add", str(prep.sources[RECODED]), "--name", RECODED)
+            _lmz(tmp, "rm", REMOVED)
+            tmp.rename(dest)
+            (prep.root / "push-next.ready").touch()
+    return dest
+
+
+def expected_before(prep: Prepared) -> dict[str, str]:
+    return dict(prep.expected)
+
+
+def expected_after(prep: Prepared) -> dict[str, str]:
+    out = {k: v for k, v in prep.expected.items() if model_of(k) != REMOVED}
+    out.update(prep.spare[ADDED])
+    out.update(prep.spare[RECODED])
+    return out
+
+
+# -- a case ---------------------------------------------------------------------------------------
+
+def push_case(prep: Prepared, scratch: Path, point: str, delay: float, go_on: bool) -> Outcome:
+    out = Outcome(f"crash push at {point}{' going on' if go_on else ''} +{delay:.3f}s")
+    nxt = next_store(prep)
+    scratch = scratch / "push"             # this case's alone: its stores and cache directories
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    base = fresh_copy(prep.store, scratch / "base")
+    store = fresh_copy(nxt, scratch / "store")
+    bucket = os.environ.get("S3_BUCKET", "models")
+    url = f"s3://{bucket}/torture/{secrets.token_hex(6)}"
+    out.info["remote"] = url
+    # the previous snapshot, pushed in a child: this process keeps off obstore until its forks are done
+    rc, err = _forked_lmz(base, ["push", url], scratch / "base-push.err")
+    if rc != 0:
+        out.problems.append(f"the first push failed (rc={rc}): {err.strip()[-300:]}")
+        return out
+    killed = fork_writer_and_kill(store, ["push", url], point=None if point == "delay" else point, delay=delay,
+                                  stderr_path=scratch / "writer.err", go_on=go_on)
+    out.info["killed"] = int(killed.reached)
+    out.info["finished_first"] = int(killed.finished)
+    if killed.finished and killed.rc == 0:
+        out.info["writer_seconds"] = killed.seconds
+    if killed.hang:
+        out.hang = True
+        out.problems.append(f"the push neither reached {point} nor ended")
+        return out
+    if killed.finished and killed.rc != 0:
+        out.problems.append(f"the push, not killed, ended rc={killed.rc}: {killed.stderr.strip()[-300:]}")
+    if "Traceback (most recent call last)" in killed.stderr:
+        out.traceback = killed.stderr[-3000:]
+    before, after = expected_before(prep), expected_after(prep)
+    try:
+        # after the kill: a complete snapshot serves, the previous one or (published) the new one
+        generation = _check_remote(out, url, scratch / "cache-kill", {1: before, 2: after}, "after the kill")
+        if generation == 1 and killed.reached:
+            out.info["push killed before publish"] = 1
+        check(out, lmz(store, "verify", "--remote", url, "--cache-dir", str(scratch / "verify-kill")),
+               "verify --remote after the kill")
+        # the push again: it completes, and the new snapshot serves
+        again = lmz(store, "push", url)
+        check(out, again, "the push again")
+        if b"left by an interrupted push reused" in again.stdout:
+            out.info["push reruns reusing uploads"] = 1
+        _check_remote(out, url, scratch / "cache-again", {2: after}, "after the push again")
+        check(out, lmz(store, "verify", "--remote", url, "--cache-dir", str(scratch / "verify-again")),
+               "verify --remote after the push again")
+    finally:
+        _forget(url)
+    return out
+
+
+def _forked_lmz(store: Path, argv: list[str], stderr_path: Path, bound: float = 120.0) -> tuple[int, str]:
+    """`lmz ARGV` run to its end in a forked child: (its status, its stderr)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, 1)
+            err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(err, 2)
+            exit_with_lmz(store, argv)
+        finally:
+            os._exit(71)
+    deadline = time.monotonic() + bound
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -9, f"ran past {bound:.0f} s"
+        time.sleep(0.02)
+    rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    return rc, stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
+
+
+def _check_remote(out: Outcome, url: str, cache: Path, snapshots: dict[int, dict[str, str]], when: str) -> int | None:
+    """Read every file of the snapshot the pointer names through the remote; count wrong bytes and
+    lost models against what that snapshot must hold (snapshots: generation -> MODEL/PATH ->
+    SHA-256). Returns the generation served."""
+    from lmzfs.reader.remotearchive import RemoteArchive, RemoteOptions
+    from lmzfs.store.layout import StoreError
+    try:
+        archive = RemoteArchive(RemoteOptions(url, cache_dir=cache, poll_s=0, timeout_s=30), workers=0)
+    except StoreError as exc:
+        out.problems.append(f"{when}: the remote cannot be opened: {exc}")
+        out.models_lost = max(out.models_lost, len({model_of(k) for e in snapshots.values() for k in e}))
+        return None
+    try:
+        generation = archive.current_snapshot.pointer.generation
+        want = snapshots.get(generation)
+        if want is None:
+            out.problems.append(f"{when}: the pointer names generation {generation}, not one of {sorted(snapshots)}")
+            return generation
+        served, refused = {}, {}
+        for e in archive.files():
+            key = f"{e.model}/{e.path}"
+            h = hashlib.sha256()
+            try:
+                with archive.open(e) as r:
+                    for off in range(0, e.size, 1 << 22):
+                        h.update(r.pread(off, 1 << 22))
+            except OSError as exc:
+                refused[key] = str(exc)[:200]
+                continue
+            served[key] = h.hexdigest()
+        wrong = [k for k, v in served.items() if k in want and v != want[k]]
+        out.wrong_bytes += len(wrong)
+        lost = {model_of(k) for k in want if served.get(k) != want[k]}
+        extra = sorted(k for k in {*served, *refused} if k not in want)
+        if extra:
+            out.problems.append(f"{when}: generation {generation} serves files it should not: {extra[:3]}")
+        if lost:
+            out.models_lost = max(out.models_lost, len(lost))
+            out.info["lost"] = sorted(lost)
+            out.info["refused"] = dict(list(refused.items())[:3])
+        if wrong:
+            out.info["wrong"] = wrong[:5]
+        return generation
+    finally:
+        archive.close()
+
+
+def _forget(url: str) -> None:
+    """Delete the case's remote (the engine's disk is not the point)."""
+    from lmzfs.store.remote.objects import ObjectStore, RemoteError, RemoteURL
+    with contextlib.suppress(RemoteError):
+        objects = ObjectStore(RemoteURL.parse(url), timeout=10)
+        keys = [o.key for o in objects.list("")]
+        for i in range(0, len(keys), 500):
+            objects.delete(keys[i:i + 500])
+
+
+# -- drawing cases --------------------------------------------------------------------------------
+
+def draw(rng: random.Random, learned_seconds: float | None) -> tuple[str, float, bool]:
+    """(point, delay, go_on): a named point (the Nth time it is reached) where the writer waits
+    for its kill, or goes on and is killed up to 30 ms later; or a delay within the push's run."""
+    point = rng.choice(POINTS)
+    if point == "delay":
+        return point, rng.uniform(0, learned_seconds or 0.5), False
+    if point == "push-record":
+        point = f"{point}:{rng.randint(1, 40)}"
+    elif point in ("push-data", "push-object"):
+        point = f"{point}:{rng.randint(1, 3)}"
+    go_on = rng.random() < 0.5
+    return point, (rng.uniform(0, 0.03) if go_on else 0.0), go_on
