@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
     ap.add_argument("--writers", default=",".join(crashes.WRITERS),
-                    help="the crashes row's writers, comma-separated (default: all of " + ", ".join(crashes.WRITERS) + ")")
+                    help="the crashes row's writers, comma-separated: " + ",".join(crashes.WRITERS) + " (default: all)")
     ap.add_argument("--work", type=Path, help="work directory (default: a new one under /tmp, removed after)")
     ap.add_argument("--jobs", type=int, default=usable_cpus(),
                     help="cases of a family run at once, each worker its own cases (default: the usable CPUs)")

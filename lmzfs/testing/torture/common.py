@@ -55,7 +55,7 @@ def lmz(store: Path, *argv: str) -> Ran:
     return Ran(tuple(full), rc, raw.getvalue(), err.getvalue(), tb)
 
 
-def check(out, ran: Ran, what: str) -> None:
+def check_ran(out, ran: Ran, what: str) -> None:
     """Record on the outcome `out` a traceback the command let out and a failure (rc != 0)."""
     if ran.any_traceback and out.traceback is None:
         out.traceback = ran.any_traceback[-3000:]

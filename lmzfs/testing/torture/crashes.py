@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Iterator
 
 from lmzfs.testing.torture import Case, Outcome, pushes
-from lmzfs.testing.torture.common import (check, fork_writer_and_kill, fresh_copy, listed_models, lmz, model_of,
-                                          read_all, sha, unmount_quietly)
+from lmzfs.testing.torture.common import (check_ran, fork_writer_and_kill, fresh_copy, listed_models, lmz,
+                                          model_of, read_all, sha, unmount_quietly)
 from lmzfs.testing.torture.prepared import Prepared
 
 POINTS = ("append", "session-sealed", "session-commit", "session-committed", "delay")
@@ -85,9 +85,9 @@ def _crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: f
     if subject in adds:
         expected.update(adds[subject])
     if writer == "repair":
-        check(out, lmz(store, *argv), "the repair again")
+        check_ran(out, lmz(store, *argv), "the repair again")
     # after the kill: verify clean, every model right or (the subject) absent
-    check(out, lmz(store, "verify"), "verify after the kill")
+    check_ran(out, lmz(store, "verify"), "verify after the kill")
     present = listed_models(store) or set()
     check = {k: v for k, v in expected.items() if model_of(k) != subject or subject in present}
     rb = read_all(store, check)
@@ -95,22 +95,19 @@ def _crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: f
     # the command again: it completes
     if writer == "add" or writer == "recoding-add":
         if subject not in present:
-            check(out, lmz(store, *argv), "the add again")
+            check_ran(out, lmz(store, *argv), "the add again")
     elif writer == "rm":
         if subject in present:
-            check(out, lmz(store, *argv), "the rm again")
+            check_ran(out, lmz(store, *argv), "the rm again")
         expected = {k: v for k, v in expected.items() if model_of(k) != subject}
     elif writer != "repair":
-        check(out, lmz(store, *argv), f"{' '.join(argv)} again")
-    check(out, lmz(store, "verify"), "verify after the rerun")
+        check_ran(out, lmz(store, *argv), f"{' '.join(argv)} again")
+    check_ran(out, lmz(store, "verify"), "verify after the rerun")
     rb = read_all(store, expected)
     _count(out, rb, expected)
     if writer == "rm" and subject in (listed_models(store) or set()):
         out.problems.append("the removed model is still listed after rm again")
     return out
-
-
-
 
 
 def _count(out: Outcome, rb, expected: dict[str, str]) -> None:
@@ -178,7 +175,7 @@ def mount_commit_case(prep: Prepared, scratch: Path, mode: str, delay: float) ->
         return out
     finally:
         unmount_quietly(mnt)
-    check(out, lmz(store, "verify"), "verify after the remount")
+    check_ran(out, lmz(store, "verify"), "verify after the remount")
     expected = {**prep.expected, "wm/f.bin": digest}
     _count(out, read_all(store, expected), expected)
     return out
