@@ -40,13 +40,13 @@ def writer_argv(prep: Prepared, writer: str) -> tuple[list[str], str | None]:
     }[writer]
 
 
-def crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: float, go_on: bool = False) -> Outcome:
+def crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: float) -> Outcome:
     """One kill of `writer`; its outcome counts the case under the writer (`cases WRITER`) and,
     if the kill came before the writer ended, the kill (`killed WRITER`)."""
-    if writer == "push":
-        out = pushes.push_case(prep, scratch, point, delay, go_on)
-    else:
-        out = _crash_case(prep, scratch, writer, point, delay)
+    return counted(_crash_case(prep, scratch, writer, point, delay), writer)
+
+
+def counted(out: Outcome, writer: str) -> Outcome:
     out.info[f"cases {writer}"] = 1
     out.info[f"killed {writer}"] = int(out.info.pop("killed", 0))
     return out
@@ -205,8 +205,9 @@ def note(out: Outcome) -> None:
 
 def random_case(prep: Prepared, scratch: Path, rng: random.Random, writer: str) -> Case:
     if writer == "push":
-        point, delay, go_on = pushes.draw(rng, _DURATIONS.get(writer))
-        return Case(f"crash push {point}", lambda: crash_case(prep, scratch, writer, point, delay, go_on), 150)
+        kills, first = pushes.draw(rng, _DURATIONS.get(writer))
+        return Case(f"crash push {kills[0].point}",
+                    lambda: counted(pushes.push_case(prep, scratch, kills, first), writer), 150)
     if writer == "mount-commit":
         mode = rng.choice(("mid-copy", "after-fsync", "during-close"))
         delay = rng.uniform(0, 0.3)

@@ -7,8 +7,9 @@ after one of them (the writer going on past it), or after a random delay.
 Each case has a remote of its own (a fresh prefix of the engine's bucket). An uninterrupted push
 of the prepared store publishes the previous snapshot; then a push of the next store (the
 prepared one with a model added, a recoding add that gives pushed chunks new payloads, and a
-model removed) is killed. After the kill: the pointer names the previous snapshot or the new one
-(the new one only if the kill came after its switch), and every file of every model that
+model removed) is killed, in some cases two or three times in a row. After the kills: the pointer names the previous snapshot or the new one
+(the new one only if the kill came after its switch; or none, on a remote nothing was pushed to
+before), and every file of every model that
 snapshot holds reads back byte for byte through the remote (its SHA-256 against the source
 file's); `lmz verify --remote` is clean; the push run again completes and the new snapshot
 serves, read back and verified the same way.
@@ -29,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from lmzfs.testing.torture import Outcome
@@ -118,52 +120,73 @@ def expected_after(prep: Prepared) -> dict[str, str]:
 
 # -- a case ---------------------------------------------------------------------------------------
 
-def push_case(prep: Prepared, scratch: Path, point: str, delay: float, go_on: bool) -> Outcome:
-    out = Outcome(f"crash push at {point}{' going on' if go_on else ''} +{delay:.3f}s")
+@dataclass(frozen=True)
+class Kill:
+    point: str          # a named point (NAME:N), or "delay"
+    delay: float        # seconds after the point (or after the start, for "delay")
+    go_on: bool         # the writer goes on past the point instead of waiting there for its kill
+
+    def __str__(self) -> str:
+        return f"{self.point}{' going on' if self.go_on else ''} +{self.delay:.3f}s"
+
+
+def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = False) -> Outcome:
+    """kills: the pushes killed one after the other (each of the next store, to the same remote)
+    before the checks and the push that completes; first: the remote has no snapshot before them."""
+    out = Outcome(f"crash push {'(the first) ' if first else ''}at " + ", then ".join(map(str, kills)),
+                  items=len(kills))
+    out.info["push cases of kills in a row" if len(kills) > 1 else "push cases of one kill"] = 1
+    if first:
+        out.info["push cases on an empty remote"] = 1
     nxt = next_store(prep)
     scratch = scratch / "push"             # this case's alone: its stores and cache directories
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    base = fresh_copy(prep.store, scratch / "base")
     store = fresh_copy(nxt, scratch / "store")
     bucket = os.environ.get("S3_BUCKET", "models")
     url = f"s3://{bucket}/torture/{secrets.token_hex(6)}"
     out.info["remote"] = url
-    # the previous snapshot, pushed in a child: this process keeps off obstore until its forks are done
-    rc, err = _forked_lmz(base, ["push", url], scratch / "base-push.err")
-    if rc != 0:
-        out.problems.append(f"the first push failed (rc={rc}): {err.strip()[-300:]}")
-        return out
-    killed = fork_writer_and_kill(store, ["push", url], point=None if point == "delay" else point, delay=delay,
-                                  stderr_path=scratch / "writer.err", go_on=go_on)
-    out.info["killed"] = int(killed.reached)
-    out.info["finished_first"] = int(killed.finished)
-    if killed.finished and killed.rc == 0:
-        out.info["writer_seconds"] = killed.seconds
-    if killed.hang:
-        out.hang = True
-        out.problems.append(f"the push neither reached {point} nor ended")
-        return out
-    if killed.finished and killed.rc != 0:
-        out.problems.append(f"the push, not killed, ended rc={killed.rc}: {killed.stderr.strip()[-300:]}")
-    if "Traceback (most recent call last)" in killed.stderr:
-        out.traceback = killed.stderr[-3000:]
-    before, after = expected_before(prep), expected_after(prep)
+    if not first:       # the previous snapshot, pushed in a child: this process keeps off obstore until its forks are done
+        base = fresh_copy(prep.store, scratch / "base")
+        rc, err = _forked_lmz(base, ["push", url], scratch / "base-push.err")
+        if rc != 0:
+            out.problems.append(f"the push of the previous snapshot failed (rc={rc}): {err.strip()[-300:]}")
+            return out
+    reached = False
+    for i, k in enumerate(kills):           # each a fork, before this process first uses obstore
+        killed = fork_writer_and_kill(store, ["push", url], point=None if k.point == "delay" else k.point,
+                                      delay=k.delay, stderr_path=scratch / f"writer-{i}.err", go_on=k.go_on)
+        reached |= killed.reached
+        if i == 0 and killed.finished and killed.rc == 0:
+            out.info["writer_seconds"] = killed.seconds
+        if killed.hang:
+            out.hang = True
+            out.problems.append(f"the push neither reached {k.point} nor ended")
+            return out
+        if killed.finished and killed.rc != 0:
+            out.problems.append(f"the push, not killed, ended rc={killed.rc}: {killed.stderr.strip()[-300:]}")
+        if "Traceback (most recent call last)" in killed.stderr:
+            out.traceback = killed.stderr[-3000:]
+    out.info["killed"] = int(reached)
+    out.info["finished_first"] = int(not reached)
+    before, after = ({None: {}} if first else {1: expected_before(prep)}), expected_after(prep)
+    new = 1 if first else 2
     try:
-        # after the kill: a complete snapshot serves, the previous one or (published) the new one
-        generation = _check_remote(out, url, scratch / "cache-kill", {1: before, 2: after}, "after the kill")
-        if killed.reached:
-            out.info["push killed before publish" if generation == 1 else "push killed after publish"] = 1
-        check_ran(out, lmz(store, "verify", "--remote", url, "--cache-dir", str(scratch / "verify-kill")),
-               "verify --remote after the kill")
+        # after the kills: a complete snapshot serves, the previous one or (published) the new one
+        generation = _check_remote(out, url, scratch / "cache-kill", {**before, new: after}, "after the kill")
+        if reached:
+            out.info["push killed before publish" if generation != new else "push killed after publish"] = 1
+        if generation is not None:
+            check_ran(out, lmz(store, "verify", "--remote", url, "--cache-dir", str(scratch / "verify-kill")),
+                      "verify --remote after the kill")
         # the push again: it completes, and the new snapshot serves
         again = lmz(store, "push", url)
         check_ran(out, again, "the push again")
         if b"left by an interrupted push reused" in again.stdout:
             out.info["push reruns reusing uploads"] = 1
-        _check_remote(out, url, scratch / "cache-again", {2: after}, "after the push again")
+        _check_remote(out, url, scratch / "cache-again", {new: after}, "after the push again")
         check_ran(out, lmz(store, "verify", "--remote", url, "--cache-dir", str(scratch / "verify-again")),
-               "verify --remote after the push again")
+                  "verify --remote after the push again")
     finally:
         _forget(url)
     return out
@@ -195,12 +218,22 @@ def _forked_lmz(store: Path, argv: list[str], stderr_path: Path, bound: float = 
     return rc, stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
 
 
-def _check_remote(out: Outcome, url: str, cache: Path, snapshots: dict[int, dict[str, str]], when: str) -> int | None:
+def _check_remote(out: Outcome, url: str, cache: Path, snapshots: dict[int | None, dict[str, str]],
+                  when: str) -> int | None:
     """Read every file of the snapshot the pointer names through the remote; count wrong bytes and
     lost models against what that snapshot must hold (snapshots: generation -> MODEL/PATH ->
-    SHA-256). Returns the generation served."""
+    SHA-256; None: no pointer yet). Returns the generation served (None: no pointer)."""
     from lmzfs.reader.remotearchive import RemoteArchive, RemoteOptions
     from lmzfs.store.layout import StoreError
+    from lmzfs.store.remote.objects import ObjectStore, RemoteURL
+    from lmzfs.store.remote.snapshots import read_pointer
+    if None in snapshots:
+        try:
+            if read_pointer(ObjectStore(RemoteURL.parse(url), timeout=30)).pointer is None:
+                return None
+        except StoreError as exc:
+            out.problems.append(f"{when}: the pointer cannot be read: {exc}")
+            return None
     try:
         archive = RemoteArchive(RemoteOptions(url, cache_dir=cache, poll_s=0, timeout_s=30), workers=0)
     except StoreError as exc:
@@ -254,15 +287,23 @@ def _forget(url: str) -> None:
 
 # -- drawing cases --------------------------------------------------------------------------------
 
-def draw(rng: random.Random, learned_seconds: float | None) -> tuple[str, float, bool]:
-    """(point, delay, go_on): a named point (the Nth time it is reached) where the writer waits
-    for its kill, or goes on and is killed up to 30 ms later; or a delay within the push's run."""
+def draw(rng: random.Random, learned_seconds: float | None) -> tuple[list[Kill], bool]:
+    """(the kills, whether the remote starts empty): one kill, or in a quarter of the cases two
+    or three in a row (the later pushes finding what the earlier ones left); in a fifth, on a
+    remote nothing was pushed to before."""
+    n = 1 if rng.random() < 0.75 else rng.choice((2, 3))
+    return [draw_kill(rng, learned_seconds) for _ in range(n)], rng.random() < 0.2
+
+
+def draw_kill(rng: random.Random, learned_seconds: float | None) -> Kill:
+    """A named point (the Nth time it is reached) where the writer waits for its kill, or goes
+    on and is killed up to 30 ms later; or a delay within the push's run."""
     point = rng.choice(POINTS)
     if point == "delay":
-        return point, rng.uniform(0, learned_seconds or 0.5), False
+        return Kill(point, rng.uniform(0, learned_seconds or 0.5), False)
     if point == "push-record":          # the next store's push moves 8 chunks in 3 pack objects
         point = f"{point}:{rng.randint(1, 8)}"
     elif point in ("push-data", "push-object"):
         point = f"{point}:{rng.randint(1, 3)}"
     go_on = rng.random() < 0.5
-    return point, (rng.uniform(0, 0.03) if go_on else 0.0), go_on
+    return Kill(point, rng.uniform(0, 0.03) if go_on else 0.0, go_on)
