@@ -2,17 +2,19 @@
 on 127.0.0.1, lmzfs/testing/seaweed.py) at a random named point of its phases (a record handed to
 a pack object's upload, a pack object written before its index, a pack object and its index
 written, the snapshot written before the pointer, the pointer switched), at a random moment
-after one of them (the writer going on past it), or after a random delay.
+after one of them (the writer going on past it), or after a random delay. (There are no
+multipart parts to kill between: obstore sends a create-only PUT as one request, whatever its
+size, so a pack object appears whole or not at all.)
 
 Each case has a remote of its own (a fresh prefix of the engine's bucket). An uninterrupted push
 of the prepared store publishes the previous snapshot; then a push of the next store (the
 prepared one with a model added, a recoding add that gives pushed chunks new payloads, and a
-model removed) is killed, in some cases two or three times in a row. After the kills: the pointer names the previous snapshot or the new one
-(the new one only if the kill came after its switch; or none, on a remote nothing was pushed to
-before), and every file of every model that
-snapshot holds reads back byte for byte through the remote (its SHA-256 against the source
-file's); `lmz verify --remote` is clean; the push run again completes and the new snapshot
-serves, read back and verified the same way.
+model removed) is killed, in some cases two or three times in a row, or, in a fifth of the
+cases, the first push to an empty remote is. After the kills: the pointer names the previous
+snapshot or the new one (the new one only if a kill came after its switch; on an empty remote,
+none or the new one), and every file of every model that snapshot holds reads back byte for byte
+through the remote (its SHA-256 against the source file's); `lmz verify --remote` is clean; the
+push run again completes and the new snapshot serves, read back and verified the same way.
 
 obstore (the object-store client) hangs in a process forked after it was used: the engine runs
 as a subprocess started by the torture run (`start_engine`), and a case uses obstore only after
