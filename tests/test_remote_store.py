@@ -127,7 +127,7 @@ def test_a_push_over_a_snapshot_someone_else_replaced_stops_and_a_rerun_publishe
         archive.close()
 
 
-@pytest.mark.parametrize("point", ["push-object", "push-snapshot", "push-published"])
+@pytest.mark.parametrize("point", ["push-record", "push-data", "push-object", "push-snapshot", "push-published"])
 def test_a_push_killed_at_a_named_point_leaves_a_snapshot_serving_and_a_rerun_completes(
         tmp_path, remote_url, models, point):
     store = tmp_path / "store"
