@@ -39,7 +39,7 @@ from lmzfs.testing.torture import Outcome
 from lmzfs.testing.torture.common import check_ran, exit_with_lmz, fork_writer_and_kill, fresh_copy, lmz, model_of
 from lmzfs.testing.torture.prepared import Prepared, _lmz
 
-# named points of `lmz push` (lmzfs/killpoints.py), each with how many times it can be reached
+# the named points of `lmz push` (lmzfs/killpoints.py), and "delay": a kill after a random delay
 POINTS = ("push-record", "push-data", "push-object", "push-snapshot", "push-published", "delay")
 ADDED, RECODED, REMOVED = "newcomer", "run/step-3", "quire-next"
 START_TIMEOUT = 120.0
@@ -148,7 +148,8 @@ def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = Fa
     bucket = os.environ.get("S3_BUCKET", "models")
     url = f"s3://{bucket}/torture/{secrets.token_hex(6)}"
     out.info["remote"] = url
-    if not first:       # the previous snapshot, pushed in a child: this process keeps off obstore until its forks are done
+    if not first:
+        # the previous snapshot, pushed in a child: this process keeps off obstore until its forks are done
         base = fresh_copy(prep.store, scratch / "base")
         rc, err = _forked_lmz(base, ["push", url], scratch / "base-push.err")
         if rc != 0:
