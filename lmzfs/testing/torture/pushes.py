@@ -14,7 +14,8 @@ cases, the first push to an empty remote is. After the kills: the pointer names 
 snapshot or the new one (the new one only if a kill came after its switch; on an empty remote,
 none or the new one), and every file of every model that snapshot holds reads back byte for byte
 through the remote (its SHA-256 against the source file's); `lmz verify --remote` is clean; the
-push run again completes and the new snapshot serves, read back and verified the same way.
+push run again completes, leaves nothing in the temporary directory (what the killed pushes left
+there included), and the new snapshot serves, read back and verified the same way.
 
 obstore (the object-store client) hangs in a process forked after it was used: the engine runs
 as a subprocess started by the torture run (`start_engine`), and a case uses obstore only after
@@ -31,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +147,9 @@ def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = Fa
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     store = fresh_copy(nxt, scratch / "store")
+    temp = scratch / "tmp"          # where the pushes keep their catalog copies (this process and its forks)
+    temp.mkdir()
+    tempfile.tempdir = str(temp)
     bucket = os.environ.get("S3_BUCKET", "models")
     url = f"s3://{bucket}/torture/{secrets.token_hex(6)}"
     out.info["remote"] = url
@@ -187,6 +192,9 @@ def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = Fa
         check_ran(out, again, "the push again")
         if b"left by an interrupted push reused" in again.stdout:
             out.info["push reruns reusing uploads"] = 1
+        left = sorted(p.name for p in temp.iterdir())
+        if left:
+            out.problems.append(f"the push again left {left[:3]} in the temporary directory")
         _check_remote(out, url, scratch / "cache-again", {new: after}, "after the push again")
         check_ran(out, lmz(store, "verify", "--remote", url, "--cache-dir", str(scratch / "verify-again")),
                   "verify --remote after the push again")
