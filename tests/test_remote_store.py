@@ -195,9 +195,13 @@ def test_the_catalog_copy_a_killed_push_leaves_is_removed_by_the_next_push_but_a
         waiting.kill()
         waiting.wait()
         waiting.stdout.close()
+    # what a push killed while it removed its directory leaves (its lock file gone first), and
+    # what a push of an earlier lmzfs left (no lock file at all)
+    (tmp / "lmz-push-halfgone").mkdir()
+    (tmp / "lmz-push-halfgone" / "snapshot.sqlite").write_bytes(b"x" * 4096)
     r = subprocess.run([*push_argv, remote_url], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "generation 1" in r.stdout, r.stderr
-    assert list(tmp.glob("lmz-push-*")) == []
+    assert list(tmp.glob("lmz-push-*")) == [] and list(tmp.glob(".lmz-push-*")) == []
 
 
 def test_the_disk_cache_stays_within_its_cap_while_a_model_three_times_larger_is_read(tmp_path, remote_url, models):

@@ -22,20 +22,45 @@ def push_scratch() -> Iterator[Path]:
     """A new private directory, held by this push and removed when it ends; first, those that
     killed pushes of this user left are removed."""
     remove_left()
-    tmp = Path(tempfile.mkdtemp(prefix=PREFIX))
-    fd = os.open(tmp / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    # made under another name, then renamed: a directory named PREFIX* holds its lock file from
+    # the start, so one without a lock file is one a push was removing when it was killed
+    made = Path(tempfile.mkdtemp(prefix="." + PREFIX))
+    fd = os.open(made / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        tmp = made.with_name(made.name[1:])
+        os.rename(made, tmp)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(made, ignore_errors=True)
+        raise
+    try:
         yield tmp
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            _remove(tmp)
         os.close(fd)
+
+
+def _remove(folder: str | os.PathLike) -> None:
+    """Remove a push directory, its lock file last."""
+    for entry in os.scandir(folder):
+        if entry.name != LOCK:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(folder, LOCK))
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
 
 
 def remove_left(base: Path | None = None) -> int:
     """Remove the push directories under `base` (the temporary directory) that are this user's and
-    that no running push holds; returns how many. A directory without a lock file (being made
-    now, or not ours) is left alone."""
+    that no running push holds (their lock file is free, or gone with the rest of what a killed
+    push was removing); returns how many."""
     base = Path(tempfile.gettempdir()) if base is None else base
     removed = 0
     try:
@@ -51,6 +76,13 @@ def remove_left(base: Path | None = None) -> int:
             continue
         try:
             fd = os.open(os.path.join(entry.path, LOCK), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            try:
+                _remove(entry.path)
+            except OSError:
+                continue
+            removed += 1
+            continue
         except OSError:
             continue
         try:
@@ -59,8 +91,10 @@ def remove_left(base: Path | None = None) -> int:
             os.close(fd)
             continue                    # a push running now
         try:
-            shutil.rmtree(entry.path, ignore_errors=True)
+            _remove(entry.path)
             removed += 1
+        except OSError:
+            pass                        # another push removed it first
         finally:
             os.close(fd)
     return removed

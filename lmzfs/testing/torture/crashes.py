@@ -205,9 +205,9 @@ def note(out: Outcome) -> None:
 
 def random_case(prep: Prepared, scratch: Path, rng: random.Random, writer: str) -> Case:
     if writer == "push":
-        kills, first = pushes.draw(rng, _DURATIONS.get(writer))
+        kills, first, prune = pushes.draw(rng, _DURATIONS.get(writer))
         return Case(f"crash push {kills[0].point}",
-                    lambda: counted(pushes.push_case(prep, scratch, kills, first), writer), 150)
+                    lambda: counted(pushes.push_case(prep, scratch, kills, first, prune), writer), 150)
     if writer == "mount-commit":
         mode = rng.choice(("mid-copy", "after-fsync", "during-close"))
         delay = rng.uniform(0, 0.3)

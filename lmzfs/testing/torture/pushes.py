@@ -134,11 +134,15 @@ class Kill:
         return f"{self.point}{' going on' if self.go_on else ''} +{self.delay:.3f}s"
 
 
-def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = False) -> Outcome:
+def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = False, prune: bool = False) -> Outcome:
     """kills: the pushes killed one after the other (each of the next store, to the same remote)
-    before the checks and the push that completes; first: the remote has no snapshot before them."""
-    out = Outcome(f"crash push {'(the first) ' if first else ''}at " + ", then ".join(map(str, kills)),
-                  items=len(kills))
+    before the checks and the push that completes; first: the remote has no snapshot before them;
+    prune: those pushes and the one that completes are `lmz push --prune --grace 0`, and after it
+    the remote holds only what its snapshot names."""
+    out = Outcome(f"crash push {'--prune ' if prune else ''}{'(the first) ' if first else ''}at "
+                  + ", then ".join(map(str, kills)), items=len(kills))
+    if prune:
+        out.info["push cases with --prune"] = 1
     out.info["push cases of kills in a row" if len(kills) > 1 else "push cases of one kill"] = 1
     if first:
         out.info["push cases on an empty remote"] = 1
@@ -160,9 +164,10 @@ def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = Fa
         if rc != 0:
             out.problems.append(f"the push of the previous snapshot failed (rc={rc}): {err.strip()[-300:]}")
             return out
+    argv = ["push", url, *(["--prune", "--grace", "0"] if prune else [])]
     reached = False
     for i, k in enumerate(kills):           # each a fork, before this process first uses obstore
-        killed = fork_writer_and_kill(store, ["push", url], point=None if k.point == "delay" else k.point,
+        killed = fork_writer_and_kill(store, argv, point=None if k.point == "delay" else k.point,
                                       delay=k.delay, stderr_path=scratch / f"writer-{i}.err", go_on=k.go_on)
         reached |= killed.reached
         if i == 0 and killed.finished and killed.rc == 0:
@@ -188,7 +193,7 @@ def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = Fa
             check_ran(out, lmz(store, "verify", "--remote", url, "--cache-dir", str(scratch / "verify-kill")),
                       "verify --remote after the kill")
         # the push again: it completes, and the new snapshot serves
-        again = lmz(store, "push", url)
+        again = lmz(store, *argv)
         check_ran(out, again, "the push again")
         if b"left by an interrupted push reused" in again.stdout:
             out.info["push reruns reusing uploads"] = 1
@@ -196,6 +201,8 @@ def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = Fa
         if left:
             out.problems.append(f"the push again left {left[:3]} in the temporary directory")
         _check_remote(out, url, scratch / "cache-again", {new: after}, "after the push again")
+        if prune:
+            _check_pruned(out, url)
         check_ran(out, lmz(store, "verify", "--remote", url, "--cache-dir", str(scratch / "verify-again")),
                   "verify --remote after the push again")
     finally:
@@ -286,6 +293,24 @@ def _check_remote(out: Outcome, url: str, cache: Path, snapshots: dict[int | Non
         archive.close()
 
 
+def _check_pruned(out: Outcome, url: str) -> None:
+    """After `lmz push --prune --grace 0`: the remote holds the pointer, its snapshot and the pack
+    objects (with their indexes) that the snapshot names, and nothing else."""
+    from lmzfs.store.remote.format import POINTER_KEY, index_key
+    from lmzfs.store.remote.objects import ObjectStore, RemoteURL
+    from lmzfs.store.remote.snapshots import fetch_snapshot, read_pointer
+    objects = ObjectStore(RemoteURL.parse(url), timeout=30)
+    pointer = read_pointer(objects).pointer
+    manifest, _ = fetch_snapshot(objects, pointer)
+    want = {POINTER_KEY, pointer.snapshot} | {k for p in manifest.packs.values() for k in (p.key, index_key(p.key))}
+    have = {o.key for o in objects.list("")}
+    if have - want:
+        out.problems.append(f"push --prune --grace 0 left {len(have - want)} object(s) no snapshot names: "
+                            f"{sorted(have - want)[:3]}")
+    if want - have:
+        out.problems.append(f"push --prune --grace 0 deleted what the snapshot names: {sorted(want - have)[:3]}")
+
+
 def _forget(url: str) -> None:
     """Delete the case's remote (the engine's disk is not the point)."""
     from lmzfs.store.remote.objects import ObjectStore, RemoteError, RemoteURL
@@ -298,12 +323,12 @@ def _forget(url: str) -> None:
 
 # -- drawing cases --------------------------------------------------------------------------------
 
-def draw(rng: random.Random, learned_seconds: float | None) -> tuple[list[Kill], bool]:
-    """(the kills, whether the remote starts empty): one kill, or in a quarter of the cases two
-    or three in a row (the later pushes finding what the earlier ones left); in a fifth, on a
-    remote nothing was pushed to before."""
+def draw(rng: random.Random, learned_seconds: float | None) -> tuple[list[Kill], bool, bool]:
+    """(the kills, whether the remote starts empty, whether the pushes prune): one kill, or in a
+    quarter of the cases two or three in a row (the later pushes finding what the earlier ones
+    left); in a fifth, on a remote nothing was pushed to before; in a quarter, with --prune."""
     n = 1 if rng.random() < 0.75 else rng.choice((2, 3))
-    return [draw_kill(rng, learned_seconds) for _ in range(n)], rng.random() < 0.2
+    return [draw_kill(rng, learned_seconds) for _ in range(n)], rng.random() < 0.2, rng.random() < 0.25
 
 
 def draw_kill(rng: random.Random, learned_seconds: float | None) -> Kill:
