@@ -10,7 +10,9 @@ Each case has a remote of its own (a fresh prefix of the engine's bucket). An un
 of the prepared store publishes the previous snapshot; then a push of the next store (the
 prepared one with a model added, a recoding add that gives pushed chunks new payloads, and a
 model removed) is killed, in some cases two or three times in a row, or, in a fifth of the
-cases, the first push to an empty remote is. After the kills: the pointer names the previous
+cases, the first push to an empty remote is; in a quarter, the pushes are `lmz push --prune
+--grace 0`, and after the one that completes the remote must hold only what its snapshot names.
+After the kills: the pointer names the previous
 snapshot or the new one (the new one only if a kill came after its switch; on an empty remote,
 none or the new one), and every file of every model that snapshot holds reads back byte for byte
 through the remote (its SHA-256 against the source file's); `lmz verify --remote` is clean; the
