@@ -75,3 +75,14 @@ def test_writers_picks_the_crashes_rows_writers_and_killed_pushes_leave_a_remote
     assert (row["wrong_bytes"], row["models_lost"], row["tracebacks"], row["hangs"], row["problems"]) == \
         (0, 0, 0, 0, 0), report
     assert run.returncode == 0, report
+
+
+@pytest.mark.slow
+def test_a_writable_mount_killed_inside_its_reclaims_commit_loses_nothing_and_the_next_mount_reclaims(tmp_path):
+    _corpus_or_skip()
+    from lmzfs.testing.torture.prepared import prepare
+    from lmzfs.testing.torture.reclaims import reclaim_case
+    prep = prepare(tmp_path / "prepared")
+    o = reclaim_case(prep, tmp_path / "case", "session-commit", 0.0)
+    assert o.info["killed"] == 1, o.info
+    assert (o.wrong_bytes, o.models_lost, o.problems, o.traceback) == (0, 0, [], None), o.info
