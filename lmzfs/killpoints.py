@@ -8,7 +8,9 @@ line `HERE` on stdout and wait up to a minute, for the test's `kill -9`
     session-sealed       after a pack session's records are fsync'd, before its transaction
     session-commit       inside the transaction, after its rows, before COMMIT
     session-committed    right after COMMIT (before gc or compact unlink old packs)
-    push-object          after `lmz push` uploaded a pack object and its index
+    push-record          after `lmz push` handed a chunk's record to a pack object's upload
+    push-data            after it uploaded a pack object, before the object's index
+    push-object          after it uploaded a pack object and its index
     push-snapshot        after it uploaded the snapshot, before it switched the pointer
     push-published       after it switched the pointer
 """

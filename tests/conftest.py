@@ -166,6 +166,10 @@ def s3_env(s3_engine, monkeypatch):
 
 @pytest.fixture
 def remote_url(s3_env, request):
-    """A fresh prefix of the engine's bucket for this test."""
+    """A fresh prefix of the engine's bucket for this test (each parametrization its own: the name
+    is cut short, so a digest of the whole name follows it)."""
+    import hashlib
     import re
-    return s3_env.url(re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:60])
+    name = request.node.name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return s3_env.url(re.sub(r"[^a-z0-9]+", "-", name.lower())[:48] + "-" + digest)

@@ -22,7 +22,7 @@ from lmzfs.store.remote.format import POINTER_KEY, Pointer, parse_pack_key
 from lmzfs.store.remote.objects import ObjectStore, RemoteConflict, RemoteURL
 from lmzfs.store.remote.prune import prune
 from lmzfs.store.remote.push import push
-from lmzfs.testing.killpoints import kill_at_point
+from lmzfs.testing.killpoints import kill_at_marker, kill_at_point
 
 LMZ = [sys.executable, "-m", "lmzfs"]
 
@@ -127,7 +127,7 @@ def test_a_push_over_a_snapshot_someone_else_replaced_stops_and_a_rerun_publishe
         archive.close()
 
 
-@pytest.mark.parametrize("point", ["push-object", "push-snapshot", "push-published"])
+@pytest.mark.parametrize("point", ["push-record", "push-data", "push-object", "push-snapshot", "push-published"])
 def test_a_push_killed_at_a_named_point_leaves_a_snapshot_serving_and_a_rerun_completes(
         tmp_path, remote_url, models, point):
     store = tmp_path / "store"
@@ -169,6 +169,39 @@ def test_pushes_killed_at_random_moments_never_break_the_remote(tmp_path, remote
     lmz("--store", str(store), "push", remote_url)
     out = lmz("verify", "--remote", remote_url, "--cache-dir", str(tmp_path / "v")).stdout
     assert "verify: 3 file(s)" in out and out.rstrip().endswith(": ok")
+
+
+def test_the_catalog_copy_a_killed_push_leaves_is_removed_by_the_next_push_but_a_running_ones_is_not(
+        tmp_path, remote_url, models):
+    store, tmp = tmp_path / "store", tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+    push_argv = [*LMZ, "--store", str(store), "push"]
+    kill_at_marker([*push_argv, remote_url], "HERE", env={**env, "LMZ_KILL_AT": "push-snapshot"})
+    (left,) = tmp.glob("lmz-push-*")
+    assert (left / "snapshot.sqlite").stat().st_size > 0
+    # a push waiting at its point holds its directory: another push (to another remote) leaves it
+    waiting = subprocess.Popen([*push_argv, remote_url + "-waiting"], stdout=subprocess.PIPE, text=True,
+                               env={**env, "LMZ_KILL_AT": "push-snapshot"})
+    try:
+        assert waiting.stdout.readline().strip() == "HERE"
+        (held,) = tmp.glob("lmz-push-*")
+        assert held != left                 # the killed push's directory went when this push began
+        r = subprocess.run([*push_argv, remote_url + "-other"], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        assert list(tmp.glob("lmz-push-*")) == [held]
+    finally:
+        waiting.kill()
+        waiting.wait()
+        waiting.stdout.close()
+    # what a push killed while it removed its directory leaves (its lock file gone first), and
+    # what a push of an earlier lmzfs left (no lock file at all)
+    (tmp / "lmz-push-halfgone").mkdir()
+    (tmp / "lmz-push-halfgone" / "snapshot.sqlite").write_bytes(b"x" * 4096)
+    r = subprocess.run([*push_argv, remote_url], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "generation 1" in r.stdout, r.stderr
+    assert list(tmp.glob("lmz-push-*")) == [] and list(tmp.glob(".lmz-push-*")) == []
 
 
 def test_the_disk_cache_stays_within_its_cap_while_a_model_three_times_larger_is_read(tmp_path, remote_url, models):

@@ -37,6 +37,7 @@ def test_the_torture_sample_serves_no_wrong_byte_loses_no_model_and_never_hangs(
     rows = {r["family"]: r for r in json.loads(out.read_text())["rows"]}
     report = run.stdout[-4000:]
     assert set(rows) == {"damage", "crashes", "hostile", "access", "load"}, report
+    assert rows["crashes"]["info"]["cases push"] == 3, report      # kill -9 of lmz push, on a real S3 engine
     for fam, row in rows.items():
         assert row["cases"] >= 1, report
         assert row["wrong_bytes"] == 0, f"{fam}: wrong bytes served\n{report}"
@@ -56,6 +57,24 @@ def test_a_flipped_bit_in_the_spools_data_is_never_served(tmp_path):
     o = damage_case(prep, tmp_path / "case", "spool-data", "flip", 48)
     assert o.wrong_bytes == 0 and o.traceback is None and not o.problems, o.info
     assert o.info["spooled"] == "refused (Input/output error)", o.info
+
+
+@pytest.mark.slow
+def test_writers_picks_the_crashes_rows_writers_and_killed_pushes_leave_a_remote_serving_every_byte(tmp_path):
+    _corpus_or_skip()
+    out = tmp_path / "torture.json"
+    run = subprocess.run([sys.executable, "-m", "lmzfs.testing.torture", "--sample", "--families", "crashes",
+                          "--writers", "push,rm", "--json", str(out), "--work", str(tmp_path / "work")],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.exists(), run.stdout[-3000:] + run.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    report = run.stdout[-4000:]
+    assert row["family"] == "crashes" and row["cases"] == 4, report
+    assert {k for k in row["info"] if k.startswith("cases ")} == {"cases push", "cases rm"}, report
+    assert "| push " in run.stdout and "| rm " in run.stdout and "| add " not in run.stdout, report
+    assert (row["wrong_bytes"], row["models_lost"], row["tracebacks"], row["hangs"], row["problems"]) == \
+        (0, 0, 0, 0, 0), report
+    assert run.returncode == 0, report
 
 
 @pytest.mark.slow

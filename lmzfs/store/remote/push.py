@@ -16,7 +16,6 @@ gc, compact or rewrite passes did to the local packs meanwhile.
 from __future__ import annotations
 
 import hashlib
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from lmzfs.store.remote.format import (POINTER_KEY, IndexedRecord, Manifest, Poi
                                        RemotePack, decode_index, encode_index, encode_snapshot, index_key,
                                        new_token, pack_key, parse_pack_key, snapshot_key)
 from lmzfs.store.remote.objects import ObjectStore, RemoteConflict, RemoteError
+from lmzfs.store.remote.scratch import push_scratch
 from lmzfs.store.remote.snapshots import fetch_snapshot, read_pointer
 
 PACK_OBJECT_BYTES = 256 << 20      # a new pack object is closed past this size
@@ -68,7 +68,7 @@ def push(store: StorePaths, objects: ObjectStore, progress: Callable[[int, int],
     store.check_format()
     t0 = time.monotonic()
     state = read_pointer(objects)
-    with tempfile.TemporaryDirectory(prefix="lmz-push-") as tmp:
+    with push_scratch() as tmp:
         remote_places, manifest = _remote_state(objects, state.pointer, Path(tmp) / "remote.sqlite")
         orphans = _orphans(objects, manifest)
         leases = PackDescriptors(store)
@@ -230,8 +230,10 @@ def _upload(objects: ObjectStore, up: _Upload, fds: dict, sent: _Sent) -> list[I
             records.append(IndexedRecord(c.chunk_id, offset + RECORD_HEADER.size, c.length, c.codec, c.base))
             offset += RECORD_HEADER.size + c.length
             sent.add(RECORD_HEADER.size + c.length)
+            reached("push-record")
 
     objects.put(up.key, body(), create=True, part_bytes=PART_BYTES, parallel=PARTS_IN_FLIGHT)
+    reached("push-data")
     size = len(PACK_HEADER) + sum(RECORD_HEADER.size + r.length for r in records)
     objects.put(index_key(up.key), encode_index(size, records), create=True)
     reached("push-object")

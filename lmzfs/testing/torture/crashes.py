@@ -1,8 +1,10 @@
 """crashes: kill -9 of each writer (add, recoding add, rm, gc, each rewrite pass, verify
---repair, a writable mount's commit and its background reclaim, reclaims.py) at a random named kill point (lmzfs/killpoints.py:
-append:N, session-sealed, session-commit, session-committed) or after a random delay. After
+--repair, a writable mount's commit and its background reclaim, reclaims.py) at a random named
+kill point (lmzfs/killpoints.py: append:N, session-sealed, session-commit, session-committed) or
+after a random delay. After
 each: verify clean, every model byte-identical to its original or absent (absent only for the
-model the killed command adds or removes), then the command again, which must complete."""
+model the killed command adds or removes), then the command again, which must complete.
+`lmz push` to a real S3 engine is killed the same way (pushes.py)."""
 from __future__ import annotations
 
 import os
@@ -12,15 +14,16 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from lmzfs.testing.torture import Case, Outcome
-from lmzfs.testing.torture.common import (fork_writer_and_kill, fresh_copy, listed_models, lmz, model_of,
-                                          read_all, sha, unmount_quietly)
+from lmzfs.testing.torture import Case, Outcome, pushes
+from lmzfs.testing.torture.common import (check_ran, fork_writer_and_kill, fresh_copy, listed_models, lmz,
+                                          model_of, read_all, sha, unmount_quietly)
 from lmzfs.testing.torture.prepared import Prepared
 from lmzfs.testing.torture.reclaims import random_reclaim_case, reclaim_case
 
 POINTS = ("append", "session-sealed", "session-commit", "session-committed", "delay")
 WRITERS = ("add", "recoding-add", "rm", "gc", "compact", "recode", "delta", "anchor", "repair", "mount-commit",
-           "mount-reclaim")
+           "mount-reclaim", "push")
+PUSH_SAMPLE = 3             # push cases in the short sample (one of every other writer)
 
 
 def writer_argv(prep: Prepared, writer: str) -> tuple[list[str], str | None]:
@@ -42,7 +45,10 @@ def writer_argv(prep: Prepared, writer: str) -> tuple[list[str], str | None]:
 def crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: float) -> Outcome:
     """One kill of `writer`; its outcome counts the case under the writer (`cases WRITER`) and,
     if the kill came before the writer ended, the kill (`killed WRITER`)."""
-    out = _crash_case(prep, scratch, writer, point, delay)
+    return counted(_crash_case(prep, scratch, writer, point, delay), writer)
+
+
+def counted(out: Outcome, writer: str) -> Outcome:
     out.info[f"cases {writer}"] = 1
     out.info[f"killed {writer}"] = int(out.info.pop("killed", 0))
     return out
@@ -83,9 +89,9 @@ def _crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: f
     if subject in adds:
         expected.update(adds[subject])
     if writer == "repair":
-        _check(out, lmz(store, *argv), "the repair again")
+        check_ran(out, lmz(store, *argv), "the repair again")
     # after the kill: verify clean, every model right or (the subject) absent
-    _check(out, lmz(store, "verify"), "verify after the kill")
+    check_ran(out, lmz(store, "verify"), "verify after the kill")
     present = listed_models(store) or set()
     check = {k: v for k, v in expected.items() if model_of(k) != subject or subject in present}
     rb = read_all(store, check)
@@ -93,26 +99,19 @@ def _crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: f
     # the command again: it completes
     if writer == "add" or writer == "recoding-add":
         if subject not in present:
-            _check(out, lmz(store, *argv), "the add again")
+            check_ran(out, lmz(store, *argv), "the add again")
     elif writer == "rm":
         if subject in present:
-            _check(out, lmz(store, *argv), "the rm again")
+            check_ran(out, lmz(store, *argv), "the rm again")
         expected = {k: v for k, v in expected.items() if model_of(k) != subject}
     elif writer != "repair":
-        _check(out, lmz(store, *argv), f"{' '.join(argv)} again")
-    _check(out, lmz(store, "verify"), "verify after the rerun")
+        check_ran(out, lmz(store, *argv), f"{' '.join(argv)} again")
+    check_ran(out, lmz(store, "verify"), "verify after the rerun")
     rb = read_all(store, expected)
     _count(out, rb, expected)
     if writer == "rm" and subject in (listed_models(store) or set()):
         out.problems.append("the removed model is still listed after rm again")
     return out
-
-
-def _check(out: Outcome, ran, what: str) -> None:
-    if ran.any_traceback and out.traceback is None:
-        out.traceback = ran.any_traceback[-3000:]
-    if ran.rc != 0:
-        out.problems.append(f"{what}: rc={ran.rc} {ran.stderr.strip()[-300:]}")
 
 
 def _count(out: Outcome, rb, expected: dict[str, str]) -> None:
@@ -180,7 +179,7 @@ def mount_commit_case(prep: Prepared, scratch: Path, mode: str, delay: float) ->
         return out
     finally:
         unmount_quietly(mnt)
-    _check(out, lmz(store, "verify"), "verify after the remount")
+    check_ran(out, lmz(store, "verify"), "verify after the remount")
     expected = {**prep.expected, "wm/f.bin": digest}
     _count(out, read_all(store, expected), expected)
     return out
@@ -209,6 +208,10 @@ def note(out: Outcome) -> None:
 
 
 def random_case(prep: Prepared, scratch: Path, rng: random.Random, writer: str) -> Case:
+    if writer == "push":
+        kills, first, prune = pushes.draw(rng, _DURATIONS.get(writer))
+        return Case(f"crash push {kills[0].point}",
+                    lambda: counted(pushes.push_case(prep, scratch, kills, first, prune), writer), 150)
     if writer == "mount-commit":
         mode = rng.choice(("mid-copy", "after-fsync", "during-close"))
         delay = rng.uniform(0, 0.3)
@@ -226,11 +229,15 @@ def random_case(prep: Prepared, scratch: Path, rng: random.Random, writer: str) 
     return Case(f"crash {writer} {point}", lambda: crash_case(prep, scratch, writer, point, delay), 150)
 
 
-def cases(prep: Prepared, scratch: Path, rng: random.Random, sample: bool) -> Iterator[Case]:
+def cases(prep: Prepared, scratch: Path, rng: random.Random, sample: bool,
+          writers: tuple[str, ...] = WRITERS) -> Iterator[Case]:
+    """Cases of `writers` in turn (the push writer needs the engine that the run started:
+    pushes.start_engine). The sample: one case of each, PUSH_SAMPLE of push."""
     if sample:
-        for writer in WRITERS:
-            yield random_case(prep, scratch, rng, writer)
+        for writer in writers:
+            for _ in range(PUSH_SAMPLE if writer == "push" else 1):
+                yield random_case(prep, scratch, rng, writer)
         return
     while True:
-        for writer in WRITERS:
+        for writer in writers:
             yield random_case(prep, scratch, rng, writer)
