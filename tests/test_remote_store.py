@@ -406,3 +406,21 @@ def test_a_remote_emptied_and_pushed_again_from_generation_one_reads_through_a_c
         assert read_all(archive) == expected(models, ["smollm2"])
     finally:
         archive.close()
+
+
+def test_a_pack_object_larger_than_a_part_is_uploaded_in_parts_and_reads_back(tmp_path, remote_url, models):
+    from lmzfs.store.remote.push import PART_BYTES
+    store = StorePaths(tmp_path / "store")
+    lmz("--store", str(store.root), "add", "--fast", str(models["smollm2"]))
+    objects = ObjectStore(RemoteURL.parse(remote_url))
+    assert push(store, objects).published
+    packs = [info for info in objects.list("") if (parse_pack_key(info.key) or (0, "", ""))[2] == "lmzp"]
+    big = max(packs, key=lambda info: info.size)
+    assert big.size > PART_BYTES
+    # S3's ETag of a multipart upload is the digest of its parts' digests, then "-" and the parts' count
+    assert big.etag.strip('"').endswith(f"-{-(-big.size // PART_BYTES)}"), big.etag
+    archive = opened(remote_url, tmp_path / "cache")
+    try:
+        assert read_all(archive) == expected(models, ["smollm2"])
+    finally:
+        archive.close()

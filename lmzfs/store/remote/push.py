@@ -3,8 +3,8 @@
 Order, so that a push killed at any point leaves the previous snapshot serving:
   1. the catalog is copied (SQLite's backup API) under the writer lock, and every pack holding a
      chunk the remote lacks is opened then, so a gc afterwards cannot take its bytes away;
-  2. those chunks' records are uploaded as new pack objects (create-only PUTs, multipart, two
-     objects at a time), each followed by its record index; an upload a killed push left whole
+  2. those chunks' records are uploaded as new pack objects (multipart uploads under keys with a
+     new random token, two objects at a time), each followed by its record index (create-only); an upload a killed push left whole
      (its index written) is found by the next push and used instead of uploading again;
   3. the copy is rewritten to name the remote's packs and uploaded as a snapshot object;
   4. the pointer (CURRENT) is switched to it with a conditional PUT (If-Match the pointer read at
@@ -232,7 +232,10 @@ def _upload(objects: ObjectStore, up: _Upload, fds: dict, sent: _Sent) -> list[I
             sent.add(RECORD_HEADER.size + c.length)
             reached("push-record")
 
-    objects.put(up.key, body(), create=True, part_bytes=PART_BYTES, parallel=PARTS_IN_FLIGHT)
+    # Multipart (PARTS_IN_FLIGHT parts of PART_BYTES at once, never the whole object in memory), so
+    # not create-only: S3 takes no condition on a multipart upload, and none is needed, the key's
+    # token being new. A push killed mid-object leaves an unfinished multipart upload, no object.
+    objects.put(up.key, body(), part_bytes=PART_BYTES, parallel=PARTS_IN_FLIGHT)
     reached("push-data")
     size = len(PACK_HEADER) + sum(RECORD_HEADER.size + r.length for r in records)
     objects.put(index_key(up.key), encode_index(size, records), create=True)
