@@ -168,8 +168,9 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
     async def releasedir(self, fh):
         self._dirs.release(fh)
 
+    @_fuse_errors
     async def fsyncdir(self, fh, datasync):
-        pass                                        # every namespace change is durable when it returns
+        await self._thread(self.fs.sync)             # the catalog's WAL: every change so far
 
     # -- files -----------------------------------------------------------------------------------
     @_fuse_errors

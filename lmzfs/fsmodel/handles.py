@@ -177,7 +177,7 @@ class Handles:
             node.opens -= 1
             last = node.opens == 0
         if (last or commit) and node.uncommitted:
-            self._committer.commit_or_log(node)
+            self._committer.commit_soon(node)       # queued, in a mount's background
         if not last:
             return
         with ns.lock:
