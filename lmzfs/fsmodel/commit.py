@@ -8,12 +8,21 @@ In the background (a mount: start_background()), a release or an idle file only 
 commit: one committer thread takes what is queued once WINDOW_SECONDS passed since the first
 (or BATCH_FILES are queued), and commits the small files among them together, in one pack
 session and one catalog transaction (group commit), the others one by one. A queued file is
-committed as it stands when its turn comes (writes made meanwhile ride along)."""
+committed as it stands when its turn comes (writes made meanwhile ride along).
+
+A commit costs what changed: for each large file it committed, the committer keeps the
+version's chunks and the state of its whole-file SHA-256 at chunk ends (at most HASH_STATES of
+them, for the HISTORY_FILES files committed last). The next commit of that file takes each
+chunk that no write or truncate touched since without reading it, and resumes the hash at the
+last state before the first changed byte: an append reads and encodes the file's last chunk and
+what was appended; a write into the middle reads the bytes after it for the hash, and encodes
+the chunks it touched. The first commit of a file after the mount started reads it whole."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Callable
@@ -26,12 +35,15 @@ from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.hostresources import usable_cpus
 from lmzfs.fsmodel.storecommit import CommittedFile, FileContent, FileToCommit, commit_file, commit_files
 from lmzfs.store.layout import StoreError
+from lmzfs.store.write.encodefile import Unchanged
 
 log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 0.1            # a queued commit waits at most this long for others to join it
 BATCH_FILES = 256               # files one group commit takes at most
 SMALL_FILE = 256 << 10          # files up to this size are committed in groups
+HISTORY_FILES = 64              # the files whose last commit's chunks and hash states are kept
+HASH_STATES = 512               # hash states kept per file at most
 
 
 class Committer:
@@ -49,6 +61,8 @@ class Committer:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # file id -> (size, extents, hash states) of the versions committed last (larger files)
+        self._history: OrderedDict[int, tuple[int, tuple, dict]] = OrderedDict()
 
     # -- one file --------------------------------------------------------------------------------
     def _what(self, node: Node):
@@ -98,11 +112,49 @@ class Committer:
             what = self._what(node)
             if what is None:
                 return False
+            unchanged = self._unchanged(what.replaces, data)
             done = commit_file(self._sync.store, self._sync.catalog, self._pool, self._workers, model=what.model,
                                path=what.path, content=what.content, meta=what.meta, replaces=what.replaces,
-                               spool_id=what.spool_id, chunk_size=self._chunk_size)
+                               spool_id=what.spool_id, chunk_size=self._chunk_size, unchanged=unchanged,
+                               hash_every=max(self._chunk_size, data.size // HASH_STATES))
+            self._remember(what.replaces, unchanged, done)
             self._done(node, data, what, done)
             return True
+
+    def _unchanged(self, file_id: int | None, data) -> Unchanged | None:
+        """What the file's previous version (if this mount committed it) lets its commit skip:
+        the chunks no write or truncate touched since, and the hash state before the first
+        changed byte. Called with the file's lock held."""
+        kept = self._history.get(file_id) if file_id is not None else None
+        if kept is None:
+            return None
+        size, extents, hashes = kept
+        ranges = data.ranges
+        written = ranges.as_list()
+        first = min(data.base_len, written[0][0]) if written else data.base_len
+        chunks = {}
+        for i, (offset, cid) in enumerate(extents):
+            end = extents[i + 1][0] if i + 1 < len(extents) else size
+            if end <= data.base_len and not any(p.inside for p in ranges.pieces(offset, end)):
+                chunks[offset] = (end - offset, cid)
+        at = max((o for o in hashes if o <= first), default=0)
+        return Unchanged(chunks, at, hashes.get(at))
+
+    def _remember(self, old_id: int | None, unchanged: Unchanged | None, done: CommittedFile) -> None:
+        old = self._history.pop(old_id, None) if old_id is not None else None
+        if done.size <= SMALL_FILE or not done.hashes:
+            return
+        hashes = {o: h for o, h in old[2].items() if o <= unchanged.hashed} if old and unchanged else {}
+        hashes.update(done.hashes)
+        if len(hashes) > 2 * HASH_STATES:           # appends add one each: thin them out
+            step, last, thinned = done.size // HASH_STATES, -done.size, {}
+            for o in sorted(hashes):
+                if o - last >= step or o == done.size:
+                    thinned[o], last = hashes[o], o
+            hashes = thinned
+        self._history[done.file_id] = (done.size, done.extents, hashes)
+        while len(self._history) > HISTORY_FILES:
+            self._history.popitem(last=False)
 
     def commit_idle(self, idle_seconds: float) -> int:
         """Commit files unchanged for idle_seconds (in the background: queue them); how many."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lmzfs.chunker import CHUNK_SIZE
 from lmzfs.store.catalog.fsrows import EntryMeta, model_id, put_entry, record_spool_commit, replace_file_row
@@ -27,7 +27,7 @@ from lmzfs.store.chains.recode import ChainRecoder, RecodedBefore, record_recode
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.catalog.chunkrows import add_refs
-from lmzfs.store.write.encodefile import (FileChain, FileContent, FileEncoder, FilePlan, NewChunk,
+from lmzfs.store.write.encodefile import (FileChain, FileContent, FileEncoder, FilePlan, NewChunk, Unchanged,
                                           file_tensors, insert_file_rows, insert_new_chunks)
 from lmzfs.store.write.session import PackSession
 
@@ -44,6 +44,8 @@ class CommittedFile:
     new_payload_bytes: int
     warnings: tuple[str, ...]
     recoded_chunks: int = 0            # chunks of the base model now coded as deltas against this file
+    extents: tuple[tuple[int, bytes], ...] = ()          # (offset, chunk id), for a later commit's Unchanged
+    hashes: dict[int, object] = field(default_factory=dict)   # offset -> SHA-256 state of the bytes before
 
 
 @dataclass(frozen=True)
@@ -100,17 +102,21 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
 
 def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, workers: int, *, model: str, path: str,
                 content: FileContent, meta: EntryMeta, replaces: int | None, spool_id: str | None,
-                chunk_size: int = CHUNK_SIZE, chain_depth: int = DEFAULT_CHAIN_DEPTH) -> CommittedFile:
+                chunk_size: int = CHUNK_SIZE, chain_depth: int = DEFAULT_CHAIN_DEPTH,
+                unchanged: Unchanged | None = None, hash_every: int = 0) -> CommittedFile:
     """Store `content` as `model`/`path` (replacing stored file `replaces`, if given) and its
     metadata; `pool` (of `workers` threads) encodes; `spool_id`: the spool record this commit makes
-    redundant (fs_spool_commits); `chain_depth`: as `lmz add`'s, the most references a read follows."""
+    redundant (fs_spool_commits); `chain_depth`: as `lmz add`'s, the most references a read follows;
+    `unchanged`, `hash_every`: what FileEncoder.encode need not read again, and how often it keeps
+    the whole-file hash's state (in the result's `hashes`) for the next commit's `unchanged`."""
     shown = f"{model}/{path}"
     index = choose_base(catalog, model, file_tensors(path, shown, content.file, content.size), None)
     with PackSession(store, catalog, pool=pool, workers=workers) as session:
         encoder = FileEncoder(session, chunk_size)
         recoder = ChainRecoder(session, chain_depth) if index is not None else None
         try:
-            plan = encoder.encode(content, shown, chain=FileChain(index, recoder, path) if recoder is not None else None)
+            plan = encoder.encode(content, shown, chain=FileChain(index, recoder, path) if recoder is not None else None,
+                                  unchanged=unchanged, hash_every=hash_every)
             recoded: dict = {}
             if recoder is not None:
                 recoder.drain(0)
@@ -137,7 +143,7 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
                              f"the spool") from exc
     t = encoder.totals
     return CommittedFile(file_id, plan.size, plan.sha256, t.new_chunks, t.reused_chunks + t.repeated_chunks,
-                         t.new_payload_bytes, tuple(t.warnings), len(recoded))
+                         t.new_payload_bytes, tuple(t.warnings), len(recoded), tuple(plan.extents), plan.hashes)
 
 
 def _publish(db: sqlite3.Connection, model: str, path: str, plan: FilePlan, new: dict[bytes, NewChunk],
