@@ -15,11 +15,12 @@ import logging
 import sqlite3
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Iterator
 
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import fs_error
+from lmzfs.fsmodel.nowait import WouldBlock, holding, may_wait
 from lmzfs.fsmodel.reconcile import reload
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.catalog.fsrows import ensure_fs_schema
@@ -145,10 +146,16 @@ class CatalogSync:
     def changing(self) -> Iterator:
         """One change to the store: ours alone (in this process and across processes), made on
         the catalog as it is now."""
-        with self.lock:
+        with holding(self.lock):
             if self.closed:
                 raise fs_error(errno.EROFS, "the file system is closing")
-            with WriterLock(self.store.lock):
+            with ExitStack() as stack:
+                try:
+                    stack.enter_context(WriterLock(self.store.lock, wait=may_wait()))
+                except StoreError:
+                    if may_wait():
+                        raise
+                    raise WouldBlock from None      # another process writes: wait in a thread
                 self._follow_others()
                 try:
                     yield
