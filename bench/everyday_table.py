@@ -13,9 +13,10 @@ spool holds no record is given beside it (`then_committed_s`).
   followed by a subprocess start (`true`: close-on-exec closes a copy of the descriptor).
 - read during commit: a new 200 MB file written and closed (its commit starts), and meanwhile
   4 KiB preads at random offsets of it until the commit is done: p50, p99 and max latency.
-- log space: a 10 MB file (random bytes) appended to 100 times (4 KiB each, open/append/close,
-  each append committed before the next): the packs' bytes on disk against the live payload
-  of the chunks the catalog references, and against the file's size; no `lmz gc` run.
+- log space: in a fresh store of its own, a 10 MB file (random bytes) appended to 100 times
+  (4 KiB of hex text each, open/append/close, each append committed before the next): the
+  packs' bytes on disk against the live payload of the chunks the catalog references, and the
+  file's size; no `lmz gc` run.
 """
 from __future__ import annotations
 
@@ -175,8 +176,6 @@ def _programs(root: Path, store: Path | None) -> dict:
     row["subprocess_writes_s"], row["subprocess_writes_then_committed_s"] = _timed(lambda: _subprocess_writes(big), store)
     log("everyday: 4 KiB reads of a file during its commit")
     row["read_during_commit"] = _reads_during(root / "fresh.bin", store, BIG_BYTES)
-    log(f"everyday: {LOG_APPENDS} appends to a {LOG_BYTES >> 20} MB log")
-    row["log_space"] = _log_space(root, store)
     return row
 
 
@@ -191,6 +190,11 @@ def measure(tmp: Path) -> dict:
     with mounted(_lmz(store, "mount", "--writable", mnt), _lmz(store, "umount", mnt), mnt, tmp / "mount.log") as m:
         (m.path / "work").mkdir()
         res["mount"] = _programs(m.path / "work", store)
+    shutil.rmtree(store, ignore_errors=True)
+    log(f"everyday: {LOG_APPENDS} appends to a {LOG_BYTES >> 20} MB log, in a store of its own")
+    with mounted(_lmz(store, "mount", "--writable", mnt), _lmz(store, "umount", mnt), mnt, tmp / "mount.log") as m:
+        (m.path / "work").mkdir()
+        res["log_space"] = _log_space(m.path / "work", store)
     shutil.rmtree(store, ignore_errors=True)
     return res
 
