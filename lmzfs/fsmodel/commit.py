@@ -6,8 +6,10 @@ process may use.
 
 In the background (a mount: start_background()), a release or an idle file only queues its
 commit: one committer thread takes what is queued once WINDOW_SECONDS passed since the first
-(or BATCH_FILES are queued), and commits the small files among them together, in one pack
-session and one catalog transaction (group commit), the others one by one. A queued file is
+(or BATCH_FILES are queued; at once when a file over SMALL_FILE is queued), and commits the
+small files among them together, in one pack session and one catalog transaction (group
+commit), the others one by one. A commit's spool files are removed after it lets go of the
+store's lock. A queued file is
 committed as it stands when its turn comes (writes made meanwhile ride along).
 
 A commit costs what changed: for each large file it committed, the committer keeps the
@@ -24,8 +26,8 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from typing import Callable
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Iterator
 
 from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
@@ -58,9 +60,11 @@ class Committer:
         self.after_commit: Callable[[], object] | None = None     # called by commit_or_log after one
         self._queue: dict[int, Node] = {}   # by inode, in the order queued
         self._first_queued = 0.0
+        self._urgent = False                # a large file is queued: no window to wait for
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._spent: list = []              # spool files of committed versions, removed after the lock
         # file id -> (size, extents, hash states) of the versions committed last (larger files)
         self._history: OrderedDict[int, tuple[int, tuple, dict]] = OrderedDict()
 
@@ -96,7 +100,7 @@ class Committer:
         if data.spool_file is not None and data.spool_file.durable:
             self._sync.wal.changed()        # an fsync'd record goes only once its commit is durable
             self._sync.sync()
-        data.rebase(self._stored.reader(node.file_id), done.size)
+        self._spent.append(data.rebase(self._stored.reader(node.file_id), done.size))
         self.commits += 1
         self.appended += done.new_payload_bytes
 
@@ -106,7 +110,7 @@ class Committer:
         if data is None or not data.dirty:
             return False
         # The store lock before the file's: a removal holding the store lock may close the file's data.
-        with self._sync.changing(), data.lock:
+        with self._removing_spent(), self._sync.changing(), data.lock:
             if node.data is not data:
                 return False
             what = self._what(node)
@@ -120,6 +124,18 @@ class Committer:
             self._remember(what.replaces, unchanged, done)
             self._done(node, data, what, done)
             return True
+
+    @contextmanager
+    def _removing_spent(self) -> Iterator[None]:
+        """Around a commit: the spool files it made redundant are removed once it let go of the
+        store's lock and its files' (namespace changes need not wait for the unlinks)."""
+        try:
+            yield
+        finally:
+            spent, self._spent = self._spent, []
+            for spool_file in spent:
+                if spool_file is not None:
+                    spool_file.close()
 
     def _unchanged(self, file_id: int | None, data) -> Unchanged | None:
         """What the file's previous version (if this mount committed it) lets its commit skip:
@@ -210,6 +226,8 @@ class Committer:
             if not self._queue:
                 self._first_queued = time.monotonic()
             self._queue.setdefault(node.inode, node)
+            data = node.data
+            self._urgent = self._urgent or (data is not None and data.size > SMALL_FILE)
             self._cv.notify()
 
     def _take(self) -> list[Node] | None:
@@ -219,7 +237,7 @@ class Committer:
                     return None
                 if self._queue:
                     wait = self._first_queued + WINDOW_SECONDS - time.monotonic()
-                    if wait <= 0 or len(self._queue) >= BATCH_FILES:
+                    if wait <= 0 or len(self._queue) >= BATCH_FILES or self._urgent:
                         break
                     self._cv.wait(wait)
                 else:
@@ -228,6 +246,7 @@ class Committer:
             for node in taken:
                 del self._queue[node.inode]
             self._first_queued = time.monotonic()
+            self._urgent = any(n.data is not None and n.data.size > SMALL_FILE for n in self._queue.values())
             return taken
 
     def _run(self) -> None:
@@ -267,7 +286,7 @@ class Committer:
             return False
 
     def _commit_together(self, nodes: list[Node]) -> None:
-        with self._sync.changing(), ExitStack() as held:
+        with self._removing_spent(), self._sync.changing(), ExitStack() as held:
             picked = []
             for node in nodes:
                 data = node.data

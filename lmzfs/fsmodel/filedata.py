@@ -130,16 +130,16 @@ class FileData:
             self._bound_journal(spool_file)
 
     # -- after a commit --------------------------------------------------------------------------
-    def rebase(self, base, size: int) -> None:
-        """The file's bytes are now stored as `base`: the spool's ranges are no longer needed."""
+    def rebase(self, base, size: int) -> SpoolFile | None:
+        """The file's bytes are now stored as `base`: the spool's ranges are no longer needed. The
+        spool file they were in is returned, for the caller to close (which removes it)."""
         with self.lock, self._view:
             if self.base is not None:
                 self.base.close()
             self.base, self.base_len, self.size = base, size, size
-            if self.spool_file is not None:
-                self.spool_file.close()
-                self.spool_file = None
+            spent, self.spool_file = self.spool_file, None
             self.dirty = False
+            return spent
 
     def close(self, *, keep_spool: bool = False) -> None:
         """Release the stored version and (unless `keep_spool`: bytes the next mount commits) the spool."""
