@@ -31,7 +31,7 @@ import fcntl
 import json
 import os
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 
@@ -81,7 +81,9 @@ class SpoolRecord:
     journal_generation: int = 0        # the generation of ID.log whose entries follow it
 
     def to_json(self) -> bytes:
-        raw = asdict(self)
+        # as dataclasses.asdict gives it (the fields are flat but for meta), without its deep copies
+        raw = {f.name: getattr(self, f.name) for f in _RECORD_FIELDS}
+        raw["meta"] = {f.name: getattr(self.meta, f.name) for f in _META_FIELDS}
         if self.version < 3:
             del raw["sums"], raw["journal_generation"]
             return json.dumps(raw, sort_keys=True).encode()
@@ -113,6 +115,10 @@ class SpoolRecord:
             return record
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise StoreError(f"spool record {source} is damaged ({exc}); it is kept, move it away to mount") from None
+
+
+_RECORD_FIELDS = fields(SpoolRecord)
+_META_FIELDS = fields(EntryMeta)
 
 
 @dataclass
