@@ -108,6 +108,7 @@ class CatalogSync:
         self.lock = threading.RLock()          # changes to the store, one at a time
         self.closed = False
         self.wal = WalSyncer(catalog)
+        self.last_change = 0.0          # when the latest namespace change was made (monotonic)
         with self.lock:
             self.seen_version = catalog.data_version()
             reload(ns, catalog)
@@ -143,9 +144,10 @@ class CatalogSync:
         return True
 
     @contextmanager
-    def changing(self) -> Iterator:
+    def changing(self, *, namespace: bool = True) -> Iterator:
         """One change to the store: ours alone (in this process and across processes), made on
-        the catalog as it is now."""
+        the catalog as it is now. `namespace`: a change a caller waits for (mkdir, rename ...),
+        not a commit's or a reclaim's (last_change says when the latest was)."""
         with holding(self.lock):
             if self.closed:
                 raise fs_error(errno.EROFS, "the file system is closing")
@@ -170,10 +172,23 @@ class CatalogSync:
                     log.error("catalog: %s", exc)
                     raise fs_error(errno.ENOSPC if _full(exc) else errno.EIO, str(exc)) from None
                 finally:
+                    if namespace:
+                        self.last_change = time.monotonic()
                     self.wal.changed()
                     # our own commits do not move data_version; a copy written meanwhile might
                     self.seen_version = self.catalog.data_version()
                     self._ns.close_deferred()
+
+    def wait_quiet(self, quiet: float, longest: float) -> None:
+        """Until no namespace change was made for `quiet` seconds, or `longest` passed: a commit
+        that holds the store's lock for long lets a burst of namespace changes (rsync, tar) pass."""
+        end = time.monotonic() + longest
+        while not self.closed:
+            now = time.monotonic()
+            left = min(self.last_change + quiet, end) - now
+            if left <= 0:
+                return
+            time.sleep(min(left, quiet))
 
     def set_closed(self) -> None:
         """No change starts from now on."""

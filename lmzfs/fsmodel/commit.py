@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 WINDOW_SECONDS = 0.1            # a queued commit waits at most this long for others to join it
 BATCH_FILES = 256               # files one group commit takes at most
 SMALL_FILE = 256 << 10          # files up to this size are committed in groups
+QUIET_SECONDS = 0.05            # a large file's background commit waits for this lull in namespace changes
+DEFER_SECONDS = 2.0             # ... for this long at most
 HISTORY_FILES = 64              # the files whose last commit's chunks and hash states are kept
 HASH_STATES = 512               # hash states kept per file at most
 
@@ -110,7 +112,7 @@ class Committer:
         if data is None or not data.dirty:
             return False
         # The store lock before the file's: a removal holding the store lock may close the file's data.
-        with self._removing_spent(), self._sync.changing(), data.lock:
+        with self._removing_spent(), self._sync.changing(namespace=False), data.lock:
             if node.data is not data:
                 return False
             what = self._what(node)
@@ -270,6 +272,10 @@ class Committer:
         else:
             alone += small
         committed = 0
+        if any(node.uncommitted for node in alone):
+            # a large file's commit holds the store's lock for long: a burst of namespace changes
+            # (rsync, tar, cp -r of many files) goes first, for a while
+            self._sync.wait_quiet(QUIET_SECONDS, DEFER_SECONDS)
         for node in small + alone:                  # what a group left out, and the large files
             if node.uncommitted:
                 committed += self._commit_quietly(node)
@@ -286,7 +292,7 @@ class Committer:
             return False
 
     def _commit_together(self, nodes: list[Node]) -> None:
-        with self._removing_spent(), self._sync.changing(), ExitStack() as held:
+        with self._removing_spent(), self._sync.changing(namespace=False), ExitStack() as held:
             picked = []
             for node in nodes:
                 data = node.data
