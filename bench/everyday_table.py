@@ -192,6 +192,7 @@ def measure(tmp: Path) -> dict:
         res["mount"] = _programs(m.path / "work", store)
     shutil.rmtree(store, ignore_errors=True)
     log(f"everyday: {LOG_APPENDS} appends to a {LOG_BYTES >> 20} MB log, in a store of its own")
+    store = tmp / "log-store"
     with mounted(_lmz(store, "mount", "--writable", mnt), _lmz(store, "umount", mnt), mnt, tmp / "mount.log") as m:
         (m.path / "work").mkdir()
         res["log_space"] = _log_space(m.path / "work", store)
