@@ -19,6 +19,9 @@
 6. Writable mount (bench/writable_table.py): `cp` of minilm and astra into `lmz mount --writable`
    beside `lmz add` of them (stored bytes, seconds), a 4 KiB write into the middle of astra, and a
    mixed tree (a model, Python source, JSON) beside zstd -3 per file.
+6b. Everyday programs (bench/everyday_table.py) into a writable mount beside a plain directory on
+   the same disk: rsync of /usr/share/doc, 5,000 small files, appends and subprocess starts on a
+   200 MB file, reads during a commit, the space 100 appends to a log take.
 7. GGUF through the mount (bench/gguf_mount.py): smollm2-q4km (K-quants) and smollm2 read cold
    and loaded by gguf.GGUFReader through our mount, our `--fast` store's and lmzip's.
 8. Hugging Face cache (bench/hf_cache.py, in the project's venv): a hub cache of real files
@@ -64,6 +67,7 @@ import hf_cache  # noqa: E402
 import mount_table  # noqa: E402
 import peer_speed  # noqa: E402
 import writable_table  # noqa: E402
+import everyday_table  # noqa: E402
 from common import LoadMonitor, code_state, describe, fetch_corpus, freeze_lmzfs, log, machine, sha256_file  # noqa: E402
 from report import markdown  # noqa: E402
 from tools import Subject, ZipNNArchive, all_tools  # noqa: E402
@@ -73,7 +77,7 @@ SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire", "smollm2-q4km", "quire
 WRITABLE = ("minilm", "astra")      # the first is also the mixed tree's model
 GGUF_MOUNT = ("smollm2-q4km", "smollm2")
 HF_CACHE = ("minilm", "quire")      # what lmzfs.testing.hfcache builds the hub cache from
-SECTIONS = ("compress", "codec-speed", "chains", "writable", "gguf-mount", "hf-cache", "remote", "link", "mount")
+SECTIONS = ("compress", "codec-speed", "chains", "writable", "everyday", "gguf-mount", "hf-cache", "remote", "link", "mount")
 LINK = ("astra", "minilm", "isnet", "smollm2")    # BF16, FP32, FP16, GGUF
 CHAIN = ("quire", "quire@0.3.1")
 CHAIN_NOTE = ("Two successive releases of the same model (v0.3.0 then v0.3.1). Stores add both as one "
@@ -139,6 +143,9 @@ def odd_things(res: dict) -> list[str]:
         failed = [("writable table", w)] + [(f"writable {r.get('model')}", r) for r in w.get("models", [])] \
             + [("writable mixed tree", w.get("mixed") or {})]
         odd += [f"{what} failed: {x['error'][:300]}" for what, x in failed if x.get("error")]
+    ev = res.get("everyday")
+    if isinstance(ev, dict) and ev.get("error"):
+        odd.append(f"everyday section failed: {ev['error'][:300]}")
     r = res.get("remote")
     if isinstance(r, dict):
         if r.get("error"):
@@ -178,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-codec-speed", action="store_true")
     ap.add_argument("--skip-chains", action="store_true", help="leave out the checkpoint-chain table")
     ap.add_argument("--skip-writable", action="store_true", help="leave out the writable-mount table")
+    ap.add_argument("--skip-everyday", action="store_true",
+                    help="leave out the writable mount's everyday programs beside ext4 (issue 47)")
     ap.add_argument("--skip-gguf-mount", action="store_true", help="leave out the GGUF-through-the-mount table")
     ap.add_argument("--skip-hf-cache", action="store_true", help="leave out the Hugging Face cache table")
     ap.add_argument("--skip-remote", action="store_true", help="leave out the remote-store section")
@@ -342,6 +351,14 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
                                                          paths.get(WRITABLE[0]), args.runs, Path(tmp) / "writable")
             except Exception as exc:
                 res["writable"] = {"error": describe(exc)}
+            save()
+        if not args.skip_everyday:
+            work = Path(tmp) / "everyday"
+            work.mkdir()
+            try:
+                res["everyday"] = everyday_table.measure(work)
+            except Exception as exc:
+                res["everyday"] = {"error": describe(exc)}
             save()
         if not args.skip_gguf_mount:
             res["gguf_mount"] = gguf_mount.measure({n: paths.get(n, RuntimeError(f"{n} is not available"))

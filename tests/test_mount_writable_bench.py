@@ -69,3 +69,26 @@ def test_the_report_renders_the_goal_table_the_model_rows_and_the_mixed_tree_tot
     assert "| astra | 235,000,000 | 117,500,000 | 2 | 700,000 | 1.50 |" in page
     assert "| **all** | 12 | 1,000 | 400 | 60.0% | 500 | 50.0% |" in page
     assert "| model | 1 | 600 | 300 | 50.0% | 400 | 33.3% |" in page
+
+
+def test_the_everyday_section_judges_issue_47s_goals_from_its_own_numbers():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import report_everyday
+    finally:
+        sys.path.remove(str(BENCH))
+    side = {"rsync_s": 1.0, "rsync_then_committed_s": 0.0, "small_files_s": 1.0, "small_files_then_committed_s": 0.0,
+            "appends_s": 0.1, "appends_then_committed_s": 0.0, "subprocess_writes_s": 0.01,
+            "subprocess_writes_then_committed_s": 0.0,
+            "read_during_commit": {"reads": 10, "p50_ms": 1.0, "p99_ms": 2.0, "max_ms": 3.0}}
+    mount = dict(side, rsync_s=4.0, small_files_s=6.0, appends_s=0.4, subprocess_writes_s=0.3,
+                 read_during_commit={"reads": 10, "p50_ms": 1.0, "p99_ms": 25.0, "max_ms": 30.0})
+    res = {"tree": "/usr/share/doc", "tree_files": 4000, "ext4": side, "mount": mount,
+           "goals": {"rsync_x": 5.0, "small_files_x": 5.0, "appends_s": 0.5, "subprocess_writes_s": 0.2,
+                     "read_p99_ms": 20.0, "log_space_x": 1.5},
+           "log_space": {"file_bytes": 100, "pack_bytes": 140, "live_payload_bytes": 90, "catalog_bytes": 10}}
+    goals = [line for line in report_everyday.everyday_md(res) if line.startswith("Issue 47's goals")][0]
+    assert goals.count("**NOT met**") == 3
+    assert "≤ 5× ext4: met (4.0×)" in goals and "≤ 5× ext4: **NOT met** (6.0×)" in goals
+    assert "≤ 0.5 s: met (0.400 s)" in goals and "≤ 0.2 s: **NOT met** (0.300 s)" in goals
+    assert "≤ 20 ms: **NOT met** (25.0 ms)" in goals and "live file bytes after 100 appends: met (1.40×)" in goals

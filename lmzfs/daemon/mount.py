@@ -148,7 +148,7 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
             store_dir = archive.url
         elif writable:
             from lmzfs.fsmodel.filesystem import Filesystem
-            archive = Filesystem(store_dir, cache_bytes=cache_bytes, workers=workers,
+            archive = Filesystem(store_dir, cache_bytes=cache_bytes, workers=workers, background_commits=True,
                                  **({} if reclaim_floor is None else {"reclaim_floor": reclaim_floor}))
         else:
             check_store(store_dir)

@@ -22,6 +22,7 @@ import trio
 
 from lmzfs.daemon.handlers import MountLifecycle, OpenDirs, entry_attributes, fuse_errors, reply_entries
 from lmzfs.fsmodel.filesystem import NAME_MAX, Attributes, Filesystem
+from lmzfs.fsmodel.nowait import WouldBlock, must_not_wait
 from lmzfs.hostresources import usable_cpus
 from lmzfs.store.layout import StoreError
 
@@ -85,6 +86,15 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
     async def _thread(self, call, *args):
         return await trio.to_thread.run_sync(functools.partial(call, *args), limiter=self._limiter)
 
+    async def _here(self, call, *args):
+        """The call on the event loop (no hop to a worker thread), unless a lock it needs is held
+        (fsmodel/nowait.py): then, nothing changed, in a worker thread, where it may wait."""
+        try:
+            with must_not_wait():
+                return call(*args)
+        except WouldBlock:
+            return await self._thread(call, *args)
+
     # -- attributes ------------------------------------------------------------------------------
     @staticmethod
     def _entry(a: Attributes) -> pyfuse3.EntryAttributes:
@@ -119,29 +129,31 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
             changes["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
             changes["mtime_ns"] = attr.st_mtime_ns
-        return self._entry(await self._thread(functools.partial(self.fs.setattr, inode, **changes)))
+        call = functools.partial(self.fs.setattr, inode, **changes)
+        # a size change may wait for the file's commit; chmod, chown and utimes seldom wait
+        return self._entry(await (self._thread(call) if "size" in changes else self._here(call)))
 
     # -- the namespace ---------------------------------------------------------------------------
     @_fuse_errors
     async def mkdir(self, parent_inode, name, mode, ctx):
-        return self._entry(await self._thread(self.fs.mkdir, parent_inode, _name(name), mode, ctx.uid, ctx.gid))
+        return self._entry(await self._here(self.fs.mkdir, parent_inode, _name(name), mode, ctx.uid, ctx.gid))
 
     @_fuse_errors
     async def rmdir(self, parent_inode, name, ctx):
-        await self._thread(self.fs.rmdir, parent_inode, _name(name))
+        await self._here(self.fs.rmdir, parent_inode, _name(name))
 
     @_fuse_errors
     async def unlink(self, parent_inode, name, ctx):
-        await self._thread(self.fs.unlink, parent_inode, _name(name))
+        await self._here(self.fs.unlink, parent_inode, _name(name))
 
     @_fuse_errors
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        await self._thread(self.fs.rename, parent_inode_old, _name(name_old), parent_inode_new,
+        await self._here(self.fs.rename, parent_inode_old, _name(name_old), parent_inode_new,
                            _name(name_new), flags)
 
     @_fuse_errors
     async def symlink(self, parent_inode, name, target, ctx):
-        return self._entry(await self._thread(self.fs.symlink, parent_inode, _name(name), target,
+        return self._entry(await self._here(self.fs.symlink, parent_inode, _name(name), target,
                                               ctx.uid, ctx.gid))
 
     @_fuse_errors
@@ -168,8 +180,9 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
     async def releasedir(self, fh):
         self._dirs.release(fh)
 
+    @_fuse_errors
     async def fsyncdir(self, fh, datasync):
-        pass                                        # every namespace change is durable when it returns
+        await self._thread(self.fs.sync)             # the catalog's WAL: every change so far
 
     # -- files -----------------------------------------------------------------------------------
     @_fuse_errors
@@ -183,7 +196,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
         await self.opens_allowed()
         if not stat.S_ISREG(mode) and stat.S_IFMT(mode):
             raise pyfuse3.FUSEError(errno.EPERM)
-        fh, attrs = await self._thread(self.fs.create, parent_inode, _name(name), mode, ctx.uid, ctx.gid, flags)
+        fh, attrs = await self._here(self.fs.create, parent_inode, _name(name), mode, ctx.uid, ctx.gid, flags)
         return pyfuse3.FileInfo(fh=fh, keep_cache=False), self._entry(attrs)
 
     @_fuse_errors

@@ -1,17 +1,26 @@
 """The catalog as a writable mount changes it: one change at a time (a lock in this process, the
 store's WriterLock across processes), each made on the catalog as it is now, so the tree first
-follows what other processes (lmz add, rm, gc) committed."""
+follows what other processes (lmz add, rm, gc) committed.
+
+Group commit: each change is one transaction, committed to the WAL without an fsync of its own
+(synchronous=NORMAL), so a kill of the daemon loses none of it (the WAL is in the page cache of
+the store's file system). A thread fsyncs the WAL SYNC_DELAY after a change (every change made
+meanwhile rides on that one fsync), and sync() does it at once: at every fsync and fdatasync
+of a file, fsyncdir, and unmount. A power loss loses at most the changes of the last moments
+before it, never the ones an fsync covered, and leaves the catalog consistent (SQLite's WAL)."""
 from __future__ import annotations
 
 import errno
 import logging
 import sqlite3
 import threading
-from contextlib import contextmanager
+import time
+from contextlib import ExitStack, contextmanager
 from typing import Iterator
 
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import fs_error
+from lmzfs.fsmodel.nowait import WouldBlock, holding, may_wait
 from lmzfs.fsmodel.reconcile import reload
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.catalog.fsrows import ensure_fs_schema
@@ -21,17 +30,71 @@ from lmzfs.store.lock import WriterLock
 log = logging.getLogger(__name__)
 
 
+SYNC_DELAY = 0.01          # the WAL is fsync'd this soon after a change (and at once by sync())
+
+
 def open_catalog(store: StorePaths) -> Catalog:
-    """The store's catalog, with the writable mount's tables."""
+    """The store's catalog, with the writable mount's tables, committing in groups (WalSyncer)."""
     with WriterLock(store.lock):
         catalog = Catalog(store.catalog)
         catalog.copy_after_commit = False      # CatalogSync.write_catalog_copy() writes them
         try:
             ensure_fs_schema(catalog.db)
+            catalog.group_commit()
         except BaseException:
             catalog.close()
             raise
     return catalog
+
+
+class WalSyncer:
+    """Makes the catalog's commits durable in groups: changed() after a commit, sync() for a
+    caller that needs every commit so far durable before it returns."""
+
+    def __init__(self, catalog: Catalog, delay: float = SYNC_DELAY):
+        self._catalog = catalog
+        self._delay = delay
+        self._cv = threading.Condition()
+        self._changed = self._synced = 0        # changes counted, and covered by an fsync
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="lmz-wal-sync", daemon=True)
+        self._thread.start()
+
+    def changed(self) -> None:
+        with self._cv:
+            self._changed += 1
+            self._cv.notify()
+
+    def sync(self) -> None:
+        """Every change committed so far is durable when this returns."""
+        with self._cv:
+            target = self._changed
+            if target == self._synced:
+                return
+        self._catalog.sync_wal()
+        with self._cv:
+            self._synced = max(self._synced, target)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._changed == self._synced and not self._stopped:
+                    self._cv.wait()
+                if self._stopped:
+                    return
+            time.sleep(self._delay)             # the changes of the next moments join this fsync
+            try:
+                self.sync()
+            except OSError as exc:
+                log.error("fsync of the catalog's WAL: %s", exc)
+                time.sleep(1.0)
+
+    def stop(self) -> None:
+        """No background fsync from now on (the caller syncs one last time)."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+        self._thread.join()
 
 
 def _full(exc: sqlite3.Error) -> bool:
@@ -44,6 +107,8 @@ class CatalogSync:
         self._ns = ns
         self.lock = threading.RLock()          # changes to the store, one at a time
         self.closed = False
+        self.wal = WalSyncer(catalog)
+        self.last_change = 0.0          # when the latest namespace change was made (monotonic)
         with self.lock:
             self.seen_version = catalog.data_version()
             reload(ns, catalog)
@@ -79,13 +144,20 @@ class CatalogSync:
         return True
 
     @contextmanager
-    def changing(self) -> Iterator:
+    def changing(self, *, namespace: bool = True) -> Iterator:
         """One change to the store: ours alone (in this process and across processes), made on
-        the catalog as it is now."""
-        with self.lock:
+        the catalog as it is now. `namespace`: a change a caller waits for (mkdir, rename ...),
+        not a commit's or a reclaim's (last_change says when the latest was)."""
+        with holding(self.lock):
             if self.closed:
                 raise fs_error(errno.EROFS, "the file system is closing")
-            with WriterLock(self.store.lock):
+            with ExitStack() as stack:
+                try:
+                    stack.enter_context(WriterLock(self.store.lock, wait=may_wait()))
+                except StoreError:
+                    if may_wait():
+                        raise
+                    raise WouldBlock from None      # another process writes: wait in a thread
                 self._follow_others()
                 try:
                     yield
@@ -100,17 +172,37 @@ class CatalogSync:
                     log.error("catalog: %s", exc)
                     raise fs_error(errno.ENOSPC if _full(exc) else errno.EIO, str(exc)) from None
                 finally:
+                    if namespace:
+                        self.last_change = time.monotonic()
+                    self.wal.changed()
                     # our own commits do not move data_version; a copy written meanwhile might
                     self.seen_version = self.catalog.data_version()
                     self._ns.close_deferred()
+
+    def wait_quiet(self, quiet: float, longest: float) -> None:
+        """Until no namespace change was made for `quiet` seconds, or `longest` passed: a commit
+        that holds the store's lock for long lets a burst of namespace changes (rsync, tar) pass."""
+        end = time.monotonic() + longest
+        while not self.closed:
+            now = time.monotonic()
+            left = min(self.last_change + quiet, end) - now
+            if left <= 0:
+                return
+            time.sleep(min(left, quiet))
 
     def set_closed(self) -> None:
         """No change starts from now on."""
         with self.lock:
             self.closed = True
 
+    def sync(self) -> None:
+        """Every change committed so far is durable when this returns (fsync, fsyncdir)."""
+        self.wal.sync()
+
     def close(self) -> None:
+        self.wal.stop()
         try:
+            self.wal.sync()
             with WriterLock(self.store.lock):
                 self.catalog.close()                # writes the catalog's copy if one is due
         except StoreError as exc:

@@ -6,8 +6,11 @@ SpoolFile at the file's own offsets); whatever lies beyond both reads as zeros (
 or a file grown by truncate). Reads of a range ask the spool for what it holds and the store's
 chunk source for the rest: the unflushed data is one more source in front of the store.
 
-One lock per file: a commit holds it while it reads the file's bytes, so writes to the file wait
-for the commit, and writes to other files do not.
+Two locks per file. `lock`: a commit holds it while it reads the file's bytes, so writes and
+truncates of the file wait for the commit (writes to other files do not). `_view`: held for the
+moment a read, a write or a truncate takes, so that a read sees each write whole; reads take it
+alone, so a read is never blocked for a commit's duration: it is served from the spool and the
+stored version as they stand, the bytes the commit is storing.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ class FileData:
         `on_long_journal`: called once the spool's journal reaches COMPACT_ENTRIES entries (it
         folds them into a new record), so that a file kept open and busy keeps a bounded journal."""
         self.lock = threading.RLock()
+        self._view = threading.RLock()
         self._spool = spool
         self.base = base
         self.base_len = size if base_len is None else base_len
@@ -50,7 +54,7 @@ class FileData:
 
     # -- reading ---------------------------------------------------------------------------------
     def read(self, offset: int, length: int) -> bytes:
-        with self.lock:
+        with self._view:
             end = min(self.size, offset + length)
             if offset >= end:
                 return b""
@@ -77,6 +81,10 @@ class FileData:
 
     # -- changing --------------------------------------------------------------------------------
     def ensure_spool_file(self) -> SpoolFile:
+        with self.lock, self._view:
+            return self._ensure_spool_file()
+
+    def _ensure_spool_file(self) -> SpoolFile:
         if self.spool_file is None:
             spool_file = self._spool.new_file()
             if self._on_new_spool_file is not None:
@@ -93,10 +101,10 @@ class FileData:
         self.last_change = time.monotonic()
 
     def write(self, offset: int, data: bytes) -> int:
-        with self.lock:
+        with self.lock, self._view:
             if not data:
                 return 0
-            spool_file = self.ensure_spool_file()
+            spool_file = self._ensure_spool_file()
             n = spool_file.pwrite(data, offset)
             self.size = max(self.size, offset + n)
             self._changed()
@@ -108,11 +116,11 @@ class FileData:
             self._on_long_journal(spool_file)
 
     def truncate(self, size: int) -> None:
-        with self.lock:
+        with self.lock, self._view:
             if size == self.size:
                 return
             # the spool's journal says what the truncate did, so a replay after a kill does it too
-            spool_file = self.ensure_spool_file()
+            spool_file = self._ensure_spool_file()
             # growing: bytes of the stored version past base_len are gone; the spool's holes read as zeros
             spool_file.truncate(size)
             if size < self.size:
@@ -122,20 +130,20 @@ class FileData:
             self._bound_journal(spool_file)
 
     # -- after a commit --------------------------------------------------------------------------
-    def rebase(self, base, size: int) -> None:
-        """The file's bytes are now stored as `base`: the spool's ranges are no longer needed."""
-        with self.lock:
+    def rebase(self, base, size: int) -> SpoolFile | None:
+        """The file's bytes are now stored as `base`: the spool's ranges are no longer needed. The
+        spool file they were in is returned, for the caller to close (which removes it)."""
+        with self.lock, self._view:
             if self.base is not None:
                 self.base.close()
             self.base, self.base_len, self.size = base, size, size
-            if self.spool_file is not None:
-                self.spool_file.close()
-                self.spool_file = None
+            spent, self.spool_file = self.spool_file, None
             self.dirty = False
+            return spent
 
     def close(self, *, keep_spool: bool = False) -> None:
         """Release the stored version and (unless `keep_spool`: bytes the next mount commits) the spool."""
-        with self.lock:
+        with self.lock, self._view:
             if self.base is not None:
                 self.base.close()
                 self.base = None

@@ -66,9 +66,11 @@ __all__ = ["Attributes", "Filesystem", "NAME_MAX", "Node", "RENAME_EXCHANGE", "R
 class Filesystem:
     def __init__(self, store_dir: Path, *, cache_bytes: int = 64 << 20, workers: int | None = None,
                  uid: int | None = None, gid: int | None = None, chunk_size: int | None = None,
-                 reclaim_floor: int = RECLAIM_FLOOR):
+                 reclaim_floor: int = RECLAIM_FLOOR, background_commits: bool = False):
         """`workers`: threads that encode a commit (None: one per CPU this process may use);
-        `reclaim_floor`: dead pack bytes below which reclaim() leaves them (fsmodel/reclaim.py)."""
+        `reclaim_floor`: dead pack bytes below which reclaim() leaves them (fsmodel/reclaim.py);
+        `background_commits`: a release queues its commit for a committer thread, which commits
+        small files in groups (commit.py), rather than committing before it returns."""
         self.store = StorePaths(Path(store_dir))
         self.store.create()
         self.store.check_format()
@@ -104,6 +106,8 @@ class Filesystem:
         except BaseException:
             self.close()            # what was replayed stays committed; the rest stays in the spool
             raise
+        if background_commits:
+            self._committer.start_background()
 
     # -- following the catalog -------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -224,8 +228,14 @@ class Filesystem:
         self._handles.release(fh)
 
     def fsync(self, fh: int) -> None:
-        """The file's bytes and metadata are durable when this returns (in the spool or the store)."""
+        """The file's bytes and metadata are durable when this returns (in the spool or the store),
+        and so is every change of the namespace and metadata made before it."""
         self._handles.fsync(fh)
+        self._sync.sync()
+
+    def sync(self) -> None:
+        """Every change of the namespace and metadata made so far is durable (fsyncdir)."""
+        self._sync.sync()
 
     # -- commits ---------------------------------------------------------------------------------
     def commit(self, node: Node) -> bool:

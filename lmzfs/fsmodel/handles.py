@@ -20,6 +20,7 @@ from lmzfs.fsmodel.commit import Committer
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import Attributes, Node, found, fs_error
+from lmzfs.fsmodel.nowait import WouldBlock, may_wait
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.store.catalog.fsrows import EntryMeta
@@ -46,6 +47,8 @@ class Handles:
             directory = ns.dir(parent)
             ns.in_model(directory)
             existing = directory.children.get(name)
+            if existing is not None and not may_wait():
+                raise WouldBlock                      # opening an existing file may wait (O_TRUNC)
             if existing is not None:
                 if flags & os.O_EXCL:
                     raise fs_error(errno.EEXIST)
@@ -177,7 +180,7 @@ class Handles:
             node.opens -= 1
             last = node.opens == 0
         if (last or commit) and node.uncommitted:
-            self._committer.commit_or_log(node)
+            self._committer.commit_soon(node)       # queued, in a mount's background
         if not last:
             return
         with ns.lock:

@@ -75,7 +75,7 @@ class Reclaimer:
         try:
             if not self._due():
                 return None
-            with self._sync.changing():
+            with self._sync.changing(namespace=False):
                 if not self._due():                     # what another writer did meanwhile counts
                     return None
                 dead = self.dead_bytes()[1]

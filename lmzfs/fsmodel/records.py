@@ -10,6 +10,7 @@ from __future__ import annotations
 from lmzfs.fsmodel.filedata import FileData
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import Node
+from lmzfs.fsmodel.nowait import holding
 from lmzfs.fsmodel.spool import Spool, SpoolFile, SpoolRecord
 from lmzfs.fsmodel.stored import StoredFiles
 
@@ -60,11 +61,12 @@ class SpoolRecords:
         if record is not None:
             spool_file.record(record)
 
-    def note_again(self, node: Node) -> None:
-        """The node's name or metadata changed: a record it has must say so (a replay applies it)."""
+    def note_again(self, node: Node, *, wait: bool = False) -> None:
+        """The node's name or metadata changed: a record it has must say so (a replay applies it).
+        Unless `wait`, on the event loop it raises WouldBlock when a commit holds the file."""
         data = node.data
         if data is not None and data.spool_file is not None:
-            with data.lock:
+            with (data.lock if wait else holding(data.lock)):
                 if data.spool_file is not None:
                     self.note(node, data.spool_file)
 
@@ -75,4 +77,4 @@ class SpoolRecords:
             n = stack.pop()
             stack.extend(n.children.values())
             if n.kind == "file":
-                self.note_again(n)
+                self.note_again(n, wait=True)   # the rename is done: no WouldBlock now

@@ -8,7 +8,8 @@ ranges of ID.data held its bytes when the record was written, the sum of each bl
 includes). No byte of ID.data is served, committed or replayed unless its block's sum matches.
 
 Without fsync the record is written when the file gets its spool file and again when its name
-changes (rename); every write appends a journal entry. None of that is fsync'd, so it costs
+or metadata changes (rename, chmod, utimes; a record of at most a page is rewritten in place:
+one pwrite, padded with spaces to its old length); every write appends a journal entry. None of that is fsync'd, so it costs
 page-cache writes only, and a kill of the daemon loses none of it: the page cache belongs to the
 kernel. A record written in another boot than the current one may lack its bytes (a power loss),
 so replay trusts such a record only if it is durable. fsync writes ID.data and ID.log durably and
@@ -30,7 +31,7 @@ import fcntl
 import json
 import os
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 
@@ -48,6 +49,7 @@ RECORD_VERSION = 3
 RECORD_VERSIONS = (1, 2, 3)            # 1: written at fsync only, no journal (always durable); 1, 2: no sums
 MOUNT_LOCK = "mount.lock"
 UNTRUSTED_SUFFIX = ".json-untrusted"
+IN_PLACE_MAX = 4096                    # a record never durable, this small, is rewritten in place
 
 
 @cache
@@ -79,7 +81,9 @@ class SpoolRecord:
     journal_generation: int = 0        # the generation of ID.log whose entries follow it
 
     def to_json(self) -> bytes:
-        raw = asdict(self)
+        # as dataclasses.asdict gives it (the fields are flat but for meta), without its deep copies
+        raw = {f.name: getattr(self, f.name) for f in _RECORD_FIELDS}
+        raw["meta"] = {f.name: getattr(self.meta, f.name) for f in _META_FIELDS}
         if self.version < 3:
             del raw["sums"], raw["journal_generation"]
             return json.dumps(raw, sort_keys=True).encode()
@@ -111,6 +115,10 @@ class SpoolRecord:
             return record
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise StoreError(f"spool record {source} is damaged ({exc}); it is kept, move it away to mount") from None
+
+
+_RECORD_FIELDS = fields(SpoolRecord)
+_META_FIELDS = fields(EntryMeta)
 
 
 @dataclass
@@ -363,6 +371,8 @@ class Spool:
         return {p.stem for p in self.dir.glob("*.json")}
 
     def write_record(self, record: SpoolRecord, *, durable: bool = True) -> None:
+        if not durable and self._rewrite(record.spool_id, record.to_json()):
+            return
         final = self._record(record.spool_id)
         tmp = final.with_suffix(".json-tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
@@ -381,6 +391,26 @@ class Spool:
             raise
         if durable:
             fsync_dir(self.dir)
+
+    def _rewrite(self, spool_id: str, data: bytes) -> bool:
+        """Rewrite a record that was never durable in place, if it and the new one fit in a page:
+        one pwrite at offset 0 (a kill of the daemon finds it applied whole or not at all, as the
+        kernel copies a page at a time), padded with spaces to the old length (JSON ignores
+        them), so the file is never cut. False if it cannot be (then write a new file)."""
+        try:
+            fd = os.open(self._record(spool_id), os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            old = os.fstat(fd).st_size
+            if not 0 < old <= IN_PLACE_MAX or len(data) > IN_PLACE_MAX:
+                return False
+            padded = data.ljust(old, b" ")
+            if os.pwrite(fd, padded, 0) != len(padded):
+                raise OSError(errno.ENOSPC, "short write of a spool record")
+        finally:
+            os.close(fd)
+        return True
 
     def remove_record(self, spool_id: str, *, durable: bool = True) -> None:
         self._record(spool_id).unlink(missing_ok=True)

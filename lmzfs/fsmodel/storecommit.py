@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lmzfs.chunker import CHUNK_SIZE
 from lmzfs.store.catalog.fsrows import EntryMeta, model_id, put_entry, record_spool_commit, replace_file_row
@@ -27,11 +27,11 @@ from lmzfs.store.chains.recode import ChainRecoder, RecodedBefore, record_recode
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.catalog.chunkrows import add_refs
-from lmzfs.store.write.encodefile import (FileChain, FileContent, FileEncoder, FilePlan, NewChunk,
+from lmzfs.store.write.encodefile import (FileChain, FileContent, FileEncoder, FilePlan, NewChunk, Unchanged,
                                           file_tensors, insert_file_rows, insert_new_chunks)
 from lmzfs.store.write.session import PackSession
 
-__all__ = ["CommittedFile", "FileContent", "commit_file"]
+__all__ = ["CommittedFile", "FileContent", "FileToCommit", "commit_file", "commit_files"]
 
 
 @dataclass(frozen=True)
@@ -44,21 +44,79 @@ class CommittedFile:
     new_payload_bytes: int
     warnings: tuple[str, ...]
     recoded_chunks: int = 0            # chunks of the base model now coded as deltas against this file
+    extents: tuple[tuple[int, bytes], ...] = ()          # (offset, chunk id), for a later commit's Unchanged
+    hashes: dict[int, object] = field(default_factory=dict)   # offset -> SHA-256 state of the bytes before
+
+
+@dataclass(frozen=True)
+class FileToCommit:
+    model: str
+    path: str
+    content: FileContent
+    meta: EntryMeta
+    replaces: int | None
+    spool_id: str | None
+
+
+def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, workers: int,
+                 files: list[FileToCommit], chunk_size: int = CHUNK_SIZE) -> list[CommittedFile | None]:
+    """Store many (small) files in one pack session and ONE catalog transaction (group commit):
+    each as commit_file would, but a file whose tensors pair it with a stored model (chain
+    recoding) is left out (None: the caller commits it alone)."""
+    with PackSession(store, catalog, pool=pool, workers=workers) as session:
+        encoder = FileEncoder(session, chunk_size)
+        plans: list[tuple[FileToCommit, FilePlan, tuple]] = []
+        for f in files:
+            shown = f"{f.model}/{f.path}"
+            if choose_base(catalog, f.model, file_tensors(f.path, shown, f.content.file, f.content.size), None):
+                continue
+            t = encoder.totals
+            before = (t.new_chunks, t.reused_chunks + t.repeated_chunks, t.new_payload_bytes, len(t.warnings))
+            plans.append((f, encoder.encode(f.content, shown), before))
+        if not plans:
+            return [None] * len(files)
+
+        def record(tx: sqlite3.Connection) -> list[int]:
+            insert_new_chunks(tx, [p for _, p, _ in plans], encoder.new)
+            ids = []
+            for f, plan, _ in plans:
+                ids.append(_publish_file(tx, f.model, f.path, plan, f.meta, f.replaces))
+                if f.spool_id is not None:
+                    record_spool_commit(tx, f.spool_id)
+            return ids
+
+        try:
+            ids = session.commit(record)
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not record {len(plans)} files in the catalog ({exc}); their bytes stay in "
+                             f"the spool") from exc
+    t = encoder.totals
+    ends = [b for _, _, b in plans[1:]] + [(t.new_chunks, t.reused_chunks + t.repeated_chunks, t.new_payload_bytes,
+                                             len(t.warnings))]
+    done = iter(CommittedFile(file_id, plan.size, plan.sha256, end[0] - before[0], end[1] - before[1],
+                              end[2] - before[2], tuple(t.warnings[before[3]:end[3]]))
+                for file_id, (_, plan, before), end in zip(ids, plans, ends))
+    picked = {id(f) for f, _, _ in plans}
+    return [next(done) if id(f) in picked else None for f in files]
 
 
 def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, workers: int, *, model: str, path: str,
                 content: FileContent, meta: EntryMeta, replaces: int | None, spool_id: str | None,
-                chunk_size: int = CHUNK_SIZE, chain_depth: int = DEFAULT_CHAIN_DEPTH) -> CommittedFile:
+                chunk_size: int = CHUNK_SIZE, chain_depth: int = DEFAULT_CHAIN_DEPTH,
+                unchanged: Unchanged | None = None, hash_every: int = 0) -> CommittedFile:
     """Store `content` as `model`/`path` (replacing stored file `replaces`, if given) and its
     metadata; `pool` (of `workers` threads) encodes; `spool_id`: the spool record this commit makes
-    redundant (fs_spool_commits); `chain_depth`: as `lmz add`'s, the most references a read follows."""
+    redundant (fs_spool_commits); `chain_depth`: as `lmz add`'s, the most references a read follows;
+    `unchanged`, `hash_every`: what FileEncoder.encode need not read again, and how often it keeps
+    the whole-file hash's state (in the result's `hashes`) for the next commit's `unchanged`."""
     shown = f"{model}/{path}"
     index = choose_base(catalog, model, file_tensors(path, shown, content.file, content.size), None)
     with PackSession(store, catalog, pool=pool, workers=workers) as session:
         encoder = FileEncoder(session, chunk_size)
         recoder = ChainRecoder(session, chain_depth) if index is not None else None
         try:
-            plan = encoder.encode(content, shown, chain=FileChain(index, recoder, path) if recoder is not None else None)
+            plan = encoder.encode(content, shown, chain=FileChain(index, recoder, path) if recoder is not None else None,
+                                  unchanged=unchanged, hash_every=hash_every)
             recoded: dict = {}
             if recoder is not None:
                 recoder.drain(0)
@@ -85,12 +143,17 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
                              f"the spool") from exc
     t = encoder.totals
     return CommittedFile(file_id, plan.size, plan.sha256, t.new_chunks, t.reused_chunks + t.repeated_chunks,
-                         t.new_payload_bytes, tuple(t.warnings), len(recoded))
+                         t.new_payload_bytes, tuple(t.warnings), len(recoded), tuple(plan.extents), plan.hashes)
 
 
 def _publish(db: sqlite3.Connection, model: str, path: str, plan: FilePlan, new: dict[bytes, NewChunk],
              meta: EntryMeta, replaces: int | None) -> int:
     insert_new_chunks(db, [plan], new)
+    return _publish_file(db, model, path, plan, meta, replaces)
+
+
+def _publish_file(db: sqlite3.Connection, model: str, path: str, plan: FilePlan, meta: EntryMeta,
+                  replaces: int | None) -> int:
     mid = model_id(db, model)
     file_id = replace_file_row(db, NewFile(mid, path, plan.size, meta.mtime_ns / 1e9, plan.sha256, plan.format),
                                replaces)

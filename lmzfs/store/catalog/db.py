@@ -412,6 +412,25 @@ class Catalog:
     def transaction(self) -> "_Transaction":
         return _Transaction(self)
 
+    def group_commit(self) -> None:
+        """Commits no longer fsync the WAL each (synchronous=NORMAL): the caller makes them durable
+        with sync_wal() (a writable mount: soon after each change, and at every fsync). A commit
+        is in the WAL when it returns (a kill of the process loses none); a power loss before the
+        next sync_wal() may lose the latest ones, never leaving the catalog inconsistent."""
+        self.db.execute("PRAGMA synchronous=NORMAL")
+
+    def sync_wal(self) -> None:
+        """Make every commit so far durable: fsync the WAL (SQLite's checkpoints fsync the rest)."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return                      # checkpointed and removed: the database file holds it all
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def write_or_free_copies(self, write: Callable[[sqlite3.Connection], None]) -> None:
         """Run `write` in a transaction; if the disk is full, remove the catalog's copies and run it
         once more. For gc, which must commit to free space: the catalog checked clean when it was

@@ -64,6 +64,18 @@ class FilePlan:
     extents: list[tuple[int, bytes]] = field(default_factory=list)   # (plain offset, chunk id)
     checks: dict[bytes, bytes] = field(default_factory=dict)    # chunk id -> XXH3-128, of reused chunks
     tensors: list[Tensor] = field(default_factory=list)
+    hashes: dict[int, object] = field(default_factory=dict)     # offset -> SHA-256 state of the bytes before it
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """What a file's previous version lets an encode skip (a writable mount's commit of a file it
+    changed in places): the chunks whose bytes it knows unchanged, taken by offset, length and id
+    without being read, and a SHA-256 state of the file's first `hashed` bytes (also unchanged)
+    that the whole-file hash resumes from. The bytes after `hashed` are read for the hash."""
+    chunks: dict[int, tuple[int, bytes]]       # offset -> (length, chunk id)
+    hashed: int
+    hasher: object | None                       # SHA-256 of bytes [0, hashed); None when hashed == 0
 
 
 @dataclass(frozen=True)
@@ -105,12 +117,16 @@ class FileEncoder:
 
     def encode(self, content: FileContent, shown: str, *, progress: Callable[[int], None] | None = None,
                chain: FileChain | None = None, siblings: SiblingIndex | None = None,
-               named_by: list[ExternalRef] | None = None) -> FilePlan:
+               named_by: list[ExternalRef] | None = None, unchanged: Unchanged | None = None,
+               hash_every: int = 0) -> FilePlan:
         """Parse, chunk, hash and encode `content`. With `chain`, the base's paired chunks are
         offered to its recoder; with `siblings`, chunks that pair with an earlier file of the same
         session are coded against it where that is smaller (and this file's are recorded for the
         files after it); `named_by`: the initializers an ONNX model keeps in this file (external
-        data). The plan's rel and mtime are the caller's to set."""
+        data); `unchanged`: what need not be read again (not with `chain` or `siblings`);
+        `hash_every`: keep the whole-file hash's state in the plan's `hashes` at chunk ends this
+        far apart (and at the end), for a later encode's `unchanged`. The plan's rel and mtime
+        are the caller's to set."""
         session, catalog, totals, new = self.session, self.session.catalog, self.totals, self.new
         layout = parse_open_file(shown, content.file, content.size, named_by)
         # A header that is malformed or claims more than the file holds buys its bytes the quick
@@ -122,8 +138,28 @@ class FileEncoder:
         pairs = chain.index.pairs(catalog, chain.rel, [NewTensor(chain.rel, (t.name, t.dtype, t.shape), t.offset, t.size)
                                                        for t in plan.tensors]) if chain is not None else {}
         earlier = siblings.pairs(plan.tensors) if siblings is not None and not hostile else {}
-        whole = hashlib.sha256()
+        if chain is not None or siblings is not None:
+            unchanged = None
+        whole = hashlib.sha256() if unchanged is None or unchanged.hasher is None else unchanged.hasher.copy()
+        hashed = 0 if unchanged is None or unchanged.hasher is None else unchanged.hashed
+        kept_at = hashed
         stored_here: list[bytes] = []
+
+        def hash_to(end: int, data: bytes | None, at: int) -> None:
+            """Feed the whole-file hash up to `end` (`data`: the bytes from `at`, if read)."""
+            nonlocal hashed, kept_at
+            if end <= hashed:
+                return
+            if data is None or at > hashed:
+                data, at = content.pread(end - hashed, hashed), hashed
+                if len(data) != end - at:
+                    raise StoreError(f"{shown} was cut short while being added; nothing was added, "
+                                     "try again when it is stable")
+            whole.update(memoryview(data)[hashed - at:end - at])
+            hashed = end
+            if hash_every and (end - kept_at >= hash_every or end == content.size):
+                plan.hashes[end] = whole.copy()
+                kept_at = end
 
         def land(tag: tuple[bytes, int, bytes], coded: CodedChunk) -> None:
             cid, size, check = tag
@@ -138,11 +174,19 @@ class FileEncoder:
         pending: set[bytes] = set()
         try:
             for cp in plan_chunks(layout, self.chunk_size):
+                known = unchanged.chunks.get(cp.offset) if unchanged is not None else None
+                if known is not None and known[0] == cp.length and catalog.has_chunk(known[1]):
+                    hash_to(cp.offset + cp.length, None, 0)      # reads only what the hash has not seen
+                    plan.extents.append((cp.offset, known[1]))
+                    totals.reused_chunks += 1
+                    continue
                 data = content.pread(cp.length, cp.offset)
                 if len(data) != cp.length:
                     raise StoreError(f"{shown} was cut short while being added; nothing was added, "
                                      "try again when it is stable")
-                whole.update(data)
+                if cp.offset > hashed:
+                    hash_to(cp.offset, None, 0)
+                hash_to(cp.offset + cp.length, data, cp.offset)
                 cid = hashlib.sha256(data).digest()
                 check = xxhash.xxh3_128_digest(data)
                 plan.extents.append((cp.offset, cid))
@@ -173,6 +217,7 @@ class FileEncoder:
                 if progress is not None:
                     progress(cp.offset + cp.length)
             window.drain()
+            hash_to(content.size, None, 0)
         finally:
             window.cancel()
         if siblings is not None and not hostile:

@@ -1,0 +1,66 @@
+"""The "writable mount for everyday work" section (issue 47, bench/everyday_table.py) of
+docs/results.md, rendered for bench/report.py."""
+from __future__ import annotations
+
+from summary import table
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**NOT met**"
+
+
+def _x(mount: float, plain: float) -> float | None:
+    return mount / plain if plain > 0 else None
+
+
+def everyday_md(e: dict) -> list[str]:
+    out = ["## Writable mount for everyday work (issue 47)", "",
+           "`bench/everyday_table.py` (`bench/run.py --only everyday`): each program run into a fresh "
+           "`lmz mount --writable` and into a plain directory on the same disk (ext4), in the same run. The "
+           "mount's time is the program's own; the mount's commits go on after it in the background, the "
+           "seconds until its spool held no record are given beside (\"then committed\").", ""]
+    if e.get("error"):
+        return out + [f"n/a: {e['error']}", ""]
+    m, p, goals = e["mount"], e["ext4"], e.get("goals", {})
+    rows, marks = [], []
+
+    def timed(label: str, key: str, goal_key: str, by_ratio: bool) -> None:
+        x = _x(m[key], p[key])
+        rows.append([label, f"{p[key]:.3f}", f"{m[key]:.3f}", f"{m[key[:-2] + '_then_committed_s']:.2f}",
+                     f"{x:.1f}×" if x is not None else "n/a"])
+        goal = goals.get(goal_key)
+        if goal is None:
+            return
+        if by_ratio and x is not None:
+            marks.append(f"{label} ≤ {goal:g}× ext4: {_met(x <= goal)} ({x:.1f}×)")
+        elif not by_ratio:
+            marks.append(f"{label} ≤ {goal:g} s: {_met(m[key] <= goal)} ({m[key]:.3f} s)")
+
+    timed(f"`rsync -a {e['tree']}` ({e['tree_files']:,} files)", "rsync_s", "rsync_x", True)
+    timed("5,000 files of 100 bytes: create, write, close", "small_files_s", "small_files_x", True)
+    timed("20 `echo x >>` appends to a 200 MB file", "appends_s", "appends_s", False)
+    timed("10 one-byte writes to it, a subprocess started after each", "subprocess_writes_s",
+          "subprocess_writes_s", False)
+    out += table(["program", "ext4 s", "mount s", "then committed s", "mount × ext4"], rows, "lrrrr")
+    r, rp = m["read_during_commit"], p["read_during_commit"]
+    out += ["4 KiB reads at random offsets of a 200 MB file just written and closed, until its commit was "
+            "done (ext4: for 2 s after the close):", ""]
+    out += table(["", "reads", "p50 ms", "p99 ms", "max ms"],
+                 [[name, f"{x['reads']:,}", f"{x['p50_ms']:.3f}", f"{x['p99_ms']:.3f}", f"{x['max_ms']:.1f}"]
+                  for name, x in (("ext4", rp), ("mount", r))], "lrrrr")
+    if "read_p99_ms" in goals:
+        marks.append(f"read p99 during a commit ≤ {goals['read_p99_ms']:g} ms: "
+                     f"{_met(r['p99_ms'] <= goals['read_p99_ms'])} ({r['p99_ms']:.1f} ms)")
+    ls = e.get("log_space") or {}
+    if ls.get("pack_bytes"):
+        x = ls["pack_bytes"] / ls["file_bytes"]
+        out += [f"Space: a 10 MB log appended to 100 times in a store of its own, each append committed: "
+                f"{ls['file_bytes']:,} bytes of file, {ls['live_payload_bytes']:,} of live chunk payload, "
+                f"{ls['pack_bytes']:,} bytes of packs on disk ({x:.2f}× the file), catalog "
+                f"{ls['catalog_bytes']:,} bytes; no `lmz gc` run.", ""]
+        if "log_space_x" in goals:
+            marks.append(f"packs ≤ {goals['log_space_x']:g}× the live file bytes after 100 appends: "
+                         f"{_met(x <= goals['log_space_x'])} ({x:.2f}×)")
+    if marks:
+        out += ["Issue 47's goals: " + "; ".join(marks) + ".", ""]
+    return out
