@@ -459,6 +459,31 @@ def test_an_unsynced_record_from_another_boot_is_set_aside_and_a_durable_one_rep
     assert "2 later journal entries are dropped" in caplog.text
 
 
+@pytest.mark.allow_log_warnings
+@pytest.mark.parametrize("restarted", [True, False])
+def test_a_torn_unsynced_record_is_set_aside_after_a_restart_and_refuses_the_mount_within_one_boot(
+        store_dir, restarted, caplog):
+    kill_writer(_THREE_WRITES.replace("sys.argv[2]", "'no'"), store_dir)
+    record = spool_file(store_dir, ".json")
+    torn = bytearray(record.read_bytes())
+    torn[len(torn) // 2:] = b"x" * (len(torn) - len(torn) // 2)      # a page written in part, as a power loss may
+    record.write_bytes(bytes(torn))
+    if restarted:       # the last mount ran in another boot (mount.lock names it)
+        (StorePaths(store_dir).root / "spool" / "mount.lock").write_text("a-boot-before-a-power-loss\n")
+        fs = open_fs(store_dir)
+        try:
+            assert fs.replayed == 0
+            assert PathDriver(fs).listdir("m") == []
+        finally:
+            fs.close()
+        assert "the machine restarted since it was written" in caplog.text
+        assert spool_file(store_dir, ".json-untrusted").read_bytes() == bytes(torn)
+    else:               # within one boot nothing tears a page-cache write: the damage is real
+        with pytest.raises(StoreError, match="is damaged"):
+            open_fs(store_dir)
+        assert record.read_bytes() == bytes(torn)
+
+
 @pytest.mark.parametrize("what", ["record", "journal"])
 def test_a_record_or_journal_of_an_unknown_version_is_refused_and_kept(store_dir, what):
     import json

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import json
 import os
 import uuid
@@ -47,6 +48,8 @@ from lmzfs.store.layout import DIR_MODE, FILE_MODE, StoreError, fsync_dir
 SPOOL_DIR = "spool"
 RECORD_VERSION = 3
 RECORD_VERSIONS = (1, 2, 3)            # 1: written at fsync only, no journal (always durable); 1, 2: no sums
+log = logging.getLogger(__name__)
+
 MOUNT_LOCK = "mount.lock"
 UNTRUSTED_SUFFIX = ".json-untrusted"
 IN_PLACE_MAX = 4096                    # a record never durable, this small, is rewritten in place
@@ -282,6 +285,7 @@ class Spool:
         except OSError as exc:
             raise StoreError(f"cannot create the spool {self.dir}: {exc.strerror}") from None
         self._lock_fd: int | None = None
+        self.restarted: bool | None = None     # the machine restarted since the last mount (None: unknown)
 
     # -- the one writable mount ----------------------------------------------------------------
     def lock_for_mount(self) -> None:
@@ -293,6 +297,16 @@ class Spool:
             raise StoreError(f"the store {self.dir.parent} is already mounted writable by another process "
                              f"(one writable mount per store; unmount it first)") from None
         self._lock_fd = fd
+        # the lock file names the boot of the last mount: the records it left were written then
+        try:
+            last = os.pread(fd, 128, 0).decode("ascii", "replace").strip()
+            self.restarted = (last != boot_id()) if last else None
+            now = boot_id().encode()
+            if now and last.encode() != now:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, now + b"\n", 0)
+        except OSError:
+            self.restarted = None
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -362,9 +376,20 @@ class Spool:
         return Reopened(spool_file, state, bad, refold=recorded.sums is None)
 
     def records(self) -> list[SpoolRecord]:
+        """Every record. A damaged one stops the mount (StoreError), unless the machine restarted
+        since the last mount: a record never made durable is rewritten in place, and a power loss
+        may have torn that write, so it is set aside as untrusted (kept, logged), as any record
+        written without fsync before a restart is."""
         out = []
         for path in sorted(self.dir.glob("*.json")):
-            out.append(SpoolRecord.from_json(path.read_bytes(), path))
+            try:
+                out.append(SpoolRecord.from_json(path.read_bytes(), path))
+            except StoreError as exc:
+                if not self.restarted or "is damaged" not in str(exc):
+                    raise
+                aside = self.set_aside(path.stem)
+                log.error("%s; the machine restarted since it was written (a power loss may tear a record "
+                          "written without fsync), so it is not replayed, kept as %s", str(exc).split(";")[0], aside)
         return out
 
     def record_ids(self) -> set[str]:
