@@ -26,7 +26,7 @@ from typing import Iterator
 
 from lmzfs.codecs import by_name
 from lmzfs.codecs.base import Buffer, Codec
-from lmzfs.counters import ReadCounters
+from lmzfs.counters import ReadCounters, tally_decoded
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
 from lmzfs.store.read.chunkcache import ChunkCache
@@ -122,6 +122,7 @@ class ChunkSource:
         with self._counted():
             data = read_chunk(self._fd(e), e, check_id=self._check_ids, copy=copy, ref=ref)
         self.counters.add(chunks_decoded=1, bytes_decoded=e.size, decode_seconds=time.perf_counter() - t0)
+        tally_decoded(e.size)
         return data
 
     def _parts(self, e: Extent):
@@ -147,6 +148,7 @@ class ChunkSource:
             raise _NotInParts
         self.counters.add(segments_decoded=len(got), bytes_decoded=sum(len(d) for _, d in got),
                           decode_seconds=time.perf_counter() - t0)
+        tally_decoded(sum(len(d) for _, d in got))
         for a, data in got[1:]:
             self.cache.put(_part_key(e, a), data)
         return got[0][1]
