@@ -267,8 +267,16 @@ class ChunkSource:
         return e.chunk_id in self.cache
 
     def discard(self, e: Extent) -> bool:
-        """Drop the chunk from the cache (its reader has it all); True if it was there."""
-        return self.cache.discard(e.chunk_id)
+        """Drop the chunk from the cache (its reader has it all), and the parts of it that lone
+        reads decoded, with their part decoder; True if the chunk or a part of it was there."""
+        dropped = self.cache.discard(e.chunk_id)
+        codec = _codec(e)
+        step = codec.part_bytes if codec is not None else 0
+        if step and e.size > step:
+            for a in range(0, e.size, step):
+                dropped |= self.cache.discard(_part_key(e, a))
+            self.cache.discard(_parts_key(e))
+        return dropped
 
     def wait_settled(self) -> None:
         """Return once every chunk lent so far is in the cache (the settle thread runs in order)."""
