@@ -26,7 +26,8 @@ reports its seconds and a SHA-256 of its output, which must be the same for ever
   cold      the file read front to back in 1 MiB reads
   mmap      the file mmap'd, one byte of every 4 KiB page touched in file order
 
-The order of the targets rotates from run to run; ratios are taken within a run (lmzip's
+Each row is measured through every target back to back, their order rotating from row to row
+and run to run; ratios are taken within a run (lmzip's
 seconds over ours: above 1, ours is faster; ours over the plain file's) and their median reported.
 """
 from __future__ import annotations
@@ -236,12 +237,19 @@ class LoadersBench:
             return
         self._n += 1
         mnt = self.work / f"mnt-{self._n}"
+        pid = None
         try:
             with tool.mount(self.stores[label], mnt, self.work / "mount.log") as m:
+                if tool.ours:       # our server detaches from `lmz mount`: its pid is in the stats
+                    pid = json.loads((m.path / ".lmzfs" / "stats.json").read_text())["pid"]
                 yield lambda model: m.path / model
         finally:
             with contextlib.suppress(OSError):
                 mnt.rmdir()
+            # the next run starts once this server has exited (freeing its cache is CPU time)
+            deadline = time.monotonic() + 20
+            while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                time.sleep(0.02)
 
     def measure(self, rows: list[dict]) -> dict:
         labels = list(self.tools)
@@ -249,10 +257,13 @@ class LoadersBench:
             row.update(seconds={t: [None] * self.runs for t in labels}, digests={}, errors={})
             if row["kind"] in ("st",):
                 row.update(load_s={t: [None] * self.runs for t in labels})
+        # Every row is measured through each target back to back (the targets' order rotating
+        # from row to row and run to run), so that the load of this shared host, which drifts
+        # over minutes, weighs on the targets of a row alike.
         for i in range(self.runs):
-            k = i % len(labels)
-            for label in labels[k:] + labels[:k]:
-                for row in rows:
+            for j, row in enumerate(rows):
+                k = (i + j) % len(labels)
+                for label in labels[k:] + labels[:k]:
                     if row["errors"].get(label):
                         continue
                     self.res["dropped_page_cache"] &= drop_page_cache()
