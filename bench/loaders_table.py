@@ -304,8 +304,10 @@ def _median_ratio(seconds: dict, num: str, den: str) -> float | None:
     return statistics.median(pairs) if pairs else None
 
 
-def measure(corpus: dict[str, Path], runs: int, work: Path, against: str | None = None) -> dict:
-    """corpus: astra, smollm2, smollm2-q4km (files); minilm's directory is found by the project's venv."""
+def measure(corpus: dict[str, Path], runs: int, work: Path, against: str | None = None,
+            kinds: set[str] | None = None) -> dict:
+    """corpus: astra, smollm2, smollm2-q4km (files); minilm's directory is found by the project's venv.
+    kinds: only the rows of these loaders (e.g. {"llama"}), and only the models they read."""
     work.mkdir(parents=True, exist_ok=True)
     bench = LoadersBench(runs, work, against)
     res = bench.res
@@ -348,6 +350,11 @@ def measure(corpus: dict[str, Path], runs: int, work: Path, against: str | None 
             if kind == "cold":
                 row["plain_sha256"] = sha256_file(bench.models[m] / rel)
             rows.append(row)
+    if kinds:
+        rows = [r for r in rows if r["kind"] in kinds]
+        used = {r["model"] for r in rows}
+        bench.models = {m: d for m, d in bench.models.items() if m in used}
+        res["models"] = {m: v for m, v in res["models"].items() if m in used}
     bench.build_stores()
     return bench.measure(rows)
 
@@ -365,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", metavar="REV", help="also a store made and served by lmzfs at git revision REV")
     ap.add_argument("--json", type=Path, help="write the results here (default: stdout)")
     ap.add_argument("--tmpdir", type=Path)
+    ap.add_argument("--kinds", help="only these loaders, comma-separated: st, safe_open, gguf, llama, cold, mmap")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--build-bert", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--minilm", type=Path, help=argparse.SUPPRESS)
@@ -377,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     corpus = {n: common.fetch_corpus(n) for n in ("astra", "smollm2", "smollm2-q4km")}
     with tempfile.TemporaryDirectory(prefix="lmz-loaders-", dir=args.tmpdir) as tmp:
-        out = measure(corpus, args.runs, Path(tmp), args.against)
+        kinds = {k.strip() for k in args.kinds.split(",")} if args.kinds else None
+        out = measure(corpus, args.runs, Path(tmp), args.against, kinds)
     text = json.dumps(out, indent=1)
     if args.json:
         args.json.write_text(text + "\n")
