@@ -37,7 +37,8 @@ def loaders_md(lo: dict) -> list[str]:
             "`get_tensor` + `clone`; GGUFReader: every tensor's data copied; llama.cpp: `Llama(model_path, "
             "n_ctx=64)` (load only timed; 4 tokens evaluated for the output check); cold: the file read front to "
             "back in 1 MiB reads; mmap: one byte of every 4 KiB page of a mapping touched in file order. "
-            f"{lo.get('runs', 1)} run(s), the targets' order rotating; cells are median (min) seconds; "
+            f"{lo.get('runs', 1)} run(s), each row measured through every target back to back, their order "
+            "rotating from row to row and run to run; cells are median (min) seconds; "
             "× lmzip: lmzip's seconds over ours within a run (above 1: ours is faster), median; × plain: ours "
             "over the plain files' within a run, median.", ""]
     models = lo.get("models") or {}
