@@ -12,9 +12,10 @@ from pathlib import Path
 
 from chains_table import ratio_of, read_ratio
 from goals import goals_md
-from writable_table import goals as writable_goals, saved, size_ratio, speed_ratio
 from report_everyday import everyday_md
+from report_loaders import loaders_md
 from report_remote import link_md, remote_md
+from writable_table import goals as writable_goals, saved, size_ratio, speed_ratio
 from summary import MiB, cell, fmt, mbps, peak_mib, per_run, ratio, run_bytes, summ, table
 
 
@@ -594,8 +595,6 @@ def against_md(a: dict) -> list[str]:
     return out + table(["file", "what", "this checkout, MB/s", "earlier, MB/s", "ratio"], rows, "llrrr")
 
 
-# ----------------------------------------------------------------------------- remote store
-
 def markdown(res: dict) -> str:
     meta = res["meta"]
     load = meta.get("load", {})
@@ -649,6 +648,8 @@ def markdown(res: dict) -> str:
         out += gguf_mount_md(res["gguf_mount"])
     if res.get("hf_cache"):
         out += hf_cache_md(res["hf_cache"])
+    if res.get("loaders"):
+        out += loaders_md(res["loaders"])
     if res.get("against"):
         out += against_md(res["against"])
     if res.get("remote"):

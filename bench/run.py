@@ -36,7 +36,11 @@
    and a plain ranged-GET fetcher in a network namespace of their own whose loopback is shaped to
    1, 2 and 10 Gbit/s and not at all (lmzfs.testing.netns): cold reads of astra, minilm, isnet and
    smollm2, and their real loaders, from the remote mount against the plain file.
-11. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
+11. Real loaders (bench/loaders_table.py, as root): sentence-transformers on minilm's directory and on a
+   ~440 MB FP32 BERT directory written by transformers, safe_open of astra, gguf.GGUFReader (and
+   llama.cpp, when llama-cpp-python is installed) of the GGUF files, cold and mmap reads of every
+   file, through our mount, lmzip's mount and the plain files, the page cache dropped before each.
+12. Markdown (bench/report.py) to --out, every number to --json (re-render with report.py). The
    JSON goes beside the Markdown (docs/results.json) unless told otherwise: it is committed with
    it, so that a later run of one section can be merged into it on any machine (bench/merge.py).
 
@@ -64,6 +68,7 @@ import common  # noqa: E402
 import compress_table  # noqa: E402
 import gguf_mount  # noqa: E402
 import hf_cache  # noqa: E402
+import loaders_table  # noqa: E402
 import mount_table  # noqa: E402
 import peer_speed  # noqa: E402
 import writable_table  # noqa: E402
@@ -77,7 +82,9 @@ SINGLE = ["minilm", "smollm2", "astra", "isnet", "quire", "smollm2-q4km", "quire
 WRITABLE = ("minilm", "astra")      # the first is also the mixed tree's model
 GGUF_MOUNT = ("smollm2-q4km", "smollm2")
 HF_CACHE = ("minilm", "quire")      # what lmzfs.testing.hfcache builds the hub cache from
-SECTIONS = ("compress", "codec-speed", "chains", "writable", "everyday", "gguf-mount", "hf-cache", "remote", "link", "mount")
+SECTIONS = ("compress", "codec-speed", "chains", "writable", "everyday", "gguf-mount", "hf-cache", "remote", "link",
+            "loaders", "mount")
+LOADERS = ("astra", "smollm2", "smollm2-q4km", "minilm")    # bench/loaders_table.py (minilm: its directory)
 LINK = ("astra", "minilm", "isnet", "smollm2")    # BF16, FP32, FP16, GGUF
 CHAIN = ("quire", "quire@0.3.1")
 CHAIN_NOTE = ("Two successive releases of the same model (v0.3.0 then v0.3.1). Stores add both as one "
@@ -153,6 +160,13 @@ def odd_things(res: dict) -> list[str]:
         odd += [f"remote: {step} failed: {why[:300]}" for step, why in (r.get("errors") or {}).items()]
         if r.get("two_hosts") and not r["two_hosts"]["identical"]:
             odd.append("remote: two mounts of the same prefix did not both serve every file byte-identical")
+    lo = res.get("loaders")
+    if isinstance(lo, dict):
+        odd += [f"loaders section: {e[:300]}" for e in ([lo["error"]] if lo.get("error") else []) + lo.get("errors", [])]
+        for row in lo.get("rows") or []:
+            odd += [f"loaders: {row['name']} ({t}): {e[:300]}" for t, e in (row.get("errors") or {}).items()]
+            if not row.get("identical") and not row.get("errors"):
+                odd.append(f"loaders: {row['name']}: the outputs were NOT identical across targets")
     lk = res.get("link")
     if isinstance(lk, dict):
         if lk.get("error"):
@@ -191,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-hf-cache", action="store_true", help="leave out the Hugging Face cache table")
     ap.add_argument("--skip-remote", action="store_true", help="leave out the remote-store section")
     ap.add_argument("--skip-link", action="store_true", help="leave out the shaped-link section (issue 50)")
+    ap.add_argument("--skip-loaders", action="store_true", help="leave out the real-loaders section (issue 49)")
+    ap.add_argument("--loaders-against", metavar="REV",
+                    help="the real-loaders section also serves its models with the lmzfs of git revision REV")
     ap.add_argument("--only", metavar="SECTIONS",
                     help=f"run only these sections, comma-separated, of: {', '.join(SECTIONS)} (the others skipped)")
     ap.add_argument("--against", metavar="REV",
@@ -305,6 +322,8 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         need.add("astra")
     if not args.skip_link:
         need.update(LINK)
+    if not args.skip_loaders:
+        need.update(LOADERS)
     paths: dict[str, Path] = {}
     for name in [n for n in [*SINGLE, CHAIN[1]] if n in need]:
         log(f"corpus: {name}")
@@ -373,6 +392,14 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
         if not args.skip_link:
             res["link"] = link_section(common.LMZFS_FROZEN, {n: paths[n] for n in LINK if n in paths}, args.runs,
                                        Path(tmp))
+            save()
+        if not args.skip_loaders:
+            log("real loaders: sentence-transformers, safe_open, GGUFReader, llama.cpp, cold and mmap reads")
+            try:
+                res["loaders"] = loaders_table.measure({n: paths[n] for n in LOADERS if n in paths}, args.runs,
+                                                       Path(tmp) / "loaders", args.loaders_against)
+            except Exception as exc:
+                res["loaders"] = {"error": describe(exc)}
             save()
         if args.against:
             try:

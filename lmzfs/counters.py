@@ -1,10 +1,33 @@
 """Counters of the read path that a running mount reports (`lmz stats`, /.lmzfs/stats.json):
-the chunk source counts decodes, the readers count reads and read-ahead, into one ReadCounters."""
+the chunk source counts decodes, the readers count reads and read-ahead, into one ReadCounters.
+Besides, each thread keeps a tally of the decoding it did itself and of the decodes it waited for
+(``thread_tally``), which the mount's read trace (``LMZ_TRACE_READS``) takes per request."""
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field, fields
+
+
+class _Tally(threading.local):
+    decoded_bytes = 0       # plain bytes this thread decoded (chunks and parts of chunks)
+    waits = 0               # decodes by other threads this thread waited for
+
+
+_TALLY = _Tally()
+
+
+def thread_tally() -> tuple[int, int]:
+    """(plain bytes decoded, other threads' decodes waited for) by the calling thread so far."""
+    return _TALLY.decoded_bytes, _TALLY.waits
+
+
+def tally_decoded(nbytes: int) -> None:
+    _TALLY.decoded_bytes += nbytes
+
+
+def tally_wait() -> None:
+    _TALLY.waits += 1
 
 
 @dataclass

@@ -20,6 +20,7 @@ import pyfuse3
 import trio
 
 from lmzfs.daemon.handlers import MountLifecycle, OpenDirs, entry_attributes, fuse_errors, reply_entries
+from lmzfs.daemon.readtrace import ReadTrace, counted
 from lmzfs.daemon.tree import DirectoryTree, Node, Removal
 from lmzfs.fsmodel.nodes import Attributes
 from lmzfs.hostresources import usable_cpus
@@ -100,6 +101,7 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         self._counters = {"reads_inline": 0, "reads_threaded": 0}
         self._recent_reads: dict[int, float] = {}   # fh -> monotonic time of its latest read, if recent
         self._refresh_failure: str | None = None     # the latest refresh's error, logged once
+        self._trace = ReadTrace.from_environment()  # LMZ_TRACE_READS: a line per read (readtrace.py)
         self._refresh()
 
     @property
@@ -251,6 +253,8 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         # What is decoded already, or cheap to decode, is served right here: a thread hop costs
         # more. So is a lone read's miss while nothing else is being read (see _alone).
+        if self._trace is not None and handle.entry is not None:
+            return await self._traced_read(fh, handle, off, size)
         try:
             data = handle.reader.pread_nowait(off, size, idle=self._alone(fh))
             if data is not None:
@@ -263,6 +267,28 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
             log.error("corrupt data in model %s file %s, read at offset %d length %d: %s",
                       entry.model, entry.path, off, size, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
+
+    async def _traced_read(self, fh: int, handle: _OpenFile, off: int, size: int) -> bytes:
+        """read() as it is without a trace, with a line in the trace for the request."""
+        arrived = self._trace.now()
+        try:
+            nowait = functools.partial(handle.reader.pread_nowait, idle=self._alone(fh))
+            data, decoded, waits = counted(nowait, off, size)
+            how = "inline"
+            if data is None:
+                how = "thread"
+                data, decoded2, waits2 = await trio.to_thread.run_sync(counted, handle.reader.pread, off, size,
+                                                                       limiter=self._limiter)
+                decoded, waits = decoded + decoded2, waits + waits2
+        except CorruptChunk as exc:
+            entry = handle.entry
+            log.error("corrupt data in model %s file %s, read at offset %d length %d: %s",
+                      entry.model, entry.path, off, size, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        self._counters["reads_inline" if how == "inline" else "reads_threaded"] += 1
+        self._trace.record(arrived, fh, f"{handle.entry.model}/{handle.entry.path}", off, size, len(data), how,
+                           decoded, waits)
+        return data
 
     def _alone(self, fh: int) -> bool:
         """Whether a read of fh is the only reading going on: no read waits in a thread, no other
@@ -308,6 +334,8 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         self._files.clear()
         self._dirs.clear()
         self._archive.close()
+        if self._trace is not None:
+            self._trace.close()
 
     # -- extended attributes --------------------------------------------------------------------
 

@@ -21,6 +21,22 @@ from lmzfs.store.read.chunksource import ChunkSource
 # A read that starts within this of where the previous one ended continues it (the kernel's
 # requests arrive slightly out of order); any other read is lone.
 LONE_SLACK = 256 << 10
+# chunks partly served whose ranges a reader keeps (to release each once all of it was served);
+# past this the oldest is forgotten, and stays in the cache until evicted
+MAX_PARTLY_SERVED = 4096
+
+
+def _merged(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The sorted, disjoint ranges with [lo, hi) added (adjacent ones joined)."""
+    out = []
+    for a, b in ranges:
+        if b < lo or a > hi:
+            out.append((a, b))
+        else:
+            lo, hi = min(a, lo), max(b, hi)
+    out.append((lo, hi))
+    out.sort()
+    return out
 
 
 def _within(e: Extent, offset: int, end: int) -> tuple[int, int]:
@@ -46,7 +62,7 @@ class FileReader:
         self._closed = False
         self._prefetching = 0
         self._prefetched: set[bytes] = set()
-        self._served: dict[int, int] = {}     # extent index -> bytes of it served to this stream
+        self._served: dict[int, list[tuple[int, int]]] = {}   # extent index -> its ranges served so far
         self._last_end = -1                   # where the latest read ended
         self._prefetcher = prefetcher
         self._stream = prefetcher.register(id(self)) if prefetcher is not None else None
@@ -172,23 +188,26 @@ class FileReader:
         return released
 
     def _release(self, offset: int, end: int, first: int, covering: list[Extent]) -> int:
-        """Use once: a chunk that a sequential reader has been served in full is in the kernel's
-        page cache (the mount keeps it), so a second copy here would only cost memory, and on a
-        fresh mount a page fault for every 4 KiB of it that a recycled buffer does not pay. The
-        kernel asks for each page once and its requests can be answered out of order (one waits
-        for a decode while the next is served from read-ahead), so "in full" is counted in bytes
-        served, not taken from the position of the latest read."""
+        """Use once: a chunk whose every byte has been served to this open file is in the kernel's
+        page cache (the mount keeps it), so a second copy here would only cost memory, and room
+        that a chunk still partly unread needs: a loader that touches a model in two passes (its
+        tensors' first pages, then the rest) comes back for the rest of a chunk much later, and
+        had it been evicted meanwhile it would be decoded twice. On a fresh mount a recycled
+        buffer also spares a page fault for every 4 KiB. The kernel asks for each page once and
+        its requests can be answered out of order (one waits for a decode while the next is
+        served from read-ahead), and arrive in any order from mmap faults, so what was served of
+        each chunk is kept as byte ranges, not taken from the position of the latest read."""
         done = []
         with self._cond:
-            if self._stream.sequential_reads == 0:      # a new stream: what the last one left is moot
-                self._served.clear()
             for i, e in enumerate(covering, first):
-                got = self._served.get(i, 0) + min(end, e.offset + e.size) - max(offset, e.offset)
-                if got >= e.size and self._stream.streaming:
-                    self._served.pop(i, None)
+                lo, hi = _within(e, offset, end)
+                ranges = _merged(self._served.pop(i, []), lo, hi)
+                if ranges == [(0, e.size)]:
                     done.append(e)
                 else:
-                    self._served[i] = got
+                    self._served[i] = ranges
+            while len(self._served) > MAX_PARTLY_SERVED:    # forget the oldest: it stays cached
+                del self._served[next(iter(self._served))]
         return sum(self._source.discard(e) for e in done)
 
     def close(self) -> None:

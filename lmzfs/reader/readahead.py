@@ -4,7 +4,7 @@ The kernel asks a FUSE daemon for at most 128 KiB at a time, so a lone sequentia
 wait for every chunk decode. Each open file keeps a `StreamState`; a read that starts near where
 the previous one ended (mmap faults and the kernel's own read-ahead arrive slightly out of
 order, hence the slack) grows the window once START_AFTER such reads came in a row, any other
-read resets it. Prefetches go through the shared chunk cache, so a chunk being decoded is
+read resets it; the window never outgrows what the stream has read since it began. Prefetches go through the shared chunk cache, so a chunk being decoded is
 awaited, never decoded twice, and the cache's byte budget bounds everything read ahead. With
 many active streams each one's window shrinks so that together they stay within half the cache.
 """
@@ -32,6 +32,7 @@ class StreamState:
     prefetched_upto: int = 0    # plain offset up to which chunks were already scheduled
     last_access: float = 0.0
     sequential_reads: int = 0
+    started: int = 0            # where the stream began: what it has read since bounds its window
 
     @property
     def streaming(self) -> bool:
@@ -80,11 +81,15 @@ class Prefetcher:
             state.window = 0
             state.sequential_reads = 0
             state.prefetched_upto = end
+            state.started = offset
             return None
         state.sequential_reads += 1
         if state.sequential_reads < START_AFTER:
             return None
-        limit = self.window_limit()
+        # The window doubles with each read, but never past what the stream has read so far: a
+        # loader that reads a tensor and jumps to the next would otherwise have decoded up to
+        # MAX_WINDOW past each one, evicting from the cache what it had yet to read.
+        limit = min(self.window_limit(), max(MIN_WINDOW, state.expected - state.started))
         state.window = min(limit, max(MIN_WINDOW, state.window * 2) if state.window else MIN_WINDOW)
         if state.window < MIN_WINDOW // 2:
             return None         # the cache is too small to read ahead without evicting what is in use

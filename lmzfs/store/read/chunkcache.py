@@ -19,6 +19,7 @@ from typing import Callable
 
 from lmzfs.codecs.base import Buffer
 from lmzfs.codecs.plainbytes import to_bytes
+from lmzfs.counters import tally_wait
 
 
 @dataclass
@@ -127,6 +128,7 @@ class ChunkCache:
                 self.stats.misses += 1
                 return None, flight
             self.stats.waits += 1
+        tally_wait()
         flight.done.wait()
         if flight.error is not None:
             raise flight.error

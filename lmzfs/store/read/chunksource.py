@@ -26,7 +26,7 @@ from typing import Iterator
 
 from lmzfs.codecs import by_name
 from lmzfs.codecs.base import Buffer, Codec
-from lmzfs.counters import ReadCounters
+from lmzfs.counters import ReadCounters, tally_decoded
 from lmzfs.errors import CorruptChunk
 from lmzfs.store.catalog import Extent
 from lmzfs.store.read.chunkcache import ChunkCache
@@ -122,6 +122,7 @@ class ChunkSource:
         with self._counted():
             data = read_chunk(self._fd(e), e, check_id=self._check_ids, copy=copy, ref=ref)
         self.counters.add(chunks_decoded=1, bytes_decoded=e.size, decode_seconds=time.perf_counter() - t0)
+        tally_decoded(e.size)
         return data
 
     def _parts(self, e: Extent):
@@ -147,19 +148,20 @@ class ChunkSource:
             raise _NotInParts
         self.counters.add(segments_decoded=len(got), bytes_decoded=sum(len(d) for _, d in got),
                           decode_seconds=time.perf_counter() - t0)
+        tally_decoded(sum(len(d) for _, d in got))
         for a, data in got[1:]:
             self.cache.put(_part_key(e, a), data)
         return got[0][1]
 
-    def _part_starts(self, e: Extent, lo: int, hi: int) -> tuple[range, int] | None:
+    def _part_starts(self, e: Extent, lo: int, hi: int, every: bool = False) -> tuple[range, int] | None:
         """(plain starts of the parts [lo, hi) touches, the part size), or None if the codec
-        decodes whole chunks only or the range touches every part."""
+        decodes whole chunks only or (unless `every`) the range touches every part."""
         codec = _codec(e)
         step = codec.part_bytes if codec is not None else 0
         if not step or e.size <= step:
             return None
         starts = range(lo - lo % step, hi, step)
-        return (starts, step) if len(starts) < -(-e.size // step) else None
+        return (starts, step) if every or len(starts) < -(-e.size // step) else None
 
     def _from_parts(self, e: Extent, lo: int, hi: int, parts: list[tuple[int, bytes]]) -> Buffer:
         if len(parts) == 1:
@@ -173,7 +175,7 @@ class ChunkSource:
         data = self.cache.peek(e.chunk_id)
         if data is not None:
             return _slice(data, lo, hi)
-        found = self._part_starts(e, lo, hi)
+        found = self._part_starts(e, lo, hi, every=True)
         if found is None:
             return None
         parts = [(a, self.cache.peek(_part_key(e, a))) for a in found[0]]
@@ -204,22 +206,33 @@ class ChunkSource:
         for a decode another thread has started. CorruptChunk (EIO) if the chunk is damaged."""
         if not 0 <= lo < hi <= e.size:
             raise ValueError(f"range {lo}..{hi} outside the chunk's {e.size} bytes")
-        data = self.cache.peek(e.chunk_id)
+        data = self.peek(e, lo, hi)         # the chunk, or every part the range needs (read ahead)
         if data is not None:
-            return _slice(data, lo, hi)
+            return data
         if lone:
             found = self._part_starts(e, lo, hi)
             if found is not None and e.chunk_id not in self.cache:
                 starts, step = found
                 try:
                     parts = [(a, self.cache.get(_part_key(e, a), lambda a=a: self._decode_parts(
-                        e, range(a, starts.stop, step), step))) for a in starts]
+                        e, self._missing_run(e, a, starts.stop, step), step))) for a in starts]
                     return self._from_parts(e, lo, hi, parts)
                 except _NotInParts:
                     pass
             elif found is None:
                 return self._lent(e, lo, hi)
         return _slice(self.cache.get(e.chunk_id, lambda: self._decode(e)), lo, hi)
+
+    def _missing_run(self, e: Extent, a: int, stop: int, step: int) -> range:
+        """The parts from a up to stop, ending before the first one that is cached already."""
+        b = a + step
+        while b < stop and _part_key(e, b) not in self.cache:
+            b += step
+        return range(a, b, step)
+
+    def _in_parts(self, e: Extent) -> bool:
+        """Parts of the chunk were decoded alone lately (its part decoder is cached)."""
+        return _parts_key(e) in self.cache
 
     def read_nowait(self, e: Extent, lo: int, hi: int, *, lone: bool = False,
                     idle: bool = False) -> Buffer | None:
@@ -254,9 +267,24 @@ class ChunkSource:
         return True
 
     def prefetch(self, e: Extent) -> bool:
-        """Decode the chunk into the cache unless it is there or on its way; True if decoded here."""
+        """Decode the chunk into the cache unless it is there or on its way; True if decoded here.
+        A chunk that lone reads took parts of gets its missing parts decoded, not all of it again."""
         if e.chunk_id in self.cache:
             return False
+        if self._in_parts(e):
+            codec = _codec(e)
+            step = codec.part_bytes if codec is not None else 0
+            starts = range(0, e.size, step) if step else range(0)
+            missing = [a for a in starts if _part_key(e, a) not in self.cache]
+            if not missing:
+                return False
+            try:
+                for a in missing:
+                    self.cache.get(_part_key(e, a), lambda a=a: self._decode_parts(
+                        e, self._missing_run(e, a, starts.stop, step), step))
+                return True
+            except _NotInParts:
+                pass
         self.cache.get(e.chunk_id, lambda: self._decode(e))
         return True
 
@@ -265,8 +293,16 @@ class ChunkSource:
         return e.chunk_id in self.cache
 
     def discard(self, e: Extent) -> bool:
-        """Drop the chunk from the cache (its reader has it all); True if it was there."""
-        return self.cache.discard(e.chunk_id)
+        """Drop the chunk from the cache (its reader has it all), and the parts of it that lone
+        reads decoded, with their part decoder; True if the chunk or a part of it was there."""
+        dropped = self.cache.discard(e.chunk_id)
+        codec = _codec(e)
+        step = codec.part_bytes if codec is not None else 0
+        if step and e.size > step:
+            for a in range(0, e.size, step):
+                dropped |= self.cache.discard(_part_key(e, a))
+            self.cache.discard(_parts_key(e))
+        return dropped
 
     def wait_settled(self) -> None:
         """Return once every chunk lent so far is in the cache (the settle thread runs in order)."""
