@@ -352,3 +352,24 @@ def test_a_fine_tune_whose_add_recodes_pushed_chunks_as_deltas_reads_back_from_t
         assert read_all(archive) == want
     finally:
         archive.close()
+
+
+def test_a_remote_emptied_and_pushed_again_from_generation_one_reads_through_a_cache_of_later_generations(
+        tmp_path, remote_url, models):
+    objects = ObjectStore(RemoteURL.parse(remote_url))
+    cache = tmp_path / "cache"
+    first = StorePaths(tmp_path / "first")
+    for name, extra in (("minilm", []), ("minilm", ["--name", "minilm-copy"]), ("smollm2", []),
+                        ("smollm2", ["--name", "smollm2-copy"])):
+        lmz("--store", str(first.root), "add", "--fast", str(models[name]), *extra)
+        push(first, objects)
+        opened(remote_url, cache).close()      # generations 1 to 4 cached on this host
+    objects.delete([info.key for info in objects.list("")])
+    second = StorePaths(tmp_path / "second")
+    lmz("--store", str(second.root), "add", "--fast", str(models["smollm2"]))
+    assert push(second, objects).generation == 1
+    archive = opened(remote_url, cache)
+    try:
+        assert read_all(archive) == expected(models, ["smollm2"])
+    finally:
+        archive.close()

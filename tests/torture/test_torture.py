@@ -56,3 +56,14 @@ def test_a_flipped_bit_in_the_spools_data_is_never_served(tmp_path):
     o = damage_case(prep, tmp_path / "case", "spool-data", "flip", 48)
     assert o.wrong_bytes == 0 and o.traceback is None and not o.problems, o.info
     assert o.info["spooled"] == "refused (Input/output error)", o.info
+
+
+@pytest.mark.slow
+def test_a_writable_mount_killed_inside_its_reclaims_commit_loses_nothing_and_the_next_mount_reclaims(tmp_path):
+    _corpus_or_skip()
+    from lmzfs.testing.torture.prepared import prepare
+    from lmzfs.testing.torture.reclaims import reclaim_case
+    prep = prepare(tmp_path / "prepared")
+    o = reclaim_case(prep, tmp_path / "case", "session-commit", 0.0)
+    assert o.info["killed"] == 1, o.info
+    assert (o.wrong_bytes, o.models_lost, o.problems, o.traceback) == (0, 0, [], None), o.info

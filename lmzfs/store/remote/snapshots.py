@@ -75,15 +75,28 @@ def open_snapshot(objects: ObjectStore, pointer: Pointer, cache_dir: Path) -> Op
         try:
             manifest = Manifest.from_json(meta.read_bytes(), str(meta))
             if manifest.catalog_bytes == path.stat().st_size:
+                _mark_latest(folder, pointer)
                 return OpenedSnapshot(pointer, manifest, path)
         except (RemoteFormatError, OSError):
             pass
     manifest, catalog = fetch_snapshot(objects, pointer)
     _write(path, catalog)
     _write(meta, manifest.to_json())
-    _write(folder / "latest", (pointer.encode()))
-    _trim(folder)
+    _mark_latest(folder, pointer)
+    _trim(folder, keep=name)
     return OpenedSnapshot(pointer, manifest, path)
+
+
+def _mark_latest(folder: Path, pointer: Pointer) -> None:
+    """`latest` names the snapshot opened last (what a host starting offline serves), whatever its
+    generation: a remote emptied and pushed again starts over at generation 1."""
+    encoded = pointer.encode()
+    try:
+        if (folder / "latest").read_bytes() == encoded:
+            return
+    except OSError:
+        pass
+    _write(folder / "latest", encoded)
 
 
 def cached_snapshot(cache_dir: Path) -> OpenedSnapshot | None:
@@ -115,9 +128,18 @@ def _write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _trim(folder: Path) -> None:
-    """Keep the newest KEEP_CATALOGS catalogs (an open one stays readable after its unlink)."""
-    names = sorted({p.name.split(".")[0] for p in folder.glob("*.sqlite")})
-    for old in names[:-KEEP_CATALOGS]:
+def _trim(folder: Path, keep: str) -> None:
+    """Keep `keep` (the catalog just written) and the most recently written others, KEEP_CATALOGS in
+    all; by write time, not generation, so a catalog just written is never the one trimmed. An open
+    catalog stays readable after its unlink."""
+    written = []
+    for p in folder.glob("*.sqlite"):
+        name = p.name[:-len(".sqlite")]
+        if name != keep:
+            try:
+                written.append((p.stat().st_mtime_ns, name))
+            except OSError:
+                pass
+    for _, old in sorted(written)[:max(0, len(written) - (KEEP_CATALOGS - 1))]:
         for p in folder.glob(f"{old}.*"):
             p.unlink(missing_ok=True)

@@ -1,5 +1,5 @@
 """crashes: kill -9 of each writer (add, recoding add, rm, gc, each rewrite pass, verify
---repair, a writable mount's commit) at a random named kill point (lmzfs/killpoints.py:
+--repair, a writable mount's commit and its background reclaim, reclaims.py) at a random named kill point (lmzfs/killpoints.py:
 append:N, session-sealed, session-commit, session-committed) or after a random delay. After
 each: verify clean, every model byte-identical to its original or absent (absent only for the
 model the killed command adds or removes), then the command again, which must complete."""
@@ -16,9 +16,11 @@ from lmzfs.testing.torture import Case, Outcome
 from lmzfs.testing.torture.common import (fork_writer_and_kill, fresh_copy, listed_models, lmz, model_of,
                                           read_all, sha, unmount_quietly)
 from lmzfs.testing.torture.prepared import Prepared
+from lmzfs.testing.torture.reclaims import random_reclaim_case, reclaim_case
 
 POINTS = ("append", "session-sealed", "session-commit", "session-committed", "delay")
-WRITERS = ("add", "recoding-add", "rm", "gc", "compact", "recode", "delta", "anchor", "repair", "mount-commit")
+WRITERS = ("add", "recoding-add", "rm", "gc", "compact", "recode", "delta", "anchor", "repair", "mount-commit",
+           "mount-reclaim")
 
 
 def writer_argv(prep: Prepared, writer: str) -> tuple[list[str], str | None]:
@@ -49,6 +51,8 @@ def crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: fl
 def _crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: float) -> Outcome:
     if writer == "mount-commit":
         return mount_commit_case(prep, scratch, point, delay)
+    if writer == "mount-reclaim":
+        return reclaim_case(prep, scratch, point, delay)
     store = fresh_copy(prep.store, scratch / "store")
     argv, subject = writer_argv(prep, writer)
     out = Outcome(f"crash {writer} at {point} +{delay:.2f}s")
@@ -209,6 +213,9 @@ def random_case(prep: Prepared, scratch: Path, rng: random.Random, writer: str) 
         mode = rng.choice(("mid-copy", "after-fsync", "during-close"))
         delay = rng.uniform(0, 0.3)
         return Case(f"crash mount-commit {mode}", lambda: crash_case(prep, scratch, writer, mode, delay), 150)
+    if writer == "mount-reclaim":
+        point, delay = random_reclaim_case(rng)
+        return Case(f"crash mount-reclaim {point}", lambda: crash_case(prep, scratch, writer, point, delay), 150)
     point = "delay" if writer in DELAY_ONLY else rng.choice(POINTS)
     if point == "append":
         point = f"append:{rng.randint(1, 6)}"

@@ -1,0 +1,104 @@
+"""crashes, writer `mount-reclaim`: kill -9 of a writable mount while it reclaims dead pack bytes
+by itself (fsmodel/reclaim.py). A first mount rewrites files many times (its default floor keeps
+their dead versions on disk); a second mount, with a reclaim floor low enough to start at once and
+nothing written through it, so that the only pack session it runs is the reclaim's, is killed at a
+random named point of that session (lmzfs/killpoints.py) or after a random delay. After each kill:
+verify clean and every file byte-identical, a third mount finishes the reclaim, then verify and
+every file again."""
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+from lmzfs.testing.torture import Outcome
+from lmzfs.testing.torture.common import fresh_copy, lmz, read_all, sha, unmount_quietly
+from lmzfs.testing.torture.prepared import Prepared
+
+FILES = 4                       # files rewritten by the first mount
+FILE_BYTES = 1 << 20
+REWRITES = 12                   # commits of each: 11 dead versions apiece
+LOW_FLOOR = str(256 << 10)      # the reclaiming mounts' --reclaim-floor
+POINTS = ("append", "session-sealed", "session-commit", "session-committed", "delay")
+
+
+def reclaim_case(prep: Prepared, scratch: Path, point: str, delay: float) -> Outcome:
+    """One kill of a mount during its reclaim; `killed` counts it only if the reclaim had begun."""
+    from lmzfs.testing.mount import mounted
+    store = fresh_copy(prep.store, scratch / "store")
+    mnt = scratch / "mnt"
+    mnt.mkdir(parents=True, exist_ok=True)
+    out = Outcome(f"crash mount-reclaim at {point} +{delay:.2f}s", info={"killed": 0})
+    rng = random.Random(hash((point, delay)))
+    expected = dict(prep.expected)
+    try:
+        with mounted(mnt, store, "--writable", timeout=30):
+            (mnt / "wr").mkdir()
+            for n in range(FILES):
+                data = bytearray(rng.randbytes(FILE_BYTES))
+                for _ in range(REWRITES):
+                    at = rng.randrange(FILE_BYTES)
+                    data[at:at + 4096] = rng.randbytes(min(4096, FILE_BYTES - at))
+                    (mnt / "wr" / f"f{n}.bin").write_bytes(data)
+                expected[f"wr/f{n}.bin"] = sha(bytes(data))
+        unmount_quietly(mnt)
+        env = {"LMZ_KILL_AT": point} if point != "delay" else {}
+        with mounted(mnt, store, "--writable", "--reclaim-floor", LOW_FLOOR, timeout=30, env=env) as fs:
+            if point == "delay":
+                time.sleep(delay)
+                out.info["killed"] = int("reclaimed " not in fs.log())
+            else:
+                deadline = time.monotonic() + 60
+                while "HERE" not in fs.log() and time.monotonic() < deadline and fs.process.poll() is None:
+                    time.sleep(0.02)
+                out.info["killed"] = int("HERE" in fs.log())
+                if not out.info["killed"]:      # the point is not on this reclaim's way (e.g. append:6)
+                    out.info["point_missed"] = 1
+            finished_first = "reclaimed " in fs.log()
+            fs.process.kill()
+            fs.process.wait()
+            if "Traceback (most recent call last)" in fs.log():
+                out.traceback = fs.log()[-3000:]
+        unmount_quietly(mnt)
+        _after(out, store, expected, "after the kill")
+        with mounted(mnt, store, "--writable", "--reclaim-floor", LOW_FLOOR, timeout=30) as fs:
+            deadline = time.monotonic() + (0 if finished_first else 30)
+            while "reclaimed " not in fs.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if "reclaimed " not in fs.log() and not finished_first:
+                out.problems.append("the mount after the kill did not reclaim the dead bytes")
+            if "Traceback (most recent call last)" in fs.log() and out.traceback is None:
+                out.traceback = fs.log()[-3000:]
+    except AssertionError as exc:
+        out.problems.append(f"mount: {str(exc)[-400:]}")
+        if "Traceback (most recent call last)" in str(exc):
+            out.traceback = str(exc)[-3000:]
+        return out
+    finally:
+        unmount_quietly(mnt)
+    _after(out, store, expected, "after the reclaim")
+    return out
+
+
+def _after(out: Outcome, store: Path, expected: dict[str, str], when: str) -> None:
+    ran = lmz(store, "verify")
+    if ran.any_traceback and out.traceback is None:
+        out.traceback = ran.any_traceback[-3000:]
+    if ran.rc != 0:
+        out.problems.append(f"verify {when}: rc={ran.rc} {ran.stderr.strip()[-300:]}")
+    rb = read_all(store, expected)
+    out.wrong_bytes += len(rb.wrong)
+    lost = sorted(k for k in expected if k not in rb.right)
+    if lost:
+        out.models_lost = max(out.models_lost, len({k.split("/")[0] for k in lost}))
+        out.info["lost"] = lost[:5]
+        out.info["refused"] = dict(list(rb.refused.items())[:3])
+
+
+def random_reclaim_case(rng: random.Random) -> tuple[str, float]:
+    point = rng.choice(POINTS)
+    if point == "append":
+        point = f"append:{rng.randint(1, 6)}"
+    delay = rng.uniform(0.5, 2.0) if point == "delay" else 0.0    # it starts ~1 s after the mount
+    return point, delay
