@@ -28,9 +28,10 @@ from lmzfs.store.packs import PACK_HEADER, RECORD_HEADER
 
 log = logging.getLogger(__name__)
 
-RECLAIM_FLOOR = 64 << 20            # dead bytes below this are left for later (or `lmz gc`)
-RECLAIM_FRACTION = 0.25             # ... and below this fraction of the packs' bytes
-PACK_DEAD_FRACTION = 0.5            # a pack is rewritten once this much of it is dead
+RECLAIM_FLOOR = 256 << 10           # dead bytes below this are left for later (or `lmz gc`)
+RECLAIM_FRACTION = 0.2              # ... and below this fraction of the packs' bytes
+PACK_DEAD_FRACTION = 1 / 3          # a pack is rewritten once this much of it is dead
+LOOK_AFTER_APPENDED = 16 << 20      # commits that appended this much bring the next look forward
 MAX_COPY_BYTES = 256 << 20          # live bytes one run copies at most (beyond its first pack)
 CHECK_SECONDS = 2.0                 # the dead bytes are counted at most this often
 
@@ -67,7 +68,7 @@ class Reclaimer:
     def _maybe_reclaim(self, commits: int, appended: int) -> GcResult | None:
         seen = (commits, self._sync.seen_version)
         now = time.monotonic()
-        grown = appended - self._appended >= self.floor // 2
+        grown = appended - self._appended >= LOOK_AFTER_APPENDED
         if seen == self._seen or (now - self._checked < CHECK_SECONDS and not grown) or self._sync.closed:
             return None
         self._checked, self._seen, self._appended = now, seen, appended

@@ -15,6 +15,16 @@ from lmzfs.testing.mount import mounted, wait_committed, wait_for
 FLOOR = 1 << 20
 
 
+def stored_payload(store: Path) -> int:
+    """Payload bytes of the chunks the store's files reference (what `lmz stats` calls stored)."""
+    from lmzfs.store.catalog import Catalog
+    catalog = Catalog(StorePaths(store).catalog, readonly=True)
+    try:
+        return sum(u.stored_bytes for u in catalog.usage())
+    finally:
+        catalog.close()
+
+
 def pack_bytes(store: Path) -> int:
     return sum(p.stat().st_size for p in (store / "packs").iterdir())
 
@@ -73,4 +83,57 @@ def test_a_file_rewritten_60_times_leaves_the_store_under_3x_its_live_bytes_and_
         assert (mnt / "m" / "f.bin").read_bytes() == bytes(data)
     run = subprocess.run([sys.executable, "-m", "lmzfs", "--store", str(store), "gc"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+    assert verify_store(StorePaths(store)).ok
+
+
+def test_100_appends_to_a_10_mb_log_leave_the_packs_within_one_and_a_half_times_its_bytes_without_gc(tmp_path):
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    rng = random.Random(100)
+    log = bytearray(rng.randbytes(10_000_000))
+    with mounted(mnt, store, "--writable"):
+        (mnt / "m").mkdir()
+        (mnt / "m" / "log").write_bytes(log)
+        for _ in range(100):
+            line = rng.randbytes(1000) + b"\n"
+            with open(mnt / "m" / "log", "ab") as f:     # each close commits the file
+                f.write(line)
+            log += line
+        wait_committed(store)
+        wait_for(lambda: pack_bytes(store) <= 1.5 * len(log), 30, "the packs within 1.5x the live bytes")
+        assert (mnt / "m" / "log").read_bytes() == bytes(log)
+    assert verify_store(StorePaths(store)).ok
+
+
+def test_2000_random_writes_truncates_and_reopens_of_one_file_leave_the_packs_within_its_live_bytes_and_a_half(
+        tmp_path):
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    rng = random.Random(2000)
+    data = bytearray(rng.randbytes(700_000))
+    with mounted(mnt, store, "--writable"):
+        (mnt / "m").mkdir()
+        f = mnt / "m" / "f.bin"
+        f.write_bytes(data)
+        fd = os.open(f, os.O_RDWR)
+        try:
+            for _ in range(2000):
+                r = rng.random()
+                if r < 0.6:
+                    at, piece = rng.randrange(len(data) + 1), rng.randbytes(rng.randint(1, 8192))
+                    os.pwrite(fd, piece, at)
+                    data[at:at + len(piece)] = piece
+                elif r < 0.8:
+                    n = rng.randint(500_000, 900_000)
+                    os.ftruncate(fd, n)
+                    data = data[:n] + bytes(max(0, n - len(data)))
+                else:
+                    os.close(fd)                        # the last close commits the file
+                    fd = os.open(f, os.O_RDWR)
+        finally:
+            os.close(fd)
+        wait_committed(store)
+        live = stored_payload(store)
+        wait_for(lambda: pack_bytes(store) <= 1.5 * live, 30, "the packs within 1.5x the live payload")
+        assert f.read_bytes() == bytes(data)
     assert verify_store(StorePaths(store)).ok

@@ -33,7 +33,7 @@ def reclaim_case(prep: Prepared, scratch: Path, point: str, delay: float) -> Out
     rng = random.Random(hash((point, delay)))
     expected = dict(prep.expected)
     try:
-        with mounted(mnt, store, "--writable", timeout=30):
+        with mounted(mnt, store, "--writable", "--reclaim-floor", str(1 << 30), timeout=30):
             (mnt / "wr").mkdir()
             for n in range(FILES):
                 data = bytearray(rng.randbytes(FILE_BYTES))
