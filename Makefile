@@ -46,7 +46,7 @@ bench: install
 
 # Issue 48: damage, kill -9, hostile input, access and load on real corpus files, bounded by
 # TORTURE_SECONDS (default 20 min), a family's cases on one worker per usable CPU (TORTURE_ARGS=--jobs N);
-# prints one table and the crashes by writer. `make test` runs its short sample (tests/test_torture.py).
+# prints one table and the crashes by writer. `make test` runs its short sample (tests/torture/test_torture.py).
 TORTURE_SECONDS ?= 1200
 TORTURE_ARGS ?=
 torture: install

@@ -2,11 +2,7 @@
 docs/results.md, rendered for bench/report.py."""
 from __future__ import annotations
 
-from summary import table
-
-
-def _met(ok: bool) -> str:
-    return "met" if ok else "**NOT met**"
+from summary import met, table
 
 
 def _x(mount: float, plain: float) -> float | None:
@@ -32,9 +28,9 @@ def everyday_md(e: dict) -> list[str]:
         if goal is None:
             return
         if by_ratio and x is not None:
-            marks.append(f"{label} ≤ {goal:g}× ext4: {_met(x <= goal)} ({x:.1f}×)")
+            marks.append(f"{label} ≤ {goal:g}× ext4: {met(x <= goal)} ({x:.1f}×)")
         elif not by_ratio:
-            marks.append(f"{label} ≤ {goal:g} s: {_met(m[key] <= goal)} ({m[key]:.3f} s)")
+            marks.append(f"{label} ≤ {goal:g} s: {met(m[key] <= goal)} ({m[key]:.3f} s)")
 
     timed(f"`rsync -a {e['tree']}` ({e['tree_files']:,} files)", "rsync_s", "rsync_x", True)
     timed("5,000 files of 100 bytes: create, write, close", "small_files_s", "small_files_x", True)
@@ -50,7 +46,7 @@ def everyday_md(e: dict) -> list[str]:
                   for name, x in (("ext4", rp), ("mount", r))], "lrrrr")
     if "read_p99_ms" in goals:
         marks.append(f"read p99 during a commit ≤ {goals['read_p99_ms']:g} ms: "
-                     f"{_met(r['p99_ms'] <= goals['read_p99_ms'])} ({r['p99_ms']:.1f} ms)")
+                     f"{met(r['p99_ms'] <= goals['read_p99_ms'])} ({r['p99_ms']:.1f} ms)")
     ls = e.get("log_space") or {}
     if ls.get("pack_bytes"):
         x = ls["pack_bytes"] / ls["file_bytes"]
@@ -60,7 +56,11 @@ def everyday_md(e: dict) -> list[str]:
                 f"{ls['catalog_bytes']:,} bytes; no `lmz gc` run.", ""]
         if "log_space_x" in goals:
             marks.append(f"packs ≤ {goals['log_space_x']:g}× the live file bytes after 100 appends: "
-                         f"{_met(x <= goals['log_space_x'])} ({x:.2f}×)")
+                         f"{met(x <= goals['log_space_x'])} ({x:.2f}×)")
     if marks:
         out += ["Issue 47's goals: " + "; ".join(marks) + ".", ""]
     return out
+
+
+def section(res: dict) -> list[str]:
+    return everyday_md(res['everyday']) if res.get('everyday') else []

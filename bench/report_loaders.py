@@ -2,17 +2,13 @@
 measures it; bench/report.py renders the whole page and calls this)."""
 from __future__ import annotations
 
-from summary import cell, fmt, summ, table
+from summary import cell, fmt, met, summ, table
 
 PLAIN, OURS, LMZIP, EARLIER = "plain files", "lmzfs mount", "lmzip mount", "lmzfs mount, earlier"
 LOADER_GOAL = 1.0           # every real loader through ours at least as fast as through lmzip's mount
 ST_PLAIN_GOAL = 2.5         # the ~400 MB FP32 sentence-transformers load within 2.5x the plain files
 READ_GOAL = 1.2             # cold sequential and mmap page-order reads >= 1.2x lmzip's mount
 READ_KINDS = ("cold", "mmap")
-
-
-def _met(ok: bool) -> str:
-    return "met" if ok else "**NOT met**"
 
 
 def _x(v: float | None) -> str:
@@ -79,16 +75,16 @@ def loaders_md(lo: dict) -> list[str]:
         if loaders:
             worst = min(loaders, key=lambda x: x[2])
             marks.append(f"every loader ≥ {LOADER_GOAL:g}× lmzip's mount: "
-                         f"{_met(all(v >= LOADER_GOAL for _, _, v in loaders))} (lowest {worst[2]:.2f}×, {worst[0]})")
+                         f"{met(all(v >= LOADER_GOAL for _, _, v in loaders))} (lowest {worst[2]:.2f}×, {worst[0]})")
         for r in st:
             v = r.get("times_plain")
             if v is not None:
                 marks.append(f"bert-base sentence-transformers load + encode within {ST_PLAIN_GOAL:g}× the plain "
-                             f"files: {_met(v <= ST_PLAIN_GOAL)} ({v:.2f}×)")
+                             f"files: {met(v <= ST_PLAIN_GOAL)} ({v:.2f}×)")
         if reads:
             worst = min(reads, key=lambda x: x[2])
             marks.append(f"cold and mmap reads ≥ {READ_GOAL:g}× lmzip's mount: "
-                         f"{_met(all(v >= READ_GOAL for _, _, v in reads))} (lowest {worst[2]:.2f}×, {worst[0]})")
+                         f"{met(all(v >= READ_GOAL for _, _, v in reads))} (lowest {worst[2]:.2f}×, {worst[0]})")
         out += ["Issue 49's goals (medians): " + "; ".join(marks) + ".", ""]
     versions = lo.get("versions") or {}
     if versions:
@@ -98,3 +94,7 @@ def loaders_md(lo: dict) -> list[str]:
     for err in lo.get("errors") or []:
         out += [f"Failed: {err}", ""]
     return out
+
+
+def section(res: dict) -> list[str]:
+    return loaders_md(res['loaders']) if res.get('loaders') else []

@@ -43,6 +43,11 @@ def per_run(a: list | None, b: list | None, f) -> dict | None:
     return summ([f(x, y) for x, y in zip(a, b) if x is not None and y is not None])
 
 
+def met(ok: bool) -> str:
+    """A goal's verdict in a report's prose."""
+    return "met" if ok else "**NOT met**"
+
+
 def table(head: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
     align = align or "l" + "r" * (len(head) - 1)
     sep = ["---:" if a == "r" else "---" for a in align]

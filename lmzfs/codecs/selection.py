@@ -91,7 +91,7 @@ def _text_level_may_win(mv: memoryview, hint: ChunkHint, level: int, default_len
 # 1.03 of the whole chunk's coding on the corpus, lower where repeats lie further apart than a
 # slice; on no corpus chunk of this kind does either beat the entropy coders' payload (bytegroup
 # comes within 0.2% at best), and this slack leaves out the zstd trial on K-quant chunks, where
-# zstd comes within a few percent of ggufblocks (tests/test_encode_speed_choice.py bounds what
+# zstd comes within a few percent of ggufblocks (tests/codecs/test_encode_speed_choice.py bounds what
 # the estimates cost against trying everything).
 ZSTD_SAMPLE_MIN = 256 << 10
 ZSTD_SAMPLE_BYTES = 64 << 10

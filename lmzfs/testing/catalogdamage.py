@@ -1,5 +1,5 @@
 """Damage a store's catalog on purpose, run the commands a user would, repair, and check every
-file reads back as it was: the trials behind tests/test_catalog_damage.py and
+file reads back as it was: the trials behind tests/store/test_catalog_damage.py and
 bench/catalog_damage.py.
 
 Each trial works on a fresh copy of a prepared store (packs hard-linked: nothing here writes a

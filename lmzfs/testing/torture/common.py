@@ -15,7 +15,10 @@ import time
 import traceback as tb_mod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from lmzfs.testing.torture import Outcome
 
 
 @dataclass
@@ -215,3 +218,12 @@ def unmount_quietly(mnt: Path) -> None:
     from lmzfs.daemon.mount import is_mount_point
     if is_mount_point(mnt):
         subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True, timeout=30)
+
+
+def mount_failed(out: Outcome, exc: AssertionError) -> Outcome:
+    """A case's mount that failed (lmzfs.testing.mount raises AssertionError with the daemon's log):
+    one problem line, and the daemon's traceback where its log holds one. Returns ``out``."""
+    out.problems.append(f"mount: {str(exc)[-400:]}")
+    if "Traceback (most recent call last)" in str(exc):
+        out.traceback = str(exc)[-3000:]
+    return out

@@ -16,7 +16,7 @@ from typing import Iterator
 
 from lmzfs.testing.torture import Case, Outcome, pushes
 from lmzfs.testing.torture.common import (check_ran, fork_writer_and_kill, fresh_copy, listed_models, lmz,
-                                          model_of, read_all, sha, unmount_quietly)
+                                          model_of, mount_failed, read_all, sha, unmount_quietly)
 from lmzfs.testing.torture.prepared import Prepared
 from lmzfs.testing.torture.reclaims import random_reclaim_case, reclaim_case
 
@@ -173,10 +173,7 @@ def mount_commit_case(prep: Prepared, scratch: Path, mode: str, delay: float) ->
             if "Traceback (most recent call last)" in fs.log():
                 out.traceback = fs.log()[-3000:]
     except AssertionError as exc:
-        out.problems.append(f"mount: {str(exc)[-400:]}")
-        if "Traceback (most recent call last)" in str(exc):
-            out.traceback = str(exc)[-3000:]
-        return out
+        return mount_failed(out, exc)
     finally:
         unmount_quietly(mnt)
     check_ran(out, lmz(store, "verify"), "verify after the remount")

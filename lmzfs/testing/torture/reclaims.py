@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from lmzfs.testing.torture import Outcome
-from lmzfs.testing.torture.common import fresh_copy, lmz, read_all, sha, unmount_quietly
+from lmzfs.testing.torture.common import fresh_copy, lmz, mount_failed, read_all, sha, unmount_quietly
 from lmzfs.testing.torture.prepared import Prepared
 
 FILES = 4                       # files rewritten by the first mount
@@ -71,10 +71,7 @@ def reclaim_case(prep: Prepared, scratch: Path, point: str, delay: float) -> Out
             if "Traceback (most recent call last)" in fs.log() and out.traceback is None:
                 out.traceback = fs.log()[-3000:]
     except AssertionError as exc:
-        out.problems.append(f"mount: {str(exc)[-400:]}")
-        if "Traceback (most recent call last)" in str(exc):
-            out.traceback = str(exc)[-3000:]
-        return out
+        return mount_failed(out, exc)
     finally:
         unmount_quietly(mnt)
     _after(out, store, expected, "after the reclaim")

@@ -147,13 +147,7 @@ def table(rows: list[Row]) -> str:
         cells.append(row.cells())
         total.tally = {c.key: c.fold(total.tally[c.key], row.tally[c.key]) for c in COLUMNS}
     cells.append(total.cells())
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    lines = []
-    for j, r in enumerate(cells):
-        lines.append("| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)) + " |")
-        if j == 0:
-            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return _aligned(cells)
 
 
 def writer_table(row: Row) -> str:
@@ -161,7 +155,13 @@ def writer_table(row: Row) -> str:
     writers = sorted(k.split(" ", 1)[1] for k in row.info if k.startswith("cases "))
     cells = [["writer", "cases", "killed before it ended"]]
     cells += [[w, str(row.info.get(f"cases {w}", 0)), str(row.info.get(f"killed {w}", 0))] for w in writers]
-    widths = [max(len(r[i]) for r in cells) for i in range(3)]
+    return _aligned(cells)
+
+
+def _aligned(cells: list[list[str]]) -> str:
+    """A Markdown table padded to its columns: the first row its heading, the first column left-aligned,
+    the others right-aligned."""
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     lines = []
     for j, r in enumerate(cells):
         lines.append("| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)) + " |")

@@ -26,7 +26,7 @@ def _both_tans_paths(tans_loop):
     """Every test here runs once through the compiled tANS loop and once through numpy."""
     return tans_loop
 
-FIXTURES = Path(__file__).parent / "fixtures" / "codecs"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "codecs"
 CODEC_NAMES = ("raw", "zstd", "bytegroup")
 HINTS = [
     ChunkHint(None, 0), ChunkHint("I8", 1), ChunkHint("F16", 2), ChunkHint("BF16", 2),
@@ -141,7 +141,7 @@ def test_float_arrays_from_arbitrary_bit_patterns_round_trip_bit_exactly(raw, sp
 
 
 # Zero-length and sub-element chunks under every registered codec (and encode_chunk's choice):
-# tests/test_codecs_conformance.py, test_zero_length_and_sub_element_chunks_round_trip_under_every_codec.
+# tests/codecs/test_codecs_conformance.py, test_zero_length_and_sub_element_chunks_round_trip_under_every_codec.
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])

@@ -27,7 +27,7 @@ def _both_tans_paths(tans_loop):
     """Every test here runs once through the compiled tANS loop and once through numpy."""
     return tans_loop
 
-FIXTURES = Path(__file__).parent / "fixtures" / "codecs"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "codecs"
 quick = settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 FLOAT_HINTS = [ChunkHint(name, bits // 8) for name, bits, *_ in FORMATS.values()]
 QUANT_HINTS = [ChunkHint(name, 0, size) for name, size, _ in LAYOUTS.values()]

@@ -187,7 +187,7 @@ def test_adversarial_inputs_round_trip_exactly(codec, hint):
 @pytest.mark.parametrize("codec, hint", CASES, ids=CASE_IDS)
 def test_zero_length_and_sub_element_chunks_round_trip_under_every_codec(codec, hint):
     """Every length from 0 to just past one element (or block), under the codec and under
-    encode_chunk's choice (once tests/test_codecs.py's, there for raw, zstd and bytegroup only),
+    encode_chunk's choice (once tests/codecs/test_codecs.py's, there for raw, zstd and bytegroup only),
     through the compiled kernels and the numpy reference."""
     for path in (contextlib.nullcontext, kernels.reference_only):
         with path():

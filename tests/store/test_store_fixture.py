@@ -25,10 +25,10 @@ from lmzfs.cli import main as lmz_main
 from lmzfs.reader import Archive
 from lmzfs.reader.api import StoreError
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE = FIXTURES / "store-v1"
 MANIFEST = json.loads((FIXTURES / "store-v1.json").read_text())
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {f"{model}/{path}": f for model, m in MANIFEST["models"].items() for path, f in m["files"].items()}
 
 

@@ -201,7 +201,7 @@ def test_transformers_and_sentence_transformers_load_by_name_from_the_view_ident
     store, _ = whole_store
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    script = Path(__file__).parent.parent / "bench" / "hf_load.py"
+    script = Path(__file__).parents[2] / "bench" / "hf_load.py"
     with mounted(mnt, store.root):
         done = subprocess.run([sys.executable, str(script), "--original", str(cache.root), "--view",
                                str(mnt / ".hf" / "hub"), "--repo", MINILM], capture_output=True, text=True,

@@ -13,7 +13,7 @@ from lmzfs.codecs import (SEGMENT_BYTES, ChunkHint, CodecError, decode_chunk, de
 from lmzfs.codecs.base import get_varint, put_varint
 from lmzfs.testing import hostile
 
-FIXTURES = Path(__file__).parent / "fixtures" / "codecs"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "codecs"
 quick = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 
 

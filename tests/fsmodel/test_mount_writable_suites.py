@@ -22,7 +22,7 @@ from lmzfs.testing.mount import mounted
 pytestmark = pytest.mark.skipif(os.environ.get("LMZ_RW_SUITES") != "1",
                                 reason="long: set LMZ_RW_SUITES=1 to run real suites on a writable mount")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # CPython's file tests, with cwd and TMPDIR in the mount. Cases ignored, and why:
 # - test_os.Pep383Tests: undecodable (non-UTF-8) file names; the catalog keeps names as UTF-8

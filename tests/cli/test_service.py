@@ -28,7 +28,7 @@ from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.testing.mount import mounted, unmount_and_stop
 from lmzfs.testing.synthetic import small_model
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 UNITS = {"system": REPO / "systemd" / "lmzfs.service", "user": REPO / "systemd" / "user" / "lmzfs.service",
          "remote": REPO / "systemd" / "lmzfs-remote.service"}
 LMZ_BIN = Path(sys.executable).parent / "lmz"
