@@ -25,7 +25,7 @@ POINTS = ("append", "session-sealed", "session-commit", "session-committed", "de
 
 def reclaim_case(prep: Prepared, scratch: Path, point: str, delay: float) -> Outcome:
     """One kill of a mount during its reclaim; `killed` counts it only if the reclaim had begun."""
-    from lmzfs.testing.mount import mounted
+    from lmzfs.testing.mount import mounted, wait_committed
     store = fresh_copy(prep.store, scratch / "store")
     mnt = scratch / "mnt"
     mnt.mkdir(parents=True, exist_ok=True)
@@ -35,12 +35,16 @@ def reclaim_case(prep: Prepared, scratch: Path, point: str, delay: float) -> Out
     try:
         with mounted(mnt, store, "--writable", "--reclaim-floor", str(1 << 30), timeout=30):
             (mnt / "wr").mkdir()
-            for n in range(FILES):
-                data = bytearray(rng.randbytes(FILE_BYTES))
-                for _ in range(REWRITES):
+            files = [bytearray(rng.randbytes(FILE_BYTES)) for _ in range(FILES)]
+            for _ in range(REWRITES):
+                for n, data in enumerate(files):
                     at = rng.randrange(FILE_BYTES)
                     data[at:at + 4096] = rng.randbytes(min(4096, FILE_BYTES - at))
                     (mnt / "wr" / f"f{n}.bin").write_bytes(data)
+                # each version committed before the next is written (commits run in the background:
+                # a version written over before its commit never reaches the packs, nor dies there)
+                wait_committed(store)
+            for n, data in enumerate(files):
                 expected[f"wr/f{n}.bin"] = sha(bytes(data))
         unmount_quietly(mnt)
         env = {"LMZ_KILL_AT": point} if point != "delay" else {}
