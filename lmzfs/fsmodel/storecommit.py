@@ -85,11 +85,7 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
                     record_spool_commit(tx, f.spool_id)
             return ids
 
-        try:
-            ids = session.commit(record)
-        except sqlite3.Error as exc:
-            raise StoreError(f"could not record {len(plans)} files in the catalog ({exc}); their bytes stay in "
-                             f"the spool") from exc
+        ids = _committed(session, record, f"{len(plans)} files", "their")
     t = encoder.totals
     ends = [b for _, _, b in plans[1:]] + [(t.new_chunks, t.reused_chunks + t.repeated_chunks, t.new_payload_bytes,
                                              len(t.warnings))]
@@ -136,11 +132,7 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
                 record_spool_commit(tx, spool_id)
             return file_id
 
-        try:
-            file_id = session.commit(record)
-        except sqlite3.Error as exc:
-            raise StoreError(f"could not record {model}/{path} in the catalog ({exc}); its bytes stay in "
-                             f"the spool") from exc
+        file_id = _committed(session, record, f"{model}/{path}", "its")
     t = encoder.totals
     return CommittedFile(file_id, plan.size, plan.sha256, t.new_chunks, t.reused_chunks + t.repeated_chunks,
                          t.new_payload_bytes, tuple(t.warnings), len(recoded), tuple(plan.extents), plan.hashes)
@@ -161,3 +153,12 @@ def _publish_file(db: sqlite3.Connection, model: str, path: str, plan: FilePlan,
     add_refs(db, insert_file_rows(db, file_id, plan))
     put_entry(db, mid, path, meta)
     return file_id
+
+
+def _committed(session, record, what: str, whose: str):
+    """The session's commit with `record` as its transaction; a catalog error is one line saying
+    that the bytes stay in the spool."""
+    try:
+        return session.commit(record)
+    except sqlite3.Error as exc:
+        raise StoreError(f"could not record {what} in the catalog ({exc}); {whose} bytes stay in the spool") from exc

@@ -137,6 +137,23 @@ class Killed:
     seconds: float = 0.0    # from the fork to the kill, or to its end when it ended first
 
 
+def check_killed(out, killed: Killed, who: str, point: str, *, timed: bool = True) -> bool:
+    """Record on the outcome `out` what a kill left: how long the writer ran when it ended by itself
+    (`timed`: the next delays then fall inside its run), a hang, a failure the kill did not cause, a
+    traceback. False if it hung (the case ends there)."""
+    if timed and killed.finished and killed.rc == 0:
+        out.info["writer_seconds"] = killed.seconds
+    if killed.hang:
+        out.hang = True
+        out.problems.append(f"the {who} neither reached {point} nor ended")
+        return False
+    if killed.finished and killed.rc != 0:
+        out.problems.append(f"the {who}, not killed, ended rc={killed.rc}: {killed.stderr.strip()[-300:]}")
+    if "Traceback (most recent call last)" in killed.stderr:
+        out.traceback = killed.stderr[-3000:]
+    return True
+
+
 def exit_with_lmz(store: Path, argv: list[str]) -> NoReturn:
     """In a forked child: run `lmz --store STORE ARGV` in this process and _exit with its status
     (70 and the traceback on stderr for an exception it let out)."""

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Iterator
 
 from lmzfs.testing.torture import Case, Outcome, pushes
-from lmzfs.testing.torture.common import (check_ran, fork_writer_and_kill, fresh_copy, listed_models, lmz,
-                                          model_of, mount_failed, read_all, sha, unmount_quietly)
+from lmzfs.testing.torture.common import (check_killed, check_ran, fork_writer_and_kill, fresh_copy,
+                                          listed_models, lmz, model_of, mount_failed, read_all, sha,
+                                          unmount_quietly)
 from lmzfs.testing.torture.prepared import Prepared
 from lmzfs.testing.torture.reclaims import random_reclaim_case, reclaim_case
 
@@ -74,16 +75,8 @@ def _crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: f
                                   stderr_path=scratch / "writer.err")
     out.info["killed"] = int(killed.reached)
     out.info["finished_first"] = int(killed.finished)
-    if killed.finished and killed.rc == 0:
-        out.info["writer_seconds"] = killed.seconds      # how long it runs: the next delays fall inside
-    if killed.hang:
-        out.hang = True
-        out.problems.append(f"the writer neither reached {point} nor ended")
+    if not check_killed(out, killed, "writer", point):
         return out
-    if killed.finished and killed.rc != 0:
-        out.problems.append(f"the writer, not killed, ended rc={killed.rc}: {killed.stderr.strip()[-300:]}")
-    if "Traceback (most recent call last)" in killed.stderr:
-        out.traceback = killed.stderr[-3000:]
     expected = dict(prep.expected)
     adds = {"newcomer": prep.spare["newcomer"], "run/step-3": prep.spare["run/step-3"]}
     if subject in adds:

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmzfs.testing.torture import Outcome
-from lmzfs.testing.torture.common import check_ran, exit_with_lmz, fork_writer_and_kill, fresh_copy, lmz, model_of
+from lmzfs.testing.torture.common import (check_killed, check_ran, exit_with_lmz, fork_writer_and_kill,
+                                          fresh_copy, lmz, model_of)
 from lmzfs.testing.torture.prepared import Prepared, _lmz
 
 # the named points of `lmz push` (lmzfs/killpoints.py), and "delay": a kill after a random delay
@@ -172,16 +173,8 @@ def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = Fa
         killed = fork_writer_and_kill(store, argv, point=None if k.point == "delay" else k.point,
                                       delay=k.delay, stderr_path=scratch / f"writer-{i}.err", go_on=k.go_on)
         reached |= killed.reached
-        if i == 0 and killed.finished and killed.rc == 0:
-            out.info["writer_seconds"] = killed.seconds
-        if killed.hang:
-            out.hang = True
-            out.problems.append(f"the push neither reached {k.point} nor ended")
+        if not check_killed(out, killed, "push", k.point, timed=i == 0):
             return out
-        if killed.finished and killed.rc != 0:
-            out.problems.append(f"the push, not killed, ended rc={killed.rc}: {killed.stderr.strip()[-300:]}")
-        if "Traceback (most recent call last)" in killed.stderr:
-            out.traceback = killed.stderr[-3000:]
     out.info["killed"] = int(reached)
     out.info["finished_first"] = int(not reached)
     before, after = ({None: {}} if first else {1: expected_before(prep)}), expected_after(prep)
