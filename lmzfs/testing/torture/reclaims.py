@@ -1,14 +1,17 @@
 """crashes, writer `mount-reclaim`: kill -9 of a writable mount while it reclaims dead pack bytes
-by itself (fsmodel/reclaim.py). A first mount rewrites files many times (its default floor keeps
-their dead versions on disk); a second mount, with a reclaim floor low enough to start at once and
+by itself (fsmodel/reclaim.py). A first mount rewrites files many times, each version committed,
+with a floor that keeps their dead versions on disk (once per worker: each case starts from a copy
+of what it left); a second mount, with a reclaim floor low enough to start at once and
 nothing written through it, so that the only pack session it runs is the reclaim's, is killed at a
 random named point of that session (lmzfs/killpoints.py) or after a random delay. After each kill:
 verify clean and every file byte-identical, a third mount finishes the reclaim, then verify and
 every file again."""
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -25,28 +28,14 @@ POINTS = ("append", "session-sealed", "session-commit", "session-committed", "de
 
 def reclaim_case(prep: Prepared, scratch: Path, point: str, delay: float) -> Outcome:
     """One kill of a mount during its reclaim; `killed` counts it only if the reclaim had begun."""
-    from lmzfs.testing.mount import mounted, wait_committed
-    store = fresh_copy(prep.store, scratch / "store")
+    from lmzfs.testing.mount import mounted
     mnt = scratch / "mnt"
     mnt.mkdir(parents=True, exist_ok=True)
     out = Outcome(f"crash mount-reclaim at {point} +{delay:.2f}s", info={"killed": 0})
-    rng = random.Random(hash((point, delay)))
-    expected = dict(prep.expected)
     try:
-        with mounted(mnt, store, "--writable", "--reclaim-floor", str(1 << 30), timeout=30):
-            (mnt / "wr").mkdir()
-            files = [bytearray(rng.randbytes(FILE_BYTES)) for _ in range(FILES)]
-            for _ in range(REWRITES):
-                for n, data in enumerate(files):
-                    at = rng.randrange(FILE_BYTES)
-                    data[at:at + 4096] = rng.randbytes(min(4096, FILE_BYTES - at))
-                    (mnt / "wr" / f"f{n}.bin").write_bytes(data)
-                # each version committed before the next is written (commits run in the background:
-                # a version written over before its commit never reaches the packs, nor dies there)
-                wait_committed(store)
-            for n, data in enumerate(files):
-                expected[f"wr/f{n}.bin"] = sha(bytes(data))
-        unmount_quietly(mnt)
+        base, written = _dead_versions(prep, scratch)
+        store = fresh_copy(base, scratch / "store")
+        expected = {**prep.expected, **written}
         env = {"LMZ_KILL_AT": point} if point != "delay" else {}
         with mounted(mnt, store, "--writable", "--reclaim-floor", LOW_FLOOR, timeout=30, env=env) as fs:
             if point == "delay":
@@ -80,6 +69,41 @@ def reclaim_case(prep: Prepared, scratch: Path, point: str, delay: float) -> Out
         unmount_quietly(mnt)
     _after(out, store, expected, "after the reclaim")
     return out
+
+
+def _dead_versions(prep: Prepared, scratch: Path) -> tuple[Path, dict[str, str]]:
+    """The prepared store after a first mount rewrote FILES files REWRITES times, each version
+    committed (its default floor keeps the dead versions on disk), and the digests of the files as
+    they stand: made once per worker's scratch directory (built aside, then renamed into place)."""
+    from lmzfs.testing.mount import mounted, wait_committed
+    base = scratch / "reclaim-base"
+    if (base / "written.json").exists():
+        return base / "store", json.loads((base / "written.json").read_text())
+    building = scratch / "reclaim-base.tmp"
+    shutil.rmtree(building, ignore_errors=True)
+    store = fresh_copy(prep.store, building / "store")
+    mnt = building / "mnt"
+    mnt.mkdir()
+    rng = random.Random(48)
+    files = [bytearray(rng.randbytes(FILE_BYTES)) for _ in range(FILES)]
+    try:
+        with mounted(mnt, store, "--writable", "--reclaim-floor", str(1 << 30), timeout=30):
+            (mnt / "wr").mkdir()
+            for _ in range(REWRITES):
+                for n, data in enumerate(files):
+                    at = rng.randrange(FILE_BYTES)
+                    data[at:at + 4096] = rng.randbytes(min(4096, FILE_BYTES - at))
+                    (mnt / "wr" / f"f{n}.bin").write_bytes(data)
+                # each version committed before the next is written (commits run in the background:
+                # a version written over before its commit never reaches the packs, nor dies there)
+                wait_committed(store)
+    finally:
+        unmount_quietly(mnt)
+    written = {f"wr/f{n}.bin": sha(bytes(data)) for n, data in enumerate(files)}
+    (building / "written.json").write_text(json.dumps(written))
+    shutil.rmtree(base, ignore_errors=True)
+    os.replace(building, base)
+    return base / "store", written
 
 
 def _after(out: Outcome, store: Path, expected: dict[str, str], when: str) -> None:
