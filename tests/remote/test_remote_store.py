@@ -199,9 +199,15 @@ def test_the_catalog_copy_a_killed_push_leaves_is_removed_by_the_next_push_but_a
     # what a push of an earlier lmzfs left (no lock file at all)
     (tmp / "lmz-push-halfgone").mkdir()
     (tmp / "lmz-push-halfgone" / "snapshot.sqlite").write_bytes(b"x" * 4096)
+    # what a push killed while it made its directory leaves (under its first name), and one that a
+    # push makes right now (young: kept)
+    for name, age in ((".lmz-push-killedearly", 600), (".lmz-push-beingmade", 0)):
+        (tmp / name).mkdir()
+        (tmp / name / ".lock").write_bytes(b"")
+        os.utime(tmp / name, (time.time() - age, time.time() - age))
     r = subprocess.run([*push_argv, remote_url], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "generation 1" in r.stdout, r.stderr
-    assert list(tmp.glob("lmz-push-*")) == [] and list(tmp.glob(".lmz-push-*")) == []
+    assert list(tmp.glob("lmz-push-*")) == [] and list(tmp.glob(".lmz-push-*")) == [tmp / ".lmz-push-beingmade"]
 
 
 def test_the_disk_cache_stays_within_its_cap_while_a_model_three_times_larger_is_read(tmp_path, remote_url, models):

@@ -10,11 +10,13 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
 PREFIX = "lmz-push-"
 LOCK = ".lock"
+MADE_SECONDS = 60       # a directory still under its first name (".lmz-push-*") this long was left by a kill
 
 
 @contextlib.contextmanager
@@ -60,11 +62,12 @@ def _remove(folder: str | os.PathLike) -> None:
 def remove_left(base: Path | None = None) -> int:
     """Remove the push directories under `base` (the temporary directory) that are this user's and
     that no running push holds (their lock file is free, or gone with the rest of what a killed
-    push was removing); returns how many."""
+    push was removing), and those a push killed while it made one left under their first name
+    (".lmz-push-*", older than MADE_SECONDS); returns how many."""
     base = Path(tempfile.gettempdir()) if base is None else base
     removed = 0
     try:
-        entries = [e for e in os.scandir(base) if e.name.startswith(PREFIX)]
+        entries = [e for e in os.scandir(base) if e.name.startswith((PREFIX, "." + PREFIX))]
     except OSError:
         return 0
     for entry in entries:
@@ -74,6 +77,8 @@ def remove_left(base: Path | None = None) -> int:
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             continue
+        if entry.name.startswith(".") and time.time() - st.st_mtime < MADE_SECONDS:
+            continue                    # maybe a push making its directory right now
         try:
             fd = os.open(os.path.join(entry.path, LOCK), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
