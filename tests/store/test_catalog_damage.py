@@ -314,6 +314,33 @@ def test_a_text_value_flipped_into_bytes_that_are_not_utf8_is_damage_that_repair
     assert verify_store(store).ok
 
 
+def _schema_text_not_utf8(path: Path) -> None:
+    """Flip the top bit of a letter of the schema's text (sqlite_master, page 1): SQLite then
+    quotes bytes that are not UTF-8 in its error message."""
+    data = bytearray(path.read_bytes())
+    at = data.find(b"CREATE TABLE chunks")
+    assert 0 <= at < PAGE
+    data[at + len("CR")] ^= 0x80              # "CR\xc5ATE": a syntax error SQLite quotes
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["catalog", "newest copy"])
+def test_schema_text_flipped_into_bytes_that_are_not_utf8_is_damage_not_a_traceback(tmp_path, where):
+    # found by make torture (6 Dec): Python's sqlite3 raised UnicodeDecodeError, not a database error
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    _schema_text_not_utf8(store.catalog if where == "catalog" else list_copies(store.catalog)[-1].path)
+    if where == "catalog":
+        for argv in (["ls"], ["cat", "a/model.safetensors"], ["verify"]):
+            ran = run_lmz(["--store", str(store.root), *argv])
+            assert ran.rc == 2 and "is damaged: run lmz verify --repair" in ran.stderr, (argv, ran.stderr)
+            assert "Traceback" not in ran.stderr
+    fixed = repair(store)
+    assert fixed.rc == 0 and "Traceback" not in fixed.stderr, fixed.stderr
+    assert file_digests(store.root) == before
+    assert verify_store(store).ok
+
+
 def test_the_copy_a_repair_renames_into_place_is_already_in_wal_mode(tmp_path):
     # switched afterwards, the switch writes through a rollback journal that a kill leaves hot
     # beside the catalog, where no read-only open can roll it back (found by make torture)

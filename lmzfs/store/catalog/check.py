@@ -21,6 +21,7 @@ from lmzfs.store.catalog import READABLE_VERSIONS, catalog_error, is_damage, rea
 from lmzfs.store.catalog.copies import DIGEST_KEY, CatalogCopy, content_digest, list_copies
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.packs import PACK_HEADER, PACK_MAGIC, RECORD_HEADER, RECORD_MAGIC, ChunkLocation
+from lmzfs.store.catalog.uri import READ_ERRORS
 
 # Values whose SQLite type is not the column's: a flipped type byte inside a row.
 _TYPE_CHECKS = (
@@ -147,6 +148,8 @@ def examine(path: Path, *, copy: bool = False) -> FileCheck:
         return FileCheck(path, None, int(generation), digest)
     except sqlite3.Error as exc:
         return _failed(path, exc)
+    except UnicodeDecodeError as exc:           # text SQLite hands back (the schema's, a row's) damaged
+        return FileCheck(path, f"it holds text that is not UTF-8 ({exc.reason})")
     finally:
         db.close()
 
@@ -275,7 +278,7 @@ def diagnose(store: StorePaths, *, check_packs: bool = True) -> Verdict:
         db = sqlite3.connect(readonly_uri(store.catalog), uri=True, isolation_level=None)
         try:
             agree = agreement(db, index_packs(store))
-        except sqlite3.Error as exc:
+        except READ_ERRORS as exc:
             return Verdict(live, str(exc), copies)
         finally:
             db.close()

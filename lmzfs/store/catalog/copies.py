@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmzfs.store.layout import FILE_MODE, fsync_dir, fsync_path
-from lmzfs.store.catalog.uri import sqlite_uri
+from lmzfs.store.catalog.uri import READ_ERRORS, sqlite_uri
 
 KEEP_COPIES = 3
 COPY_PREFIX = ".copy-"
@@ -94,7 +94,7 @@ def recorded_digest(copy: Path) -> str | None:
             return row[0] if row else None
         finally:
             db.close()
-    except sqlite3.Error:
+    except READ_ERRORS:
         return None
 
 

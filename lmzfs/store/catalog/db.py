@@ -302,6 +302,10 @@ class Catalog:
             if self.db is not None:
                 self.db.close()
             raise catalog_error(path, exc) from exc
+        except UnicodeDecodeError as exc:       # its schema's text damaged (sqlite_master)
+            if self.db is not None:
+                self.db.close()
+            raise CatalogDamaged(path, f"its schema holds text that is not UTF-8 ({exc.reason})") from exc
         except CatalogDamaged:
             self.db.close()
             raise

@@ -38,6 +38,7 @@ from lmzfs.store.catalog.chunkrows import Recode
 from lmzfs.store.catalog.salvage import SalvagedModel, scratch_open
 from lmzfs.store.layout import StorePaths
 from lmzfs.store.packs import ChunkLocation, PackDamaged, read_payload
+from lmzfs.store.catalog.uri import READ_ERRORS
 
 # Plain bytes of decoded chunks kept while searching (references of the chunks still to place).
 _PLAIN_CACHE_BYTES = 256 << 20
@@ -96,7 +97,7 @@ def salvage_chunk_rows(path: Path | None) -> RowsRead:
         try:
             for cid, size, row in _rows(db):
                 out.rows[cid], out.sizes[cid] = row, size
-        except sqlite3.Error:
+        except READ_ERRORS:
             pass        # what was read before the damage stands
     return out
 

@@ -26,8 +26,8 @@ from lmzfs.store.layout import FILE_MODE, StoreError, StorePaths, fsync_dir, fsy
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import validate_model_name
 from lmzfs.store.catalog.payloadsearch import place_chunks, salvage_chunk_rows
-from lmzfs.store.catalog.salvage import SalvagedModel, insert_recovered, salvage_models
-from lmzfs.store.catalog.uri import sqlite_uri
+from lmzfs.store.catalog.salvage import SalvagedModel, insert_recovered, salvage_models, tolerant_text
+from lmzfs.store.catalog.uri import READ_ERRORS, sqlite_uri
 
 
 @dataclass
@@ -112,11 +112,12 @@ def _salvage_model_names(path: Path) -> set[str] | None:
         return None
     try:
         db = sqlite3.connect(sqlite_uri(path, read_only=True), uri=True, isolation_level=None)
+        db.text_factory = tolerant_text
         try:
             return {r[0] for r in db.execute("SELECT name FROM models") if isinstance(r[0], str)}
         finally:
             db.close()
-    except sqlite3.Error:
+    except READ_ERRORS:
         return None
 
 

@@ -21,6 +21,7 @@ from typing import Iterator
 
 from lmzfs.store.catalog.db import TensorRow
 from lmzfs.store.catalog.modelrows import ExtentRow, NewFile, insert_extents, insert_file, insert_tensors
+from lmzfs.store.catalog.uri import READ_ERRORS
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,15 @@ class SalvagedModel:
         return {cid for f in self.files for _, cid in f.extents}
 
 
+def tolerant_text(raw: bytes) -> str | bytes:
+    """A damaged catalog's text as str where it is UTF-8, else its bytes, so that one damaged value
+    fails the type check of its row (which is then left out) instead of every read of the file."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
 @contextmanager
 def scratch_open(path: Path) -> Iterator[sqlite3.Connection | None]:
     """The file (with its -wal) opened from a scratch copy, so that nothing SQLite writes when it
@@ -67,7 +77,8 @@ def scratch_open(path: Path) -> Iterator[sqlite3.Connection | None]:
             if wal.exists():
                 shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
             db = sqlite3.connect(copy, isolation_level=None)
-        except (OSError, sqlite3.Error):
+            db.text_factory = tolerant_text
+        except (OSError, *READ_ERRORS):
             yield None
             return
         try:
@@ -87,7 +98,7 @@ def salvage_models(path: Path | None, *, skip_ids: set[int]) -> list[SalvagedMod
             return []
         try:
             heads = db.execute("SELECT id, name, added, source FROM models").fetchall()
-        except sqlite3.Error:
+        except READ_ERRORS:
             return []
         out = []
         for row in heads:
@@ -95,7 +106,7 @@ def salvage_models(path: Path | None, *, skip_ids: set[int]) -> list[SalvagedMod
                 continue
             try:
                 model = _model(db, SalvagedModel(*row))
-            except sqlite3.Error:
+            except READ_ERRORS:
                 continue
             if model is not None:
                 out.append(model)
@@ -122,7 +133,7 @@ def _model(db: sqlite3.Connection, model: SalvagedModel) -> SalvagedModel | None
                                       "WHERE file = ?", (fid,)):
                     if _typed(row, (str, str, str, int, int)):
                         f.tensors.append(SalvagedTensor(*row))
-            except sqlite3.Error:
+            except READ_ERRORS:
                 f.tensors.clear()
         model.files.append(f)
     return model
@@ -175,7 +186,7 @@ def named_chunks(path: Path) -> set[bytes] | None:
                     readable = True
                     if isinstance(cid, bytes) and len(cid) == 32:
                         found.add(cid)
-            except sqlite3.Error:
+            except READ_ERRORS:
                 pass        # what was read before the damage stands
         return found if readable else None
 
