@@ -1,5 +1,9 @@
-"""Fixtures of the remote-store tests: a real S3 engine (SeaweedFS), its environment, a fresh prefix."""
+"""Fixtures of the remote-store tests: a real S3 engine (SeaweedFS), its environment, a fresh
+prefix, and the real models they push."""
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +41,15 @@ def remote_url(s3_env, request):
     name = request.node.name
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
     return s3_env.url(re.sub(r"[^a-z0-9]+", "-", name.lower())[:48] + "-" + digest)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, minilm_path, smollm2_path) -> dict[str, Path]:
+    """Two real models as directories: minilm (safetensors and a config) and smollm2 (GGUF)."""
+    d = tmp_path_factory.mktemp("remote-models")
+    (d / "minilm").mkdir()
+    shutil.copyfile(minilm_path, d / "minilm" / "model.safetensors")
+    (d / "minilm" / "config.json").write_text('{"hidden_size": 384}\n')
+    (d / "smollm2").mkdir()
+    shutil.copyfile(smollm2_path, d / "smollm2" / "model.gguf")
+    return {"minilm": d / "minilm", "smollm2": d / "smollm2"}

@@ -58,17 +58,6 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"{what} not within {timeout} s")
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, minilm_path, smollm2_path) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("remote-mount-models")
-    (d / "minilm").mkdir()
-    shutil.copyfile(minilm_path, d / "minilm" / "model.safetensors")
-    (d / "minilm" / "config.json").write_text('{"hidden_size": 384}\n')
-    (d / "smollm2").mkdir()
-    shutil.copyfile(smollm2_path, d / "smollm2" / "model.gguf")
-    return {"minilm": d / "minilm", "smollm2": d / "smollm2"}
-
-
 def plain(models, *names) -> dict[str, str]:
     return {f"{n}/{p.relative_to(models[n])}": sha(p) for n in names for p in sorted(models[n].rglob("*"))
             if p.is_file()}
