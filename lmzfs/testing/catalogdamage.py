@@ -99,19 +99,8 @@ def random_damages(size: int, n: int, rng: random.Random) -> list[Damage]:
 
 def file_digests(store: Path) -> dict[str, str]:
     """MODEL/PATH -> SHA-256 of its bytes as the Archive reader returns them."""
-    from lmzfs.reader.archive import Archive
-    archive = Archive(store, cache_bytes=0, workers=0)
-    try:
-        out = {}
-        for e in archive.files():
-            h = hashlib.sha256()
-            with archive.open(e) as r:
-                for off in range(0, e.size, 1 << 22):
-                    h.update(r.pread(off, 1 << 22))
-            out[f"{e.model}/{e.path}"] = h.hexdigest()
-        return out
-    finally:
-        archive.close()
+    from lmzfs.testing.storedigests import served_digests
+    return served_digests(StorePaths(store), cache_bytes=0)
 
 
 def mounted_digests(store: Path, mountpoint: Path) -> dict[str, str]:

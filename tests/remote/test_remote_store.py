@@ -23,6 +23,7 @@ from lmzfs.store.remote.objects import ObjectStore, RemoteConflict, RemoteURL
 from lmzfs.store.remote.prune import prune
 from lmzfs.store.remote.push import push
 from lmzfs.testing.killpoints import kill_at_marker, kill_at_point
+from lmzfs.testing.storedigests import archive_digests
 
 LMZ = [sys.executable, "-m", "lmzfs"]
 
@@ -38,16 +39,7 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def read_all(archive: RemoteArchive) -> dict[str, str]:
-    """model/path -> SHA-256 of what the archive serves."""
-    out = {}
-    for e in archive.files():
-        h = hashlib.sha256()
-        with archive.open(e) as r:
-            for off in range(0, e.size, 1 << 22):
-                h.update(r.pread(off, 1 << 22))
-        out[f"{e.model}/{e.path}"] = h.hexdigest()
-    return out
+read_all = archive_digests      # model/path -> SHA-256 of what a RemoteArchive serves
 
 
 def expected(models: dict[str, Path], names) -> dict[str, str]:

@@ -66,6 +66,19 @@ def check_ran(out, ran: Ran, what: str) -> None:
         out.problems.append(f"{what}: rc={ran.rc} {ran.stderr.strip()[-300:]}")
 
 
+def count_read_back(out, rb: "ReadBack", expected: dict[str, str]) -> None:
+    """Record on the outcome `out` what a read-back of the `expected` files found: wrong bytes,
+    the models not read back whole (lost), a traceback."""
+    out.wrong_bytes += len(rb.wrong)
+    if rb.tracebacks and out.traceback is None:
+        out.traceback = rb.tracebacks[0][-3000:]
+    lost = {model_of(k) for k in expected if k not in rb.right}
+    out.models_lost = max(out.models_lost, len(lost))
+    if lost:
+        out.info["lost"] = sorted(lost)
+        out.info["refused"] = dict(list(rb.refused.items())[:3])
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Iterator
 
 from lmzfs.testing.torture import Case, Outcome, pushes
-from lmzfs.testing.torture.common import (check_killed, check_ran, fork_writer_and_kill, fresh_copy,
-                                          listed_models, lmz, model_of, mount_failed, read_all, sha,
-                                          unmount_quietly)
+from lmzfs.testing.torture.common import (check_killed, check_ran, count_read_back, fork_writer_and_kill,
+                                          fresh_copy, listed_models, lmz, model_of, mount_failed, read_all,
+                                          sha, unmount_quietly)
 from lmzfs.testing.torture.prepared import Prepared
 from lmzfs.testing.torture.reclaims import random_reclaim_case, reclaim_case
 
@@ -88,7 +88,7 @@ def _crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: f
     present = listed_models(store) or set()
     check = {k: v for k, v in expected.items() if model_of(k) != subject or subject in present}
     rb = read_all(store, check)
-    _count(out, rb, check)
+    count_read_back(out, rb, check)
     # the command again: it completes
     if writer == "add" or writer == "recoding-add":
         if subject not in present:
@@ -101,21 +101,10 @@ def _crash_case(prep: Prepared, scratch: Path, writer: str, point: str, delay: f
         check_ran(out, lmz(store, *argv), f"{' '.join(argv)} again")
     check_ran(out, lmz(store, "verify"), "verify after the rerun")
     rb = read_all(store, expected)
-    _count(out, rb, expected)
+    count_read_back(out, rb, expected)
     if writer == "rm" and subject in (listed_models(store) or set()):
         out.problems.append("the removed model is still listed after rm again")
     return out
-
-
-def _count(out: Outcome, rb, expected: dict[str, str]) -> None:
-    out.wrong_bytes += len(rb.wrong)
-    if rb.tracebacks and out.traceback is None:
-        out.traceback = rb.tracebacks[0][-3000:]
-    lost = {model_of(k) for k in expected if k not in rb.right}
-    out.models_lost = max(out.models_lost, len(lost))
-    if lost:
-        out.info["lost"] = sorted(lost)
-        out.info["refused"] = dict(list(rb.refused.items())[:3])
 
 
 def mount_commit_case(prep: Prepared, scratch: Path, mode: str, delay: float) -> Outcome:
@@ -171,7 +160,7 @@ def mount_commit_case(prep: Prepared, scratch: Path, mode: str, delay: float) ->
         unmount_quietly(mnt)
     check_ran(out, lmz(store, "verify"), "verify after the remount")
     expected = {**prep.expected, "wm/f.bin": digest}
-    _count(out, read_all(store, expected), expected)
+    count_read_back(out, read_all(store, expected), expected)
     return out
 
 

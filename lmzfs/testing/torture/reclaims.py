@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from lmzfs.testing.torture import Outcome
-from lmzfs.testing.torture.common import fresh_copy, lmz, mount_failed, read_all, sha, unmount_quietly
+from lmzfs.testing.torture.common import (check_ran, count_read_back, fresh_copy, lmz, mount_failed, read_all, sha,
+                                          unmount_quietly)
 from lmzfs.testing.torture.prepared import Prepared
 
 FILES = 4                       # files rewritten by the first mount
@@ -107,18 +108,8 @@ def _dead_versions(prep: Prepared, scratch: Path) -> tuple[Path, dict[str, str]]
 
 
 def _after(out: Outcome, store: Path, expected: dict[str, str], when: str) -> None:
-    ran = lmz(store, "verify")
-    if ran.any_traceback and out.traceback is None:
-        out.traceback = ran.any_traceback[-3000:]
-    if ran.rc != 0:
-        out.problems.append(f"verify {when}: rc={ran.rc} {ran.stderr.strip()[-300:]}")
-    rb = read_all(store, expected)
-    out.wrong_bytes += len(rb.wrong)
-    lost = sorted(k for k in expected if k not in rb.right)
-    if lost:
-        out.models_lost = max(out.models_lost, len({k.split("/")[0] for k in lost}))
-        out.info["lost"] = lost[:5]
-        out.info["refused"] = dict(list(rb.refused.items())[:3])
+    check_ran(out, lmz(store, "verify"), f"verify {when}")
+    count_read_back(out, read_all(store, expected), expected)
 
 
 def random_reclaim_case(rng: random.Random) -> tuple[str, float]:
