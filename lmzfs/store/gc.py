@@ -26,12 +26,12 @@ from lmzfs.store.write.session import PackSession
 
 @dataclass
 class GcResult:
-    chunks_dropped: int = 0
-    packs_rewritten: int = 0
-    packs_deleted: int = 0
-    packs_truncated: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
+    chunks_dropped: int = 0     # catalog rows of chunks no file referenced any more
+    packs_rewritten: int = 0    # packs whose live records were copied into new packs
+    packs_deleted: int = 0      # packs holding no live record
+    packs_truncated: int = 0    # packs whose dead records all lay at their end
+    bytes_before: int = 0       # the packs' bytes on disk before the run
+    bytes_after: int = 0        # ... and after it
     left_for_gc: int = 0        # reclaim_packs: dead bytes left because a reader had the packs open
     set_aside: tuple[str, ...] = ()   # damaged catalogs set aside by repair, whose chunks were kept
     packs_kept: int = 0         # packs left as they are because a set-aside catalog names records in them

@@ -40,11 +40,11 @@ ADVISED_BLOCKS = 4096         # cached blocks the kernel was lately asked to rea
 
 @dataclass
 class FetchStats:
-    requests: int = 0
-    bytes_fetched: int = 0
-    errors: int = 0
-    readahead_bytes: int = 0
-    seconds: float = 0.0
+    requests: int = 0           # ranged GETs the engine answered in full
+    bytes_fetched: int = 0      # bytes those GETs returned
+    errors: int = 0             # GETs that failed after their retries
+    readahead_bytes: int = 0    # of bytes_fetched, those asked for ahead of a reader
+    seconds: float = 0.0        # wall time those GETs took
     latencies: deque = field(default_factory=lambda: deque(maxlen=1024))
 
     def snapshot(self) -> dict:

@@ -21,9 +21,9 @@ DEFAULT_GRACE_S = 3600.0
 
 @dataclass
 class PruneResult:
-    snapshots_kept: int = 0
+    snapshots_kept: int = 0     # the newest one and those younger than the grace period
     snapshots_deleted: int = 0
-    objects_deleted: int = 0
+    objects_deleted: int = 0    # pack and index objects no kept snapshot names
     bytes_deleted: int = 0
 
 

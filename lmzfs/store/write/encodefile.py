@@ -31,9 +31,9 @@ from lmzfs.store.write.siblings import CodedChunk, SiblingIndex, encode_against,
 class EncodeTotals:
     """What a session's encoding did, over every file it encoded."""
     files: int = 0
-    logical_bytes: int = 0
-    new_chunks: int = 0
-    new_payload_bytes: int = 0
+    logical_bytes: int = 0          # the files' own bytes
+    new_chunks: int = 0             # chunks the store did not hold, written by this session
+    new_payload_bytes: int = 0      # their encoded bytes
     reused_chunks: int = 0          # chunks the store held before this add
     repeated_chunks: int = 0        # chunks that occur more than once in what is being added
     warnings: list[str] = field(default_factory=list)   # files stored as opaque bytes, and why
