@@ -24,7 +24,7 @@ from lmzfs.store.catalog.modelrows import NewFile
 from lmzfs.store.add import DEFAULT_CHAIN_DEPTH
 from lmzfs.store.chains.plan import choose_base
 from lmzfs.store.chains.recode import ChainRecoder, RecodedBefore, record_recoded
-from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog import Catalog, failure_words
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.catalog.chunkrows import add_refs
 from lmzfs.store.write.encodefile import (FileChain, FileContent, FileEncoder, FilePlan, NewChunk, Unchanged,
@@ -161,4 +161,5 @@ def _committed(session, record, what: str, whose: str):
     try:
         return session.commit(record)
     except sqlite3.Error as exc:
-        raise StoreError(f"could not record {what} in the catalog ({exc}); {whose} bytes stay in the spool") from exc
+        raise StoreError(f"could not record {what} in the catalog ({failure_words(session.catalog.path, exc)}); "
+                         f"{whose} bytes stay in the spool") from exc

@@ -23,7 +23,7 @@ from typing import Callable
 
 from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from lmzfs.formats import ExternalRef, FormatError, external_refs
-from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog import Catalog, failure_words
 from lmzfs.store.catalog.modelrows import NewFile, insert_file, insert_model
 from lmzfs.store.chains.plan import BaseChoice, NewTensor, choose_base
 from lmzfs.store.chains.recode import ChainRecoder, RecodedBefore, RecodeTotals, record_recoded
@@ -198,8 +198,8 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
                 except sqlite3.Error as exc:
                     # e.g. a full disk: the transaction rolled back, so nothing of this add is
                     # visible, and the session cuts its pack bytes
-                    raise StoreError(f"could not record {name!r} in the catalog ({exc}); nothing was "
-                                     f"added") from exc
+                    raise StoreError(f"could not record {name!r} in the catalog "
+                                     f"({failure_words(catalog.path, exc)}); nothing was added") from exc
             if before.packs:
                 _reclaim(store, catalog, before.packs, result)
         finally:
@@ -250,3 +250,4 @@ def _record_model(tx: sqlite3.Connection, name: str, source: str, plans: list[Fi
     add_refs(tx, refs)
     if also_record is not None:
         also_record(tx, model_id)
+

@@ -341,6 +341,42 @@ def test_schema_text_flipped_into_bytes_that_are_not_utf8_is_damage_not_a_traceb
     assert verify_store(store).ok
 
 
+@pytest.mark.parametrize("where", ["catalog", "newest copy"])
+@pytest.mark.parametrize("byte", [18, 19, 21])
+def test_a_header_field_sqlite_opens_without_complaint_is_damage_that_repair_mends(tmp_path, where, byte):
+    # found by make torture (6 Dec): bit 2 of byte 18 (the file format write version) flipped made
+    # SQLite open the catalog read-only; verify --repair passed it and the next gc failed to write
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    path = store.catalog if where == "catalog" else list_copies(store.catalog)[0].path
+    data = bytearray(path.read_bytes())
+    data[byte] ^= 0x04
+    path.write_bytes(bytes(data))
+    assert f"(byte {byte}) reads {data[byte]}" in examine(path, copy=where != "catalog").problem
+    if where == "catalog":
+        ran = run_lmz(["--store", str(store.root), "verify"])
+        assert ran.rc == 2 and "is damaged: run lmz verify --repair" in ran.stderr, ran.stderr
+    fixed = repair(store)
+    assert fixed.rc == 0 and "Traceback" not in fixed.stderr, fixed.stderr
+    remove_models(store, ["a"])
+    collect_garbage(store)                    # writes: the catalog in place is writable again
+    assert {k: v for k, v in file_digests(store.root).items() if not k.startswith("a/")} == \
+        {k: v for k, v in before.items() if not k.startswith("a/")}
+    assert verify_store(store).ok
+    assert all(examine(c.path, copy=True).clean for c in list_copies(store.catalog))
+
+
+def test_add_into_a_catalog_whose_header_sqlite_opened_read_only_says_it_is_damaged(tmp_path):
+    store = store_of_two(tmp_path)
+    data = bytearray(store.catalog.read_bytes())
+    data[18] ^= 0x04                          # write version 6: SQLite opens the file read-only
+    store.catalog.write_bytes(bytes(data))
+    model = small_model(tmp_path / "c", seed=3)
+    ran = run_lmz(["--store", str(store.root), "add", str(model)])
+    assert ran.rc == 2 and "is damaged" in ran.stderr and "(byte 18) reads 6" in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr and "readonly" not in ran.stderr
+
+
 def test_the_copy_a_repair_renames_into_place_is_already_in_wal_mode(tmp_path):
     # switched afterwards, the switch writes through a rollback journal that a kill leaves hot
     # beside the catalog, where no read-only open can roll it back (found by make torture)

@@ -3,9 +3,9 @@ drop in chunkrows and modelrows; counts in stats), with its checks (check), copi
 repair (repair)."""
 from lmzfs.store.catalog.db import (CATALOG_VERSION, MAX_CHAIN_HOPS, READABLE_VERSIONS, SCHEMA, TABLES,
                                     Catalog, CatalogDamaged, Extent, FileRow, ModelRow, ModelUsage,
-                                    StoredTensor, TensorRow, catalog_error, free_if_full, is_damage,
+                                    StoredTensor, TensorRow, catalog_error, failure_words, free_if_full, is_damage,
                                     readonly_uri, tables_of)
 
 __all__ = ["CATALOG_VERSION", "MAX_CHAIN_HOPS", "READABLE_VERSIONS", "SCHEMA", "TABLES", "Catalog",
            "CatalogDamaged", "Extent", "FileRow", "ModelRow", "ModelUsage", "StoredTensor", "TensorRow",
-           "catalog_error", "free_if_full", "is_damage", "readonly_uri", "tables_of"]
+           "catalog_error", "failure_words", "free_if_full", "is_damage", "readonly_uri", "tables_of"]

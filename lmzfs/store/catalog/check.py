@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmzfs.store.catalog import READABLE_VERSIONS, catalog_error, is_damage, readonly_uri, tables_of
+from lmzfs.store.catalog.db import header_problem
 from lmzfs.store.catalog.copies import DIGEST_KEY, CatalogCopy, content_digest, list_copies
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.packs import PACK_HEADER, PACK_MAGIC, RECORD_HEADER, RECORD_MAGIC, ChunkLocation
@@ -103,6 +104,12 @@ class Verdict:
 def examine(path: Path, *, copy: bool = False) -> FileCheck:
     if not path.exists():
         return FileCheck(path, "it is missing")
+    try:
+        problem = header_problem(path)
+    except OSError as exc:
+        return FileCheck(path, f"its header cannot be read ({exc.strerror})", unreadable=True)
+    if problem:
+        return FileCheck(path, problem)
     try:
         db = sqlite3.connect(readonly_uri(path), uri=True, isolation_level=None)
     except sqlite3.Error as exc:

@@ -156,11 +156,38 @@ def readonly_uri(path: Path) -> str:
     return sqlite_uri(path, read_only=True, immutable=_on_read_only_fs(path) and not _wal_holds_frames(path))
 
 
+# The fields of SQLite's 100-byte file header that SQLite itself does not refuse when damaged: a
+# file format write version above 2 makes it open the file read-only without a word, so every
+# later write fails ("attempt to write a readonly database"); one above 2 for reading, or payload
+# fractions other than 64/32/32, make it refuse the file later, at its first read.
+_HEADER_FIELDS = ((18, (1, 2), "file format write version"), (19, (1, 2), "file format read version"),
+                  (21, (64,), "maximum embedded payload fraction"), (22, (32,), "minimum embedded payload fraction"),
+                  (23, (32,), "leaf payload fraction"))
+
+
+def header_problem(path: Path) -> str | None:
+    """One line when a header field SQLite would not refuse at open holds a value it never writes."""
+    with open(path, "rb") as f:
+        header = f.read(100)
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\0"):
+        return None                 # SQLite names these itself ("file is not a database")
+    for at, allowed, what in _HEADER_FIELDS:
+        if header[at] not in allowed:
+            return f"its header's {what} (byte {at}) reads {header[at]}, not {' or '.join(map(str, allowed))}"
+    return None
+
+
 def catalog_error(path: Path, exc: sqlite3.Error) -> StoreError:
     """The one-line StoreError for an SQLite failure on the catalog at `path`."""
     text = str(exc)
     if is_damage(exc):
         return CatalogDamaged(path, text)
+    if "readonly database" in text:         # a header SQLite opened read-only without a word?
+        try:
+            if problem := header_problem(path):
+                return CatalogDamaged(path, problem)
+        except OSError:
+            pass
     if _on_read_only_fs(path):
         if _wal_holds_frames(path):
             text += (f"; the file system holding it is read-only, and {path.name}-wal beside it holds "
@@ -169,6 +196,13 @@ def catalog_error(path: Path, exc: sqlite3.Error) -> StoreError:
         text += (f"; the disk holding it is full ({free} bytes free), and SQLite needs room beside the "
                  f"catalog for its -shm and -wal files: free some space on that disk and try again")
     return StoreError(f"catalog {path} cannot be used: {text}")
+
+
+def failure_words(path: Path, exc: sqlite3.Error) -> str:
+    """What went wrong, for a message that says what was not done: SQLite's words, or the
+    catalog's damage where that is what they mean."""
+    err = catalog_error(path, exc)
+    return str(err) if isinstance(err, CatalogDamaged) else str(exc)
 
 
 def _guarded(method):
