@@ -1,6 +1,7 @@
 """Is the catalog sound? What `lmz verify --repair`, `lmz doctor` and `lmz mount` ask first.
 
-A catalog file checks clean when SQLite's integrity check passes, its tables and version marker
+A catalog file checks clean when its SQLite header holds only values SQLite writes, SQLite's
+integrity check passes, its tables and version marker
 are there, every value has its column's type and, for a copy, its content digest is the one
 recorded when it was written. The live catalog is then judged against its copies: the same
 generation as a copy must mean the same content (a flipped byte inside a row shows only so); a
