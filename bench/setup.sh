@@ -33,13 +33,19 @@ if [[ ! -x "$py" ]]; then
   python3 -m venv "$venv"
 fi
 
-if ! "$py" -c 'import torch' 2>/dev/null; then
-  cpu_torch=""
+# A CPU-only torch wheel in pip's configured find-links, if there is one (else empty).
+cpu_torch_wheel() {
+  local dir wheel=""
   for dir in $("$py" -m pip config get global.find-links 2>/dev/null || true); do
     dir="${dir#file://}"
-    cpu_torch="$(ls "$dir"/torch-*+cpu-cp311-*.whl 2>/dev/null | sort -V | tail -n1 || true)"
-    [[ -n "$cpu_torch" ]] && break
+    wheel="$(ls "$dir"/torch-*+cpu-cp311-*.whl 2>/dev/null | sort -V | tail -n1 || true)"
+    [[ -n "$wheel" ]] && break
   done
+  echo "$wheel"
+}
+
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  cpu_torch="$(cpu_torch_wheel)"
   if [[ -n "$cpu_torch" ]]; then
     echo "setup: installing CPU-only torch from $cpu_torch" >&2
     pip_install "$cpu_torch"
@@ -48,6 +54,17 @@ fi
 
 echo "setup: installing ${pins[*]} into $venv" >&2
 pip_install "${pins[@]}"
+
+# The shaped-link section (bench/link_table.py) runs as root in the project's own venv (it needs
+# lmzfs's engine, netns and fetcher there), and its real loader opens safetensors files with torch
+# (BF16 has no numpy type): the same CPU-only torch goes into the project's venv too.
+project_py="$here/../.venv/bin/python"
+if [[ -x "$project_py" ]] && ! "$project_py" -c 'import torch' 2>/dev/null; then
+  torch_wheel="$(cpu_torch_wheel)"
+  [[ -z "$torch_wheel" ]] && torch_wheel="torch==$("$py" -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])')"
+  echo "setup: installing $torch_wheel into the project's venv (the shaped-link loader)" >&2
+  "$project_py" -m pip install --disable-pip-version-check -q "$torch_wheel"
+fi
 
 # The real loaders of the loaders section (bench/loaders_table.py), after torch so that pip keeps
 # the CPU-only build. llama-cpp-python has no wheel for every host and its source build takes a
