@@ -12,7 +12,6 @@ import functools
 import json
 import logging
 import os
-import stat
 import time
 from dataclasses import dataclass
 
@@ -21,8 +20,8 @@ import trio
 
 from lmzfs.daemon.handlers import MountLifecycle, OpenDirs, entry_attributes, fuse_errors, reply_entries
 from lmzfs.daemon.readtrace import ReadTrace, counted
-from lmzfs.daemon.tree import DirectoryTree, Node, Removal
-from lmzfs.fsmodel.nodes import Attributes
+from lmzfs.daemon.tree import DirectoryTree, Removal
+from lmzfs.fsmodel.nodes import Node
 from lmzfs.hostresources import usable_cpus
 from lmzfs.reader.api import CorruptChunk, FileEntry, StoreError
 
@@ -43,8 +42,9 @@ XATTR_CODEC = b"user.lmz.codec"
 XATTRS = (XATTR_SHA256, XATTR_STORED_BYTES, XATTR_CODEC)
 
 
-# A chunk that fails its check has been logged by the reader, naming the chunk and the file.
-_fuse_errors = fuse_errors(logs=lambda exc: not isinstance(exc, CorruptChunk))
+# A chunk that fails its check has been logged by the reader, naming the chunk and the file; a
+# name over 255 bytes is the caller's mistake, not the mount's.
+_fuse_errors = fuse_errors(logs=lambda exc: not isinstance(exc, CorruptChunk) and exc.errno != errno.ENAMETOOLONG)
 
 
 def _read_only(handler):
@@ -91,9 +91,9 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
     def __init__(self, archive, *, workers: int | None = None):
         super().__init__()
         self._archive = archive
-        self._tree = DirectoryTree()
-        self._limiter = trio.CapacityLimiter(workers or usable_cpus())
         self._uid, self._gid = os.getuid(), os.getgid()
+        self._tree = DirectoryTree(self._uid, self._gid)
+        self._limiter = trio.CapacityLimiter(workers or usable_cpus())
         self._files: dict[int, _OpenFile] = {}
         self._dirs = OpenDirs()                 # of _OpenDir
         self._next_fh = 1
@@ -152,16 +152,8 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         return node
 
     def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
-        if node.is_dir:
-            mode, timeouts = stat.S_IFDIR | 0o555, (DIR_TIMEOUT, DIR_TIMEOUT)
-        elif node.is_symlink:
-            mode, timeouts = stat.S_IFLNK | 0o777, (DIR_TIMEOUT, DIR_TIMEOUT)
-        else:
-            mode, timeouts = stat.S_IFREG | 0o444, (FILE_ENTRY_TIMEOUT, FILE_TIMEOUT)
-        mtime_ns = round(node.mtime * 1e9)      # the only time a stored entry has
-        return entry_attributes(Attributes(node.inode, mode, node.nlink, self._uid, self._gid, node.size,
-                                           mtime_ns, mtime_ns, mtime_ns, blocks=(node.size + 511) // 512),
-                                *timeouts)
+        timeouts = (FILE_ENTRY_TIMEOUT, FILE_TIMEOUT) if node.kind == "file" else (DIR_TIMEOUT, DIR_TIMEOUT)
+        return entry_attributes(node.attributes(), *timeouts)
 
     @_fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
@@ -179,7 +171,7 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
     @_fuse_errors
     async def getattr(self, inode, ctx=None):
         node = self._node(inode)
-        if node.is_dir:
+        if node.kind == "dir":
             self._refresh()
             node = self._node(inode)
         return self._attributes(node)
@@ -187,9 +179,9 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
     @_fuse_errors
     async def readlink(self, inode, ctx=None):
         node = self._node(inode)
-        if not node.is_symlink:
+        if node.kind != "symlink":
             raise pyfuse3.FUSEError(errno.EINVAL)
-        return os.fsencode(node.target)
+        return node.target
 
     # -- directories ----------------------------------------------------------------------------
 
@@ -199,7 +191,7 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
     @_fuse_errors
     async def opendir(self, inode, ctx=None):
         self._refresh()
-        if not self._node(inode).is_dir:
+        if self._node(inode).kind != "dir":
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         return self._dirs.open(_OpenDir(inode, self._snapshot(inode)))
 
@@ -227,23 +219,24 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         if flags & WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self._node(inode)
-        if node.is_dir:
+        if node.kind == "dir":
             raise pyfuse3.FUSEError(errno.EISDIR)
-        if node.data is not None:      # a ref of the /.hf view: fixed bytes
+        served = self._tree.served(node)
+        if served.data is not None:      # a ref of the /.hf view: fixed bytes
             fh = self._new_fh()
-            self._files[fh] = _OpenFile(None, _BytesReader(node.data))
+            self._files[fh] = _OpenFile(None, _BytesReader(served.data))
             return pyfuse3.FileInfo(fh=fh, direct_io=True)
-        if node.virtual is not None:
+        if served.virtual is not None:
             fh = self._new_fh()
-            self._files[fh] = _OpenFile(None, _BytesReader(self._virtual_content(node.virtual)))
+            self._files[fh] = _OpenFile(None, _BytesReader(self._virtual_content(served.virtual)))
             return pyfuse3.FileInfo(fh=fh, direct_io=True)    # generated anew at each open
         # The handle holds its own reader, so the file keeps working if its model is removed.
         try:
-            reader = self._archive.open(node.entry)
+            reader = self._archive.open(served.entry)
         except FileNotFoundError:
             raise pyfuse3.FUSEError(errno.ENOENT) from None   # its model was removed meanwhile
         fh = self._new_fh()
-        self._files[fh] = _OpenFile(node.entry, reader)
+        self._files[fh] = _OpenFile(served.entry, reader)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     @_fuse_errors
@@ -341,7 +334,7 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
 
     @_fuse_errors
     async def getxattr(self, inode, name, ctx=None):
-        entry = self._node(inode).entry
+        entry = self._stored_entry(inode)
         if entry is not None:
             if name == XATTR_SHA256:
                 return entry.sha256.encode()
@@ -353,7 +346,12 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
 
     @_fuse_errors
     async def listxattr(self, inode, ctx=None):
-        return list(XATTRS) if self._node(inode).entry is not None else []
+        return list(XATTRS) if self._stored_entry(inode) is not None else []
+
+    def _stored_entry(self, inode: int) -> FileEntry | None:
+        """The stored file an inode serves, if it serves one."""
+        served = self._tree.served(self._node(inode))
+        return None if served is None else served.entry
 
     # -- the file system as a whole -------------------------------------------------------------
 

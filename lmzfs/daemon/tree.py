@@ -1,78 +1,52 @@
-"""The directory tree the daemon serves, built from ``archive.files()``; no FUSE in here.
+"""The directory tree the read-only mount serves, built from ``archive.files()``; no FUSE in here.
 
 Layout: the root holds one directory per model ("run1/step-1000" nests as run1/step-1000/), and
 each model directory holds the model's files under their own subdirectories.
 
-Inode numbers are stable: a directory keeps its number for as long as its path exists, and a file
-keeps its number for as long as its path holds the same content (same sha256, size and mtime).
-A path that disappears, or a file whose content changes, gets a fresh number, and numbers are
-never reused during the daemon's life. The files are opened with ``keep_cache``, so the kernel's
-page cache is tied to an inode number: a number must never stand for different bytes.
+The tree lives in the writable mount's namespace (fsmodel/namespace.py: inodes, names, lookups,
+listings, the kernel's references and nodes kept while it still knows them); this module decides
+what is in it. Each refresh compares the store's files with the tree and changes only what
+differs, so inode numbers are stable: a directory keeps its number for as long as its path
+exists, and a file keeps its number for as long as its path holds the same content (same sha256,
+size and mtime). A path that disappears, or a file whose content changes, leaves the namespace
+(detached: it lives on, with nlink 0, while the kernel still knows it, so getattr on it still
+answers) and a fresh number is made for what replaces it; numbers are never reused during the
+daemon's life. The files are opened with ``keep_cache``, so the kernel's page cache is tied to an
+inode number: a number must never stand for different bytes.
 
 Beside the models, the hidden directory /.hf holds the store in the Hugging Face hub cache's
 layout (lmzfs/reader/hfview.py builds it): blobs are file nodes over the models' entries, refs are
-small generated files, snapshot files are symlinks into blobs/.
-
-Nodes that left the tree but are still known to the kernel (lookup count above zero, e.g. an open
-file of a removed model) are kept as "retired" until the kernel forgets them, so getattr on them
-still answers; they report nlink 0, like an unlinked file.
+small generated files, snapshot files are symlinks into blobs/. /.lmzfs holds the mount's own
+generated files. Both are found by lookup and left out of listings.
 """
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from lmzfs.fsmodel.namespace import Namespace, check_length
+from lmzfs.fsmodel.nodes import ROOT_INODE, Node
 from lmzfs.reader.api import FileEntry, StoreError
 from lmzfs.reader.hfview import TOP as HF_TOP
 from lmzfs.reader.hfview import ViewItem, hub_items
+from lmzfs.store.catalog.fsrows import EntryMeta
 
 log = logging.getLogger(__name__)
 
-ROOT_INODE = 1     # what FUSE calls the root (pyfuse3.ROOT_INODE)
 VIRTUAL_DIR = ".lmzfs"
 VIRTUAL_FILES = {"stats.json": "stats"}
+MODES = {"dir": 0o555, "file": 0o444, "symlink": 0o777}
 
 
-@dataclass(eq=False)
-class Node:
-    inode: int
-    name: str                          # last path component ("" for the root)
-    parent: int                        # parent's inode; the root is its own parent
-    path: str                          # full path below the mountpoint, "" for the root
-    entry: FileEntry | None = None     # None for a directory
-    children: dict[str, Node] = field(default_factory=dict)
-    mtime: float = 0.0
-    retired: bool = False              # no longer in the tree, kept while the kernel knows it
-    virtual: str | None = None         # a file the daemon generates ("stats"), not a stored one
-    hidden: bool = False               # found by lookup, left out of listings (/.lmzfs, /.hf)
-    target: str | None = None          # a symlink's target (the /.hf view's snapshot files)
-    data: bytes | None = None          # a generated file's fixed bytes (the /.hf view's refs)
-
-    @property
-    def is_dir(self) -> bool:
-        return self.entry is None and self.virtual is None and self.target is None
-
-    @property
-    def is_symlink(self) -> bool:
-        return self.target is not None
-
-    @property
-    def size(self) -> int:
-        if self.target is not None:
-            return len(self.target.encode())
-        if self.data is not None:
-            return len(self.data)
-        return 0 if self.entry is None else self.entry.size
-
-    @property
-    def nlink(self) -> int:
-        if self.retired:
-            return 0
-        if self.is_dir:
-            return 2 + sum(1 for child in self.children.values() if child.is_dir and not child.hidden)
-        return 1
+@dataclass(frozen=True)
+class Served:
+    """What a file node of the tree serves: a stored file, fixed bytes (the /.hf view's refs) or a
+    file the daemon generates at each open ("stats")."""
+    entry: FileEntry | None = None
+    data: bytes | None = None
+    virtual: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +58,17 @@ class Removal:
     is_dir: bool
 
 
+@dataclass(slots=True)
+class _Wanted:
+    """One path of the tree a refresh builds: its identity (a new one gets a new inode), kind,
+    mtime (ns) and what it serves."""
+    key: tuple
+    kind: str
+    mtime_ns: int
+    served: FileEntry | Served | None = None     # a stored file's entry, or fixed or generated bytes
+    target: bytes | None = None
+
+
 def _components(entry: FileEntry) -> list[str] | None:
     parts = entry.model.split("/") + entry.path.split("/")
     if any(p in ("", ".", "..") or "\0" in p for p in parts):
@@ -92,15 +77,17 @@ def _components(entry: FileEntry) -> list[str] | None:
 
 
 class DirectoryTree:
-    def __init__(self) -> None:
-        self._created = time.time()          # mtime of an empty root
-        self._next_inode = ROOT_INODE + 1
-        self._keys: dict[tuple, int] = {}    # identity key of each live node -> its inode
-        self._live: dict[int, Node] = {}
-        self._retired: dict[int, Node] = {}
-        self._lookups: Counter[int] = Counter()
-        self.generation: object = None       # archive generation the tree was built from
-        self.hf_failure: str | None = None   # why the /.hf view is left out, if it is
+    def __init__(self, uid: int | None = None, gid: int | None = None) -> None:
+        self.namespace = Namespace(os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
+        self._created_ns = time.time_ns()       # mtime of an empty root
+        self._keys: dict[str, tuple] = {"": ("dir", "")}   # path -> identity of the node there
+        self._nodes: dict[str, Node] = {"": self.namespace.root}
+        self._entries: dict[int, FileEntry] = {}   # inode -> the stored file it serves
+        self._generated: dict[int, Served] = {}    # inode -> the fixed or generated bytes it serves
+        self._hidden: dict[str, Node] = {}      # /.hf and /.lmzfs: found by lookup, in no listing
+        self.generation: object = None          # archive generation the tree was built from
+        self.hf_failure: str | None = None      # why the /.hf view is left out, if it is
+        self.namespace.root.change(mode=MODES["dir"])
         self.rebuild([])
 
     # -- building ---------------------------------------------------------------------------
@@ -129,156 +116,189 @@ class DirectoryTree:
         return removals
 
     def rebuild(self, files: list[FileEntry], view: list[ViewItem] = ()) -> list[Removal]:
-        old_keys, old_live = self._keys, self._live
-        self._keys, self._live = {}, {}
-        root = Node(ROOT_INODE, "", ROOT_INODE, "", mtime=self._created)
-        self._keys[("dir", "")] = ROOT_INODE
-        self._live[ROOT_INODE] = root
-
-        def inode_for(key: tuple) -> int:
-            inode = old_keys.get(key)
-            if inode is None:
-                inode = self._next_inode
-                self._next_inode += 1
-            self._keys[key] = inode
-            return inode
-
+        """Make the tree hold exactly these files (and the /.hf view's items): what left or changed
+        is detached, what is new is made, the rest keeps its node."""
+        wanted: dict[str, _Wanted] = {"": _Wanted(("dir", ""), "dir", 0)}
         # Sorted, so that when two entries claim the same path the same one wins every time.
         for entry in sorted(files, key=lambda e: (e.model, e.path)):
             parts = _components(entry)
             if parts is None:
                 log.warning("skipping %r/%r: not a valid path", entry.model, entry.path)
                 continue
-            directory = self._make_directories(root, parts[:-1], inode_for)
-            if directory is None:
-                log.warning("skipping %s/%s: a file is in the way of its directory", entry.model, entry.path)
+            path = "/".join(parts)
+            why = self._room(wanted, parts)
+            if why:
+                log.warning("skipping %s/%s: %s", entry.model, entry.path, why)
                 continue
-            name, path = parts[-1], "/".join(parts)
-            if name in directory.children:
-                log.warning("skipping %s/%s: %s already exists", entry.model, entry.path, path)
-                continue
-            key = ("file", path, entry.sha256, entry.size, entry.mtime)
-            node = Node(inode_for(key), name, directory.inode, path, entry=entry, mtime=entry.mtime)
-            directory.children[name] = node
-            self._live[node.inode] = node
+            mtime_ns = round(entry.mtime * 1e9)
+            wanted[path] = _Wanted(("file", path, entry.sha256, entry.size, entry.mtime), "file", mtime_ns, entry)
+        self._want_hf_view(wanted, view)
+        self._want_directory_mtimes(wanted)
+        for name, kind in VIRTUAL_FILES.items():
+            self._room(wanted, [VIRTUAL_DIR, name])
+            wanted[f"{VIRTUAL_DIR}/{name}"] = _Wanted(("virtual", VIRTUAL_DIR, name), "file", self._created_ns,
+                                                       Served(virtual=kind))
+        wanted[VIRTUAL_DIR] = _Wanted(("dir", VIRTUAL_DIR), "dir", self._created_ns)
+        with self.namespace.lock:
+            removals = self._apply(wanted)
+        self.namespace.close_deferred()
+        return removals
 
-        self._add_hf_view(root, view, inode_for)
-        self._set_directory_mtimes(root)
-        self._add_virtual_files(root, inode_for)
-        return self._retire_removed(old_live)
+    @staticmethod
+    def _room(wanted: dict[str, _Wanted], parts: list[str]) -> str | None:
+        """Claim the directories above parts[-1] in `wanted` (each before what is in it); why
+        there is no room for it, or None."""
+        path = "/".join(parts)
+        if path in wanted:
+            return f"{path} already exists"
+        missing = []
+        parent = path.rpartition("/")[0]
+        while parent not in wanted:         # the root, "", always is
+            missing.append(parent)
+            parent = parent.rpartition("/")[0]
+        if wanted[parent].kind != "dir":    # a directory that is claimed has directories above it
+            return "a file is in the way of its directory"
+        for directory in reversed(missing):
+            wanted[directory] = _Wanted(("dir", directory), "dir", 0)
+        return None
 
-    def _add_hf_view(self, root: Node, view: list[ViewItem], inode_for) -> None:
+    def _want_hf_view(self, wanted: dict[str, _Wanted], view: list[ViewItem]) -> None:
         # /.hf is reserved like /.lmzfs (model names may not start with it) and hidden from
         # listings of the root; it is there once some model has a Hugging Face origin.
         if not view:
             return
-        if HF_TOP in root.children:
+        if HF_TOP in wanted:
             log.warning("a model named %s is in the way of the .hf view; it is left out", HF_TOP)
             return
         for item in view:
             parts = item.path.split("/")
-            directory = self._make_directories(root, parts[:-1], inode_for)
-            if directory is None or parts[-1] in directory.children:
+            if self._room(wanted, parts):
                 log.warning("skipping %s in the .hf view: something is in the way", item.path)
                 continue
+            mtime_ns = round(item.mtime * 1e9)
             if item.entry is not None:
                 e = item.entry
-                key = ("file", item.path, e.sha256, e.size, e.mtime)
+                wanted[item.path] = _Wanted(("file", item.path, e.sha256, e.size, e.mtime), "file", mtime_ns, e)
+            elif item.target is not None:
+                wanted[item.path] = _Wanted(("hf", item.path, item.target), "symlink", mtime_ns,
+                                            target=item.target.encode())
             else:
-                key = ("hf", item.path, item.target, item.data)
-            node = Node(inode_for(key), parts[-1], directory.inode, item.path, entry=item.entry, mtime=item.mtime,
-                        virtual="data" if item.data is not None else None, target=item.target, data=item.data)
-            directory.children[node.name] = node
-            self._live[node.inode] = node
-        root.children[HF_TOP].hidden = True
-    def _add_virtual_files(self, root: Node, inode_for) -> None:
-        # /.lmzfs/ is reserved (model names may not start with it): the mount's own files. It is
-        # hidden from listings, so a listing of the root is exactly the models.
-        meta = self._make_directories(root, [VIRTUAL_DIR], inode_for)
-        meta.mtime, meta.hidden = self._created, True
-        for name, kind in VIRTUAL_FILES.items():
-            path = f"{VIRTUAL_DIR}/{name}"
-            node = Node(inode_for(("virtual", path)), name, meta.inode, path, mtime=self._created, virtual=kind)
-            meta.children[name] = node
-            self._live[node.inode] = node
+                wanted[item.path] = _Wanted(("hf", item.path, item.data), "file", mtime_ns, Served(data=item.data))
 
-    def _make_directories(self, root: Node, names: list[str], inode_for) -> Node | None:
-        """The directory at root/names..., created as needed; None if a file is in the way."""
-        directory = root
-        for depth, name in enumerate(names, start=1):
-            child = directory.children.get(name)
-            if child is None:
-                path = "/".join(names[:depth])
-                child = Node(inode_for(("dir", path)), name, directory.inode, path)
-                directory.children[name] = child
-                self._live[child.inode] = child
-            elif not child.is_dir:
-                return None
-            directory = child
-        return directory
-
-    def _set_directory_mtimes(self, node: Node) -> float:
+    @staticmethod
+    def _want_directory_mtimes(wanted: dict[str, _Wanted]) -> None:
         # A directory shows the newest mtime below it: deterministic, and it moves when models
         # are added, which is what `ls -lt` users expect.
-        if node.is_dir and node.children:
-            node.mtime = max(self._set_directory_mtimes(child) for child in node.children.values())
-        return node.mtime
+        newest: dict[str, int] = {}
+        for path, w in wanted.items():
+            if w.kind != "dir":
+                parent = path.rpartition("/")[0]
+                if newest.get(parent, 0) < w.mtime_ns:
+                    newest[parent] = w.mtime_ns
+        for path in reversed([p for p, w in wanted.items() if w.kind == "dir"]):   # deepest first
+            w = wanted[path]
+            w.mtime_ns = newest.get(path, 0)
+            if path:
+                parent = path.rpartition("/")[0]
+                if newest.get(parent, 0) < w.mtime_ns:
+                    newest[parent] = w.mtime_ns
 
-    def _retire_removed(self, old_live: dict[int, Node]) -> list[Removal]:
+    def _apply(self, wanted: dict[str, _Wanted]) -> list[Removal]:
+        """Under the namespace's lock: detach what left or changed (deepest first), then make what
+        is new (parents first: `wanted` holds each directory before what is in it) and set every
+        directory's mtime."""
+        ns = self.namespace
+        gone = [p for p in self._nodes if p and (p not in wanted or wanted[p].key != self._keys[p])]
+        removed = set(gone)
         removals = []
-        for inode, node in old_live.items():
-            if inode in self._live:
-                continue
-            node.retired = True
-            if self._lookups[inode] > 0:
-                self._retired[inode] = node
-            # Only the topmost removed name needs invalidating; the kernel drops the subtree.
-            if node.parent in self._live:
-                removals.append(Removal(node.parent, node.name, inode, node.is_dir))
+        for path in sorted(gone, key=lambda p: -p.count("/")):     # deepest first
+            node = self._nodes.pop(path)
+            del self._keys[path]
+            parent_path = path.rpartition("/")[0]
+            if parent_path not in removed:       # only the topmost name: the kernel drops the subtree
+                removals.append(Removal(node.parent.inode, node.name, node.inode, node.kind == "dir"))
+            if self._hidden.get(path) is node:
+                del self._hidden[path]
+            ns.detach(node)
+        for path, w in wanted.items():          # in the order paths were claimed: parents first
+            node = self._nodes.get(path)
+            if node is None:
+                parent_path, _, name = path.rpartition("/")
+                parent = self._nodes[parent_path]
+                meta = EntryMeta(w.kind, MODES[w.kind], ns.uid, ns.gid, w.mtime_ns, w.mtime_ns, w.mtime_ns,
+                                 target=w.target)
+                node = ns.new_node(w.kind, name, parent, meta)
+                if path in (VIRTUAL_DIR, HF_TOP):
+                    self._hidden[path] = node       # not a child: out of listings and link counts
+                else:
+                    parent.children[name] = node
+                if isinstance(w.served, FileEntry):
+                    node.size = w.served.size
+                    self._entries[node.inode] = w.served
+                elif w.served is not None:
+                    node.size = len(w.served.data or b"")
+                    self._generated[node.inode] = w.served
+                self._nodes[path], self._keys[path] = node, w.key
+            elif w.kind == "dir":
+                mtime = w.mtime_ns if path else (w.mtime_ns or self._created_ns)
+                if node.entry.mtime_ns != mtime:
+                    node.change(atime_ns=mtime, mtime_ns=mtime, ctime_ns=mtime)
+        for table in (self._entries, self._generated):
+            for inode in [i for i in table if i not in ns.inodes]:
+                del table[inode]
         return removals
 
     # -- queries ----------------------------------------------------------------------------
 
     def get(self, inode: int) -> Node | None:
-        """The node with this inode, live or retired."""
-        return self._live.get(inode) or self._retired.get(inode)
+        """The node with this inode, in the tree or left it while the kernel still knows it."""
+        with self.namespace.lock:
+            return self.namespace.inodes.get(inode)
+
+    def served(self, node: Node) -> Served | None:
+        """What a file node serves (None for a directory or symlink)."""
+        entry = self._entries.get(node.inode)
+        return Served(entry=entry) if entry is not None else self._generated.get(node.inode)
 
     def lookup(self, parent_inode: int, name: str) -> Node | None:
-        parent = self._live.get(parent_inode)
-        if parent is None or not parent.is_dir:
-            return None
-        if name == ".":
-            return parent
-        if name == "..":
-            return self._live.get(parent.parent)
-        return parent.children.get(name)
+        """The node the name stands for in the directory (`.` and `..` too), not counted as a
+        reference; None if there is none. A name over 255 bytes is ENAMETOOLONG, as on the
+        writable mount and ext4."""
+        check_length(name)
+        with self.namespace.lock:
+            parent = self.namespace.inodes.get(parent_inode)
+            if parent is None or parent.kind != "dir" or not parent.linked:
+                return None
+            if name == ".":
+                return parent
+            if name == "..":
+                return parent.parent
+            node = parent.children.get(name)
+            return self._hidden.get(name) if node is None and parent is self.namespace.root else node
 
     def children(self, inode: int) -> list[Node]:
-        """A directory's entries sorted by name; empty for a retired or unknown directory."""
-        node = self._live.get(inode)
-        if node is None or not node.is_dir:
-            return []
-        return [node.children[name] for name in sorted(node.children) if not node.children[name].hidden]
+        """A directory's entries sorted by name (/.hf and /.lmzfs are none); empty for a directory
+        that left the tree or an unknown one."""
+        with self.namespace.lock:
+            node = self.namespace.inodes.get(inode)
+            if node is None or node.kind != "dir" or not node.linked:
+                return []
+            return [node.children[n] for n in sorted(node.children)]
 
     def lookup_count(self, inode: int) -> int:
-        return self._lookups[inode]
+        node = self.get(inode)
+        return 0 if node is None else node.lookups
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self._nodes)
 
     # -- the kernel's references ------------------------------------------------------------
 
     def remember(self, node: Node) -> None:
-        """The kernel got a reference to *node* (lookup, or an entry of readdirplus)."""
-        self._lookups[node.inode] += 1
-        if node.inode not in self._live:
-            node.retired = True
-            self._retired[node.inode] = node
+        """The kernel got a reference to *node* (lookup, or an entry of readdirplus), which may
+        have left the tree since it was listed."""
+        self.namespace.remember_node(node)
 
     def forget(self, inode: int, count: int) -> None:
-        left = self._lookups[inode] - count
-        if left > 0:
-            self._lookups[inode] = left
-            return
-        del self._lookups[inode]
-        self._retired.pop(inode, None)
+        self.namespace.forget(inode, count)
+

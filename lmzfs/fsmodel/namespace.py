@@ -147,6 +147,16 @@ class Namespace:
             if node is not None:
                 node.lookups += 1
 
+    def remember_node(self, node: Node) -> None:
+        """The kernel got a reference to a node it was handed earlier (an entry of a listing), which
+        may have left the tree and been dropped since: it is kept again, as a node that left the
+        tree, until the kernel forgets it."""
+        with self.lock:
+            if self.inodes.get(node.inode) is not node:
+                node.linked = False
+                self.inodes[node.inode] = node
+            node.lookups += 1
+
     def forget(self, inode: int, count: int) -> None:
         with self.lock:
             node = self.inodes.get(inode)
