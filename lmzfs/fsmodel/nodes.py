@@ -46,13 +46,49 @@ class Attributes:
     blocks: int = 0           # st_blocks: 512-byte units of data (a sparse file's holes take none)
 
 
+class Children(dict):
+    """A directory's entries by name, counting those that are directories as they come and go, so
+    that a directory's link count (2 + its subdirectories) costs nothing to give: the kernel asks
+    for the attributes of a directory after every entry made in it. An entry's kind never changes."""
+    __slots__ = ("dirs",)
+
+    def __init__(self):
+        super().__init__()
+        self.dirs = 0
+
+    def __setitem__(self, name: str, node: "Node") -> None:
+        old = dict.get(self, name)
+        if old is not None and old.kind == "dir":
+            self.dirs -= 1
+        dict.__setitem__(self, name, node)
+        if node.kind == "dir":
+            self.dirs += 1
+
+    def __delitem__(self, name: str) -> None:
+        node = dict.pop(self, name)
+        if node.kind == "dir":
+            self.dirs -= 1
+
+    def pop(self, name: str, *default):
+        if name not in self:
+            return dict.pop(self, name, *default)
+        node = self[name]
+        del self[name]
+        return node
+
+    def _refused(self, *args, **kwargs):
+        raise TypeError("a directory's entries change one at a time (Children counts its directories)")
+
+    update = setdefault = popitem = clear = __ior__ = _refused
+
+
 @dataclass(eq=False, slots=True)
 class Node:
     inode: int
     name: str
     parent: "Node | None"
     entry: EntryMeta                             # its kind, owner, mode and times (fs_entries' row)
-    children: dict[str, "Node"] = field(default_factory=dict)
+    children: Children = field(default_factory=Children)
     model: str | None = None                     # a model's root directory: the model's name
     file_id: int | None = None                   # the stored version of a file
     size: int = 0                                # of a file with no FileData
@@ -101,7 +137,7 @@ class Node:
 
     def attributes(self) -> Attributes:
         nlink = 0 if not self.linked else (
-            2 + sum(1 for c in self.children.values() if c.kind == "dir") if self.kind == "dir" else 1)
+            2 + self.children.dirs if self.kind == "dir" else 1)
         e = self.entry
         size = self.current_size
         return Attributes(self.inode, TYPE_BITS[e.kind] | e.mode, nlink, e.uid, e.gid, size,
