@@ -6,7 +6,9 @@ process may use.
 
 In the background (a mount: start_background()), a release or an idle file only queues its
 commit: one committer thread takes what is queued once WINDOW_SECONDS passed since the first
-(or BATCH_FILES are queued; at once when a file over SMALL_FILE is queued), and commits the
+(or BATCH_FILES are queued; at once when a file over SMALL_FILE is queued), of the files that
+no call changed for SETTLE_SECONDS (the times, mode and name a program such as rsync sets right
+after it closes a file are set before the commit holds it), and commits the
 small files among them together, in one pack session and one catalog transaction (group
 commit), the others one by one. A commit's spool files are removed after it lets go of the
 store's lock. A queued file is
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 WINDOW_SECONDS = 0.1            # a queued commit waits at most this long for others to join it
 BATCH_FILES = 256               # files one group commit takes at most
 SMALL_FILE = 256 << 10          # files up to this size are committed in groups
+SETTLE_SECONDS = 0.03          # a queued file waits until no call changed it for this long
+SETTLE_LONGEST = 1.0            # ... or it was queued this long ago
 QUIET_SECONDS = 0.05            # a large file's background commit waits for this lull in namespace changes
 DEFER_SECONDS = 2.0             # ... for this long at most
 HISTORY_FILES = 64              # the files whose last commit's chunks and hash states are kept
@@ -61,6 +65,7 @@ class Committer:
         self.appended = 0                   # and the payload bytes they appended
         self.after_commit: Callable[[], object] | None = None     # called by commit_or_log after one
         self._queue: dict[int, Node] = {}   # by inode, in the order queued
+        self._queued_at: dict[int, float] = {}      # when each was queued (monotonic)
         self._first_queued = 0.0
         self._urgent = False                # a large file is queued: no window to wait for
         self._cv = threading.Condition()
@@ -228,6 +233,7 @@ class Committer:
             if not self._queue:
                 self._first_queued = time.monotonic()
             self._queue.setdefault(node.inode, node)
+            self._queued_at.setdefault(node.inode, time.monotonic())
             data = node.data
             self._urgent = self._urgent or (data is not None and data.size > SMALL_FILE)
             self._cv.notify()
@@ -240,16 +246,29 @@ class Committer:
                 if self._queue:
                     wait = self._first_queued + WINDOW_SECONDS - time.monotonic()
                     if wait <= 0 or len(self._queue) >= BATCH_FILES or self._urgent:
-                        break
+                        taken = self._settled()
+                        if taken:
+                            break
+                        wait = SETTLE_SECONDS
                     self._cv.wait(wait)
                 else:
                     self._cv.wait()
-            taken = list(self._queue.values())[:BATCH_FILES]
             for node in taken:
                 del self._queue[node.inode]
+                self._queued_at.pop(node.inode, None)
             self._first_queued = time.monotonic()
             self._urgent = any(n.data is not None and n.data.size > SMALL_FILE for n in self._queue.values())
             return taken
+
+    def _settled(self) -> list[Node]:
+        """The queued files (BATCH_FILES at most) that no call changed for SETTLE_SECONDS (or that
+        were queued SETTLE_LONGEST ago): a program that closes a file and then sets its times and
+        mode and renames it (rsync, cp -p, tar) makes those calls before its commit holds the file."""
+        now_ns, now = time.time_ns(), time.monotonic()
+        settled_ns = now_ns - int(SETTLE_SECONDS * 1e9)
+        return [node for inode, node in self._queue.items()
+                if node.entry.ctime_ns <= settled_ns or self._queued_at.get(inode, now) + SETTLE_LONGEST <= now
+                ][:BATCH_FILES]
 
     def _run(self) -> None:
         while True:
@@ -328,6 +347,7 @@ class Committer:
         thread.join()
         self._thread = None
         self._queue.clear()
+        self._queued_at.clear()
 
     def shutdown(self) -> None:
         self.stop_background()

@@ -15,6 +15,7 @@ import time
 from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import RENAME_EXCHANGE, Attributes, Node, fs_error
+from lmzfs.fsmodel.nowait import holding
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.store.catalog.fsrows import (EntryMeta, delete_entry, delete_model, delete_model_named,
                                         model_id, model_names, models_by_id, move_subtree, put_entry, remove_file_row,
@@ -151,6 +152,8 @@ class Entries:
         self._ns.check_name(new_name)
         if flags & RENAME_EXCHANGE:
             raise fs_error(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        if self._rename_unstored(parent, name, new_parent, new_name, flags):
+            return
         with self._sync.changing():
             with self._ns.lock:
                 nodes = self._ns.rename_nodes(parent, name, new_parent, new_name, flags)
@@ -182,6 +185,36 @@ class Entries:
                         put_entry(db, new_mid, new_path, node.meta())
             self._ns.move(node, source_dir, target_dir, new_name, victim, now)
             self._records.note_below(node)
+
+    def _rename_unstored(self, parent: int, name: str, new_parent: int, new_name: str, flags: int) -> bool:
+        """A rename of a file never committed (no row in the catalog: no version, no xattrs) to a
+        free name inside a model, as rsync renames each temporary file it wrote: the tree in
+        memory and the file's spool record change, the catalog does not, so the rename waits for
+        no commit of other files (the directories' new times are stored with their next change
+        recorded in the catalog, as after a create). It holds the file's lock, so no commit of the
+        file is under way: one that took the old name would store it there. False (nothing done):
+        any other rename, made in a catalog transaction."""
+        ns = self._ns
+        with ns.lock:
+            node = ns.dir(parent).children.get(name)
+            data = node.data if node is not None and node.kind == "file" else None
+        if data is None or node.file_id is not None:
+            return False
+        with holding(data.lock):
+            with ns.lock:
+                nodes = ns.rename_nodes(parent, name, new_parent, new_name, flags)
+                if nodes is None:
+                    return True
+                source_dir, target_dir, moved, victim = nodes
+                if (moved is not node or victim is not None or node.data is not data or node.file_id is not None
+                        or node.xattrs or ns.where(node) is None or ns.where(target_dir) is None):
+                    return False
+                now = time.time_ns()
+                node.change(ctime_ns=now)
+                ns.move(node, source_dir, target_dir, new_name, None, now)
+            self._sync.last_change = time.monotonic()       # a large file's commit waits for a lull
+            self._records.note_below(node)
+        return True
 
     def _rename_models(self, node: Node, target_dir: Node, new_name: str, victim: Node | None,
                        new_dir_where) -> None:

@@ -86,7 +86,8 @@ class FileData:
 
     def _ensure_spool_file(self) -> SpoolFile:
         if self.spool_file is None:
-            spool_file = self._spool.new_file()
+            # a new file's bytes live in its record while they are few (spoolrecord.INLINE_MAX)
+            spool_file = self._spool.new_file(inline=self.base is None and self.size == 0)
             if self._on_new_spool_file is not None:
                 try:
                     self._on_new_spool_file(spool_file)
@@ -112,7 +113,8 @@ class FileData:
             return n
 
     def _bound_journal(self, spool_file: SpoolFile) -> None:
-        if spool_file.journal.entries >= COMPACT_ENTRIES and self._on_long_journal is not None:
+        journal = spool_file.journal
+        if journal is not None and journal.entries >= COMPACT_ENTRIES and self._on_long_journal is not None:
             self._on_long_journal(spool_file)
 
     def truncate(self, size: int) -> None:

@@ -29,16 +29,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
-import json
 import os
 import uuid
-from dataclasses import dataclass, field, fields, replace
-from functools import cache
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import xxhash
-
 from lmzfs.fsmodel.journal import TRUNCATE, WRITE, FileState, JournalRead, JournalWriter, read_journal
+from lmzfs.fsmodel.spoolrecord import INLINE_MAX, RECORD_VERSION, SpoolRecord, boot_id
 from lmzfs.fsmodel.ranges import ByteRanges
 from lmzfs.fsmodel.spoolsums import (BLOCK, block_sum, check_block, cut_sums, held, read_blocks, settle, sums_of,
                                      with_range)
@@ -46,82 +43,11 @@ from lmzfs.store.catalog.fsrows import EntryMeta
 from lmzfs.store.layout import DIR_MODE, FILE_MODE, StoreError, fsync_dir
 
 SPOOL_DIR = "spool"
-RECORD_VERSION = 3
-RECORD_VERSIONS = (1, 2, 3)            # 1: written at fsync only, no journal (always durable); 1, 2: no sums
 log = logging.getLogger(__name__)
 
 MOUNT_LOCK = "mount.lock"
 UNTRUSTED_SUFFIX = ".json-untrusted"
 IN_PLACE_MAX = 4096                    # a record never durable, this small, is rewritten in place
-
-
-@cache
-def boot_id() -> str:
-    """This boot of the machine: a record from another boot outlived a restart (and the page cache)."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""                      # unknown: every unsynced record is then from "another boot"
-
-
-@dataclass(frozen=True)
-class SpoolRecord:
-    """What a spooled file is: enough to commit it after a crash."""
-    spool_id: str
-    model: str
-    path: str                          # inside the model, at the last fsync or rename
-    file_id: int | None                # the stored file it changes (None: a new file)
-    base_sha256: str | None            # that stored file's content the ranges apply to
-    base_len: int                      # bytes of the stored file still visible (after truncates)
-    size: int
-    ranges: list[tuple[int, int]]      # where ID.data holds the file's bytes
-    meta: EntryMeta
-    version: int = RECORD_VERSION
-    durable: bool = True               # written with its bytes fsync'd (else: page cache only)
-    journal_entries: int = 0           # entries of ID.log already in `ranges`, `size`, `base_len`
-    boot_id: str | None = None         # the boot it was written in
-    sums: list[tuple[int, int]] | None = None   # (block, XXH3-64 of its held bytes) (spoolsums.py)
-    journal_generation: int = 0        # the generation of ID.log whose entries follow it
-
-    def to_json(self) -> bytes:
-        # as dataclasses.asdict gives it (the fields are flat but for meta), without its deep copies
-        raw = {f.name: getattr(self, f.name) for f in _RECORD_FIELDS}
-        raw["meta"] = {f.name: getattr(self.meta, f.name) for f in _META_FIELDS}
-        if self.version < 3:
-            del raw["sums"], raw["journal_generation"]
-            return json.dumps(raw, sort_keys=True).encode()
-        body = json.dumps(raw, sort_keys=True).encode()
-        raw["check"] = f"{xxhash.xxh3_64_intdigest(body):016x}"
-        return json.dumps(raw, sort_keys=True).encode()
-
-    def state(self) -> FileState:
-        return FileState(self.size, self.base_len, self.ranges,
-                         None if self.sums is None else dict(self.sums))
-
-    @classmethod
-    def from_json(cls, data: bytes, source: Path) -> "SpoolRecord":
-        try:
-            raw = json.loads(data)
-            if raw.get("version") not in RECORD_VERSIONS:
-                raise StoreError(f"spool record {source}: version {raw.get('version')!r} is not supported")
-            if raw["version"] >= 3:
-                check = raw.pop("check", None)
-                body = json.dumps(raw, sort_keys=True).encode()
-                if check != f"{xxhash.xxh3_64_intdigest(body):016x}":
-                    raise ValueError("its checksum does not match")
-                raw["sums"] = [(int(k), int(v)) for k, v in raw["sums"]]
-            raw["meta"] = EntryMeta(**raw["meta"])
-            raw["ranges"] = [tuple(r) for r in raw["ranges"]]
-            record = cls(**raw)
-            if record.version == 1 and not record.durable:
-                raise ValueError("a version 1 record is durable")
-            return record
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise StoreError(f"spool record {source} is damaged ({exc}); it is kept, move it away to mount") from None
-
-
-_RECORD_FIELDS = fields(SpoolRecord)
-_META_FIELDS = fields(EntryMeta)
 
 
 @dataclass
@@ -131,13 +57,15 @@ class SpoolFile:
     truncate did."""
     spool: "Spool"
     spool_id: str
-    fd: int
-    journal: JournalWriter
+    fd: int                            # -1 while `inline`
+    journal: JournalWriter | None      # None while `inline`
     recorded: bool = False             # ID.json exists
     durable: bool = False              # ID.json was written durably (by fsync): it stays so
     closed: bool = field(default=False)
     ranges: ByteRanges = field(default_factory=ByteRanges)
     sums: dict[int, int] = field(default_factory=dict)
+    inline: bytearray | None = None    # a new small file's bytes, kept in its record (no ID.data, ID.log)
+    last: SpoolRecord | None = None    # the record last written (what an inline write rewrites)
 
     def _where(self) -> str:
         return f"spool {self.spool_id}"
@@ -155,6 +83,10 @@ class SpoolFile:
         if not data:
             return 0
         end = offset + len(data)
+        if self.inline is not None:
+            if end <= INLINE_MAX:
+                return self._inline_change(offset, data, end)
+            self._spill()
         entries, new_sums = [], {}
         for k in range(offset // BLOCK, (end - 1) // BLOCK + 1):
             lo, hi = max(offset, k * BLOCK), min(end, (k + 1) * BLOCK)
@@ -186,6 +118,8 @@ class SpoolFile:
         """Held bytes [offset, offset+length), each block they lie in checked first."""
         if length <= 0:
             return b""
+        if self.inline is not None:
+            return bytes(self.inline[offset:offset + length]).ljust(length, b"\0")
         first, last = offset // BLOCK, (offset + length - 1) // BLOCK
         data = read_blocks(self.fd, first, last - first + 1)
         for k in range(first, last + 1):
@@ -195,6 +129,11 @@ class SpoolFile:
         return data[at:at + length]
 
     def truncate(self, size: int) -> None:
+        if self.inline is not None:
+            if size <= INLINE_MAX:
+                self._inline_change(size, b"", size)
+                return
+            self._spill()
         k = size // BLOCK
         cut_sum = 0
         if size % BLOCK and k in self.sums:
@@ -210,21 +149,81 @@ class SpoolFile:
         self.ranges.cut(size)
         self.sums = cut_sums(self.sums, size, cut_sum)
 
+    # -- a new small file's bytes in its record ---------------------------------------------------
+    def _inline_change(self, offset: int, data: bytes, end: int) -> int:
+        """A write of `data` at `offset` (or, with no data, a truncate to `end`) of an inline file:
+        its record is rewritten with the new bytes before this returns (one pwrite in place), so a
+        kill of the daemon finds the write whole or (were it killed before) not at all."""
+        before, ranges_before = bytes(self.inline), self.ranges.as_list()
+        if data:
+            if end > len(self.inline):
+                self.inline.extend(bytes(end - len(self.inline)))
+            self.inline[offset:end] = data
+            self.ranges.add(offset, end)
+        else:
+            del self.inline[end:]
+            self.inline.extend(bytes(end - len(self.inline)))
+            self.ranges.cut(end)
+        try:
+            if self.recorded and self.last is not None:
+                self.note(replace(self.last, size=len(self.inline), ranges=self.ranges.as_list()))
+        except BaseException:
+            self.inline[:] = before
+            self.ranges = ByteRanges(ranges_before)
+            raise
+        return len(data)
+
+    def _spill(self) -> None:
+        """The inline file outgrows its record (or is fsync'd): its bytes go to a new ID.data with
+        a journal, then the record is rewritten to name them (a kill before that finds the inline
+        record, the file as it stood)."""
+        fd, journal = self.spool.data_files(self.spool_id, exclusive=False)
+        try:
+            if self.inline:
+                if os.pwrite(fd, bytes(self.inline), 0) != len(self.inline):
+                    raise OSError(errno.ENOSPC, "short write of the spool's data")
+            sums = sums_of(fd, self.ranges)
+        except BaseException:
+            self._drop_spilled(fd, journal)
+            raise
+        inline, self.inline = self.inline, None
+        self.fd, self.journal, self.sums = fd, journal, sums
+        try:
+            if self.recorded and self.last is not None:
+                self.note(self.last)
+        except BaseException:
+            self.inline, self.fd, self.journal, self.sums = inline, -1, None, {}
+            self._drop_spilled(fd, journal)
+            raise
+
+    def _drop_spilled(self, fd: int, journal: JournalWriter) -> None:
+        os.close(fd)
+        os.close(journal.fd)
+        self.spool.remove(self.spool_id, files_only=True)
+
     def _stamped(self, record: SpoolRecord, durable: bool) -> SpoolRecord:
-        return replace(record, durable=durable, journal_entries=self.journal.entries, boot_id=boot_id(),
+        journal = self.journal
+        return replace(record, durable=durable, journal_entries=journal.entries if journal else 0, boot_id=boot_id(),
                        version=RECORD_VERSION, sums=sorted(self.sums.items()),
-                       journal_generation=self.journal.generation)
+                       journal_generation=journal.generation if journal else 0,
+                       inline=None if self.inline is None else bytes(self.inline))
 
     def note(self, record: SpoolRecord) -> None:
         """Write the record as it stands now; durably if an earlier one was (fsync's promise holds)."""
         if self.durable:
             self.record(record)
             return
-        self.spool.write_record(self._stamped(record, False), durable=False)
+        self.last = record
+        self.spool.write_record(self._stamped(record, False), durable=False, fresh=not self.recorded)
         self.recorded = True
 
     def record(self, record: SpoolRecord) -> None:
-        """Make the bytes, the journal and the record durable, in that order."""
+        """Make the bytes, the journal and the record durable, in that order (an inline file's
+        bytes first go to ID.data: a durable record never holds them)."""
+        if self.inline is not None:
+            self.last = None           # no record rewritten by the spill: this one follows
+            self._spill()
+        self.last = record
         os.fsync(self.fd)
         os.fsync(self.journal.fd)
         self.spool.write_record(self._stamped(record, True), durable=True)
@@ -235,6 +234,8 @@ class SpoolFile:
         none) and start an empty journal of the next generation: the record first, so that a
         kill between the two finds a record that includes every entry of the older journal."""
         journal = self.journal
+        if journal is None:            # inline: no journal to fold
+            return
         before = journal.entries, journal.generation
         if record is not None:
             journal.entries, journal.generation = 0, before[1] + 1
@@ -253,8 +254,9 @@ class SpoolFile:
 
     def _close_fds(self) -> None:
         self.closed = True
-        os.close(self.fd)
-        os.close(self.journal.fd)
+        if self.inline is None:
+            os.close(self.fd)
+            os.close(self.journal.fd)
 
     def release(self) -> None:
         """Close, keeping the spool's files for the next mount to commit."""
@@ -265,8 +267,9 @@ class SpoolFile:
         """Close and remove the spool's files: the file's bytes are committed or unwanted."""
         if self.closed:
             return
+        inline = self.inline is not None
         self._close_fds()
-        self.spool.remove(self.spool_id)
+        self.spool.remove(self.spool_id, record_only=inline)
 
 
 @dataclass
@@ -314,14 +317,24 @@ class Spool:
             self._lock_fd = None
 
     # -- files ---------------------------------------------------------------------------------
-    def new_file(self) -> SpoolFile:
+    def new_file(self, *, inline: bool = False) -> SpoolFile:
+        """A new spool file; `inline`: of a new file, whose bytes its record holds while they fit
+        (INLINE_MAX): no ID.data or ID.log is made unless it outgrows that."""
         spool_id = uuid.uuid4().hex
+        if inline:
+            return SpoolFile(self, spool_id, -1, None, inline=bytearray())
+        fd, journal = self.data_files(spool_id)
+        return SpoolFile(self, spool_id, fd, journal)
+
+    def data_files(self, spool_id: str, *, exclusive: bool = True) -> tuple[int, JournalWriter]:
+        """ID.data and ID.log made (`exclusive`: new; else emptied), opened."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
         try:
-            fd = os.open(self._data(spool_id), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+            fd = os.open(self._data(spool_id), flags, FILE_MODE)
         except OSError as exc:
             raise OSError(exc.errno or errno.EIO, f"cannot create a spool file: {exc.strerror}") from None
         try:
-            log_fd = os.open(self._log(spool_id), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+            log_fd = os.open(self._log(spool_id), flags, FILE_MODE)
         except OSError as exc:
             os.close(fd)
             self._data(spool_id).unlink(missing_ok=True)
@@ -331,14 +344,17 @@ class Spool:
         except OSError:
             os.close(fd)
             os.close(log_fd)
-            self.remove(spool_id)
+            self._data(spool_id).unlink(missing_ok=True)
+            self._log(spool_id).unlink(missing_ok=True)
             raise
-        return SpoolFile(self, spool_id, fd, journal)
+        return fd, journal
 
     def read_journal(self, record: SpoolRecord) -> JournalRead:
         """The journal entries past what `record` includes (none for a version 1 record: it has no journal)."""
         if record.version == 1:
             return JournalRead([], 0, None)
+        if record.inline is not None:      # an inline record holds the file whole: no journal
+            return JournalRead([], record.journal_entries, None)
         path = self._log(record.spool_id)
         try:
             data = path.read_bytes()
@@ -350,7 +366,13 @@ class Spool:
         """The files of a record found at mount, with the journal's `applied` entries (past the
         record's) and the later whole ones the replay drops: what they leave, checked against the
         blocks' sums (spoolsums.settle). A record of an older version has no sums: its bytes are
-        taken as they stand, and it must be recorded again (`refold`) in this version."""
+        taken as they stand, and it must be recorded again (`refold`) in this version. An inline
+        record holds the bytes itself (its checksum vouches for them)."""
+        if record.inline is not None:
+            spool_file = SpoolFile(self, record.spool_id, -1, None, recorded=True, durable=record.durable,
+                                   ranges=ByteRanges(record.ranges),
+                                   inline=bytearray(record.inline), last=record)
+            return Reopened(spool_file, record.state(), [], refold=False)
         try:
             fd = os.open(self._data(record.spool_id), os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -395,8 +417,9 @@ class Spool:
     def record_ids(self) -> set[str]:
         return {p.stem for p in self.dir.glob("*.json")}
 
-    def write_record(self, record: SpoolRecord, *, durable: bool = True) -> None:
-        if not durable and self._rewrite(record.spool_id, record.to_json()):
+    def write_record(self, record: SpoolRecord, *, durable: bool = True, fresh: bool = False) -> None:
+        """`fresh`: the spool file has no record yet (nothing to rewrite in place)."""
+        if not durable and not fresh and self._rewrite(record.spool_id, record.to_json()):
             return
         final = self._record(record.spool_id)
         tmp = final.with_suffix(".json-tmp")
@@ -442,13 +465,15 @@ class Spool:
         if durable:
             fsync_dir(self.dir)
 
-    def remove(self, spool_id: str) -> None:
+    def remove(self, spool_id: str, *, record_only: bool = False, files_only: bool = False) -> None:
         """Remove the record first: a data file without a record is never replayed. Not fsync'd:
         a record that comes back after a power loss is recognised by its id in fs_spool_commits,
         which a mount forgets only after sync_removals()."""
-        self._record(spool_id).unlink(missing_ok=True)
-        self._data(spool_id).unlink(missing_ok=True)
-        self._log(spool_id).unlink(missing_ok=True)
+        if not files_only:             # (the files an inline record's spill made, and failed to name)
+            self._record(spool_id).unlink(missing_ok=True)
+        if not record_only:            # (an inline file has no other)
+            self._data(spool_id).unlink(missing_ok=True)
+            self._log(spool_id).unlink(missing_ok=True)
 
     def sync_removals(self) -> None:
         """Make every removal so far durable."""

@@ -380,13 +380,14 @@ def test_writes_never_fsynced_survive_a_kill_with_their_names_truncates_and_appe
         fs.close()
     assert stored_files(store_dir)["m/stored"] == hashlib.sha256(bytes(stored)).hexdigest()
     assert verify_store(StorePaths(store_dir)).ok
-    # what the unlinked file left is kept, not replayed: its data and journal, no record
-    assert sorted(Path(n).suffix for n in os.listdir(StorePaths(store_dir).root / "spool")) == [".data", ".lock", ".log"]
+    # the unlinked file, small and new, lived in its record alone (inline), which went with the unlink
+    assert sorted(Path(n).suffix for n in os.listdir(StorePaths(store_dir).root / "spool")) == [".lock"]
 
 
 _THREE_WRITES = killed_child("""
     p.mkdir("m")
-    fh = p.open("m/f", os.O_CREAT | os.O_WRONLY)
+    p.write_file("m/f", b"")          # stored: its writes go to ID.data and the journal (a new file's few
+    fh = p.open("m/f", os.O_WRONLY)   # bytes would live in its record alone)
     fs.write(fh, 0, b"aaaa")
     if sys.argv[2] == "fsync":
         fs.fsync(fh)
@@ -450,7 +451,7 @@ def test_an_unsynced_record_from_another_boot_is_set_aside_and_a_durable_one_rep
     fs = open_fs(store_dir)
     try:
         assert fs.replayed == 0
-        assert PathDriver(fs).listdir("m") == []
+        assert PathDriver(fs).read_file("m/f") == b""              # as stored before the writes
     finally:
         fs.close()
     assert "not replayed, kept as" in caplog.text
@@ -473,7 +474,7 @@ def test_a_torn_unsynced_record_is_set_aside_after_a_restart_and_refuses_the_mou
         fs = open_fs(store_dir)
         try:
             assert fs.replayed == 0
-            assert PathDriver(fs).listdir("m") == []
+            assert PathDriver(fs).read_file("m/f") == b""          # as stored before the writes
         finally:
             fs.close()
         assert "the machine restarted since it was written" in caplog.text
@@ -493,7 +494,7 @@ def test_a_record_or_journal_of_an_unknown_version_is_refused_and_kept(store_dir
     if what == "record":
         path = spool_file(store_dir, ".json")
         raw = json.loads(path.read_bytes())
-        raw["version"] = 4
+        raw["version"] = 5
         path.write_text(json.dumps(raw))
     else:
         path = spool_file(store_dir, ".log")
