@@ -218,7 +218,8 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
 
     @_fuse_errors
     async def release(self, fh):
-        await self._thread(self.fs.release, fh)      # the kernel does not wait for this reply
+        # the kernel does not wait for this reply; with background commits it only queues a commit
+        await self._here(self.fs.release, fh)
 
     @_fuse_errors
     async def fsync(self, fh, datasync):

@@ -125,7 +125,10 @@ class Handles:
 
     def release(self, fh: int) -> None:
         """The handle's last descriptor is closed: what changed through it is committed (a commit
-        that fails is logged and its bytes stay in the spool, to be committed later)."""
+        that fails is logged and its bytes stay in the spool, to be committed later). On the
+        event loop (fsmodel/nowait.py) only where commits run in the background (then it queues one)."""
+        if not self._committer.background and not may_wait():
+            raise WouldBlock
         with self._ns.lock:
             handle = self._handles.pop(fh, None)
         if handle is not None:

@@ -66,6 +66,8 @@ class SpoolFile:
     sums: dict[int, int] = field(default_factory=dict)
     inline: bytearray | None = None    # a new small file's bytes, kept in its record (no ID.data, ID.log)
     last: SpoolRecord | None = None    # the record last written (what an inline write rewrites)
+    record_fd: int | None = None       # ID.json held open while it is rewritten in place (never durable)
+    record_len: int = 0                # its length (a rewrite pads to it)
 
     def _where(self) -> str:
         return f"spool {self.spool_id}"
@@ -209,13 +211,31 @@ class SpoolFile:
                        inline=None if self.inline is None else bytes(self.inline))
 
     def note(self, record: SpoolRecord) -> None:
-        """Write the record as it stands now; durably if an earlier one was (fsync's promise holds)."""
+        """Write the record as it stands now; durably if an earlier one was (fsync's promise holds).
+        A record of at most a page is written in one write (a kill of the daemon finds it whole, or
+        new and empty, or as it was) into ID.json kept open, and rewritten in place."""
         if self.durable:
             self.record(record)
             return
         self.last = record
-        self.spool.write_record(self._stamped(record, False), durable=False, fresh=not self.recorded)
+        data = self._stamped(record, False).to_json()
+        if self.record_fd is not None and len(data) <= IN_PLACE_MAX and self.record_len <= IN_PLACE_MAX:
+            padded = data.ljust(self.record_len, b" ")
+            if os.pwrite(self.record_fd, padded, 0) != len(padded):
+                raise OSError(errno.ENOSPC, "short write of a spool record")
+            self.record_len = len(padded)
+        elif not self.recorded and len(data) <= IN_PLACE_MAX:
+            self.record_fd = self.spool.new_record(self.spool_id, data)
+            self.record_len = len(data)
+        else:
+            self._drop_record_fd()
+            self.spool.write_record(self._stamped(record, False), durable=False, fresh=not self.recorded)
         self.recorded = True
+
+    def _drop_record_fd(self) -> None:
+        if self.record_fd is not None:
+            os.close(self.record_fd)
+            self.record_fd = None
 
     def record(self, record: SpoolRecord) -> None:
         """Make the bytes, the journal and the record durable, in that order (an inline file's
@@ -224,6 +244,7 @@ class SpoolFile:
             self.last = None           # no record rewritten by the spill: this one follows
             self._spill()
         self.last = record
+        self._drop_record_fd()         # a durable record replaces ID.json whole, never in place
         os.fsync(self.fd)
         os.fsync(self.journal.fd)
         self.spool.write_record(self._stamped(record, True), durable=True)
@@ -249,11 +270,13 @@ class SpoolFile:
     def forget_record(self) -> None:
         """The record no longer stands (the file was unlinked): a crash must not bring it back."""
         if self.recorded:
+            self._drop_record_fd()
             self.spool.remove_record(self.spool_id, durable=self.durable)
             self.recorded = False
 
     def _close_fds(self) -> None:
         self.closed = True
+        self._drop_record_fd()
         if self.inline is None:
             os.close(self.fd)
             os.close(self.journal.fd)
@@ -404,8 +427,14 @@ class Spool:
         written without fsync before a restart is."""
         out = []
         for path in sorted(self.dir.glob("*.json")):
+            data = path.read_bytes()
+            if not data and not self.restarted:
+                # made, then killed before its one write: the create it was for never returned
+                log.info("removing %s: an empty spool record (the mount was killed as it created a file)", path)
+                self.remove(path.stem)
+                continue
             try:
-                out.append(SpoolRecord.from_json(path.read_bytes(), path))
+                out.append(SpoolRecord.from_json(data, path))
             except StoreError as exc:
                 if not self.restarted or "is damaged" not in str(exc):
                     raise
@@ -416,6 +445,19 @@ class Spool:
 
     def record_ids(self) -> set[str]:
         return {p.stem for p in self.dir.glob("*.json")}
+
+    def new_record(self, spool_id: str, data: bytes) -> int:
+        """ID.json made with `data` (at most a page: one write), left open for rewrites in place."""
+        path = self._record(spool_id)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, "short write of a spool record")
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)     # a full disk leaves no empty record behind
+            raise
+        return fd
 
     def write_record(self, record: SpoolRecord, *, durable: bool = True, fresh: bool = False) -> None:
         """`fresh`: the spool file has no record yet (nothing to rewrite in place)."""
