@@ -188,7 +188,7 @@ class WritableOperations(MountLifecycle, pyfuse3.Operations):
     @_fuse_errors
     async def open(self, inode, flags, ctx):
         await self.opens_allowed()
-        fh = await self._thread(self.fs.open, inode, flags)
+        fh = await self._here(self.fs.open, inode, flags)      # in a thread if it may wait
         return pyfuse3.FileInfo(fh=fh, keep_cache=False)
 
     @_fuse_errors

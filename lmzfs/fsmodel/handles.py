@@ -75,6 +75,8 @@ class Handles:
             raise fs_error(errno.EISDIR)
         if node.kind != "file":
             raise fs_error(errno.ELOOP)
+        if not may_wait() and (node.data is None or flags & os.O_TRUNC):
+            raise WouldBlock        # reading the stored version's extents, or a truncate, may wait
         data = self._data(node)
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         changed = writable and data.dirty and node.file_id is None       # a new file: committed even if empty
