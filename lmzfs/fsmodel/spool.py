@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lmzfs.fsmodel.journal import TRUNCATE, WRITE, FileState, JournalRead, JournalWriter, read_journal
+from lmzfs.fsmodel.spoolinline import InlineBytes
 from lmzfs.fsmodel.spoolrecord import INLINE_MAX, RECORD_VERSION, SpoolRecord, boot_id
 from lmzfs.fsmodel.ranges import ByteRanges
 from lmzfs.fsmodel.spoolsums import (BLOCK, block_sum, check_block, cut_sums, held, read_blocks, settle, sums_of,
@@ -51,7 +52,7 @@ IN_PLACE_MAX = 4096                    # a record never durable, this small, is 
 
 
 @dataclass
-class SpoolFile:
+class SpoolFile(InlineBytes):
     """ID.data and ID.log of one file: the bytes written to it, at the file's own offsets, which
     ranges of them are the file's, each block's sum (spoolsums.py), and what each write and
     truncate did."""
@@ -150,58 +151,6 @@ class SpoolFile:
             raise
         self.ranges.cut(size)
         self.sums = cut_sums(self.sums, size, cut_sum)
-
-    # -- a new small file's bytes in its record ---------------------------------------------------
-    def _inline_change(self, offset: int, data: bytes, end: int) -> int:
-        """A write of `data` at `offset` (or, with no data, a truncate to `end`) of an inline file:
-        its record is rewritten with the new bytes before this returns (one pwrite in place), so a
-        kill of the daemon finds the write whole or (were it killed before) not at all."""
-        before, ranges_before = bytes(self.inline), self.ranges.as_list()
-        if data:
-            if end > len(self.inline):
-                self.inline.extend(bytes(end - len(self.inline)))
-            self.inline[offset:end] = data
-            self.ranges.add(offset, end)
-        else:
-            del self.inline[end:]
-            self.inline.extend(bytes(end - len(self.inline)))
-            self.ranges.cut(end)
-        try:
-            if self.recorded and self.last is not None:
-                self.note(replace(self.last, size=len(self.inline), ranges=self.ranges.as_list()))
-        except BaseException:
-            self.inline[:] = before
-            self.ranges = ByteRanges(ranges_before)
-            raise
-        return len(data)
-
-    def _spill(self) -> None:
-        """The inline file outgrows its record (or is fsync'd): its bytes go to a new ID.data with
-        a journal, then the record is rewritten to name them (a kill before that finds the inline
-        record, the file as it stood)."""
-        fd, journal = self.spool.data_files(self.spool_id, exclusive=False)
-        try:
-            if self.inline:
-                if os.pwrite(fd, bytes(self.inline), 0) != len(self.inline):
-                    raise OSError(errno.ENOSPC, "short write of the spool's data")
-            sums = sums_of(fd, self.ranges)
-        except BaseException:
-            self._drop_spilled(fd, journal)
-            raise
-        inline, self.inline = self.inline, None
-        self.fd, self.journal, self.sums = fd, journal, sums
-        try:
-            if self.recorded and self.last is not None:
-                self.note(self.last)
-        except BaseException:
-            self.inline, self.fd, self.journal, self.sums = inline, -1, None, {}
-            self._drop_spilled(fd, journal)
-            raise
-
-    def _drop_spilled(self, fd: int, journal: JournalWriter) -> None:
-        os.close(fd)
-        os.close(journal.fd)
-        self.spool.remove(self.spool_id, files_only=True)
 
     def _stamped(self, record: SpoolRecord, durable: bool) -> SpoolRecord:
         journal = self.journal
