@@ -6,9 +6,9 @@ process may use.
 
 In the background (a mount: start_background()), a release or an idle file only queues its
 commit: one committer thread takes what is queued once WINDOW_SECONDS passed since the first
-(or BATCH_FILES are queued; at once when a file over SMALL_FILE is queued), of the files that
-no call changed for SETTLE_SECONDS (the times, mode and name a program such as rsync sets right
-after it closes a file are set before the commit holds it), and commits the
+(or BATCH_FILES are queued; at once when a file over SMALL_FILE is queued), of the files whose
+name, mode, owner and times no call changed for SETTLE_SECONDS (the times, mode and name a
+program such as rsync sets right after it closes a file are set before the commit holds it), and commits the
 small files among them together, in one pack session and one catalog transaction (group
 commit), the others one by one. A commit's spool files are removed after it lets go of the
 store's lock. A queued file is
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 WINDOW_SECONDS = 0.1            # a queued commit waits at most this long for others to join it
 BATCH_FILES = 256               # files one group commit takes at most
 SMALL_FILE = 256 << 10          # files up to this size are committed in groups
-SETTLE_SECONDS = 0.03          # a queued file waits until no call changed it for this long
+SETTLE_SECONDS = 0.03           # a queued file waits until no rename, chmod or utimes touched it for this long
 SETTLE_LONGEST = 1.0            # ... or it was queued this long ago
 QUIET_SECONDS = 0.05            # a large file's background commit waits for this lull in namespace changes
 DEFER_SECONDS = 2.0             # ... for this long at most
@@ -261,13 +261,14 @@ class Committer:
             return taken
 
     def _settled(self) -> list[Node]:
-        """The queued files (BATCH_FILES at most) that no call changed for SETTLE_SECONDS (or that
-        were queued SETTLE_LONGEST ago): a program that closes a file and then sets its times and
-        mode and renames it (rsync, cp -p, tar) makes those calls before its commit holds the file."""
+        """The queued files (BATCH_FILES at most) whose name, mode, owner and times no call changed
+        for SETTLE_SECONDS (or that were queued SETTLE_LONGEST ago): a program that closes a file
+        and then sets its times and mode and renames it (rsync, cp -p, tar) makes those calls
+        before its commit holds the file. Writes meanwhile do not hold a commit back."""
         now_ns, now = time.time_ns(), time.monotonic()
         settled_ns = now_ns - int(SETTLE_SECONDS * 1e9)
         return [node for inode, node in self._queue.items()
-                if node.entry.ctime_ns <= settled_ns or self._queued_at.get(inode, now) + SETTLE_LONGEST <= now
+                if node.renamed_or_set_ns <= settled_ns or self._queued_at.get(inode, now) + SETTLE_LONGEST <= now
                 ][:BATCH_FILES]
 
     def _run(self) -> None:

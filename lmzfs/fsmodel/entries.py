@@ -177,6 +177,7 @@ class Entries:
                             self._remove_stored(db, victim, new_mid, new_path)
                     move_subtree(db, old_mid, old_where[1], new_mid, new_path)
                     node.change(ctime_ns=now)
+                    node.renamed_or_set_ns = now
                     source_dir.touch(now)
                     target_dir.touch(now)
                     self._store_dir_meta(db, source_dir)
@@ -211,6 +212,7 @@ class Entries:
                     return False
                 now = time.time_ns()
                 node.change(ctime_ns=now)
+                node.renamed_or_set_ns = now
                 ns.move(node, source_dir, target_dir, new_name, None, now)
             self._sync.last_change = time.monotonic()       # a large file's commit waits for a lull
             self._records.note_below(node)
@@ -242,6 +244,7 @@ class Entries:
             given = {"mode": None if mode is None else stat.S_IMODE(mode), "uid": uid, "gid": gid,
                      "atime_ns": atime_ns, "mtime_ns": mtime_ns}
             node.change(**{k: v for k, v in given.items() if v is not None}, ctime_ns=now)
+            node.renamed_or_set_ns = now
             where = self._ns.where(node) if node.linked else None
             stored = node.kind != "file" or node.file_id is not None
         if (mode, uid, gid, atime_ns, mtime_ns) == (None,) * 5:

@@ -98,6 +98,7 @@ class Node:
     lookups: int = 0
     linked: bool = True
     xattrs: dict[bytes, bytes] = field(default_factory=dict)
+    renamed_or_set_ns: int = 0                   # when a rename, chmod, chown or utimes last changed it (time_ns)
 
     @property
     def kind(self) -> str:
