@@ -80,11 +80,38 @@ class FileReader:
         if not covering:
             return b""
         lone = self._lone(offset)
-        pieces = []
-        for e in covering:
-            with self._located(e):
-                pieces.append(self._source.read(e, *_within(e, offset, end), lone=lone))
+        jobs = [(e, *_within(e, offset, end)) for e in covering]
+        helpers = self._prefetcher.helpers if self._prefetcher is not None else 0
+        if helpers:
+            jobs = [(e, a, b) for e, lo, hi in jobs for a, b in self._source.pieces(e, lo, hi, lone, helpers + 1)]
+        missing = [i for i, (e, lo, hi) in enumerate(jobs) if not self._source.has(e, lo, hi)] if helpers else []
+        pieces: list = [None] * len(jobs)
+        if len(missing) > 1:
+            # this thread and helper threads take the missing pieces one by one, in order
+            todo, lock = iter(missing), threading.Lock()
+
+            def drain() -> None:
+                while True:
+                    with lock:
+                        i = next(todo, None)
+                    if i is None:
+                        return
+                    pieces[i] = self._read_piece(*jobs[i], lone)
+            beside = [self._prefetcher.beside(drain) for _ in range(min(helpers, len(missing) - 1))]
+            try:
+                drain()
+            finally:
+                for future in beside:
+                    if future is not None:
+                        future.result()         # raises what the helper raised, once every helper is done
+        for i, job in enumerate(jobs):
+            if pieces[i] is None:
+                pieces[i] = self._read_piece(*job, lone)
         return self._finish(offset, end, first, covering, pieces)
+
+    def _read_piece(self, e: Extent, lo: int, hi: int, lone: bool):
+        with self._located(e):
+            return self._source.read(e, lo, hi, lone=lone)
 
     def pread_nowait(self, offset: int, length: int, *, idle: bool = False) -> bytes | None:
         """pread()'s bytes if they can be had without waiting for another thread: every chunk
@@ -107,6 +134,9 @@ class FileReader:
             pieces.append(got)
         if missing >= 0:
             e = covering[missing]
+            helpers = self._prefetcher.helpers if self._prefetcher is not None else 0
+            if helpers and len(source.pieces(e, *_within(e, offset, end), lone, helpers + 1)) > 1:
+                return None             # a thread decodes its pieces at once (pread)
             with self._located(e):
                 got = source.read_nowait(e, *_within(e, offset, end), lone=lone, idle=idle and len(covering) == 1)
             if got is None:
