@@ -221,7 +221,7 @@ class ChunkSource:
                     pass
             elif found is None:
                 return self._lent(e, lo, hi)
-        return _slice(self.cache.get(e.chunk_id, lambda: self._decode(e)), lo, hi)
+        return _slice(self.cache.get(e.chunk_id, lambda: self._decode(e, copy=False)), lo, hi)
 
     def _missing_run(self, e: Extent, a: int, stop: int, step: int) -> range:
         """The parts from a up to stop, ending before the first one that is cached already."""
@@ -285,7 +285,7 @@ class ChunkSource:
                 return True
             except _NotInParts:
                 pass
-        self.cache.get(e.chunk_id, lambda: self._decode(e))
+        self.cache.get(e.chunk_id, lambda: self._decode(e, copy=False))
         return True
 
     def pieces(self, e: Extent, lo: int, hi: int, lone: bool, most: int) -> list[tuple[int, int]]:
