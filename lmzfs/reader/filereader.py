@@ -82,9 +82,15 @@ class FileReader:
         lone = self._lone(offset)
         jobs = [(e, *_within(e, offset, end)) for e in covering]
         helpers = self._prefetcher.helpers if self._prefetcher is not None else 0
-        if helpers:
-            jobs = [(e, a, b) for e, lo, hi in jobs for a, b in self._source.pieces(e, lo, hi, lone, helpers + 1)]
         missing = [i for i, (e, lo, hi) in enumerate(jobs) if not self._source.has(e, lo, hi)] if helpers else []
+        if 0 < len(missing) <= helpers:
+            # fewer chunks to decode than threads: a lone read's chunks are cut at their parts'
+            # edges too (each thread then decodes parts of its own; a chunk's part decoder is built
+            # by the first thread that needs it, the other waits for it)
+            most = -(-(helpers + 1) // len(missing))
+            jobs = [(e, a, b) for e, lo, hi in jobs for a, b in
+                    (self._source.pieces(e, lo, hi, lone, most) if not self._source.has(e, lo, hi) else [(lo, hi)])]
+            missing = [i for i, (e, lo, hi) in enumerate(jobs) if not self._source.has(e, lo, hi)]
         pieces: list = [None] * len(jobs)
         if len(missing) > 1:
             # this thread and helper threads take the missing pieces one by one, in order
