@@ -63,6 +63,9 @@ class FileReader:
         self._prefetching = 0
         self._prefetched: set[bytes] = set()
         self._served: dict[int, list[tuple[int, int]]] = {}   # extent index -> its ranges served so far
+        # extents all of whose bytes were served (the kernel's page cache holds them): read-ahead
+        # never decodes them again, however late its task for them runs
+        self._released: set[int] = set()
         self._last_end = -1                   # where the latest read ended
         self._prefetcher = prefetcher
         self._stream = prefetcher.register(id(self)) if prefetcher is not None else None
@@ -189,9 +192,9 @@ class FileReader:
         return out
 
     # -- read-ahead --------------------------------------------------------------------------------
-    def _prefetch(self, e: Extent) -> None:
+    def _prefetch(self, i: int, e: Extent) -> None:
         with self._cond:
-            if self._closed:
+            if self._closed or i in self._released:
                 return
             self._prefetching += 1
         try:
@@ -218,8 +221,8 @@ class FileReader:
         i = max(0, bisect.bisect_right(self._starts, start) - 1)
         while i < len(self._extents) and self._extents[i].offset < min(stop, self.size):
             e = self._extents[i]
-            if not self._source.is_cached(e):
-                prefetcher.submit(lambda e=e: self._prefetch(e))
+            if i not in self._released and not self._source.is_cached(e):
+                prefetcher.submit(lambda i=i, e=e: self._prefetch(i, e))
             i += 1
         return released
 
@@ -240,6 +243,7 @@ class FileReader:
                 ranges = _merged(self._served.pop(i, []), lo, hi)
                 if ranges == [(0, e.size)]:
                     done.append(e)
+                    self._released.add(i)
                 else:
                     self._served[i] = ranges
             while len(self._served) > MAX_PARTLY_SERVED:    # forget the oldest: it stays cached

@@ -121,3 +121,23 @@ def test_a_damaged_segment_in_a_read_split_across_threads_is_eio_and_the_rest_re
         assert r.pread(good, 100) == plain[good:good + 100]
         assert archive.counters.corrupt_chunks >= 1
 
+
+
+
+def test_read_ahead_never_decodes_again_a_chunk_the_reader_was_served_all_of(store):
+    import threading
+    store, plain = store
+    with reading(store.root, workers=1) as (archive, r, chunks):
+        assert len(chunks) == 4
+        ahead = chunks[3]
+        assert r.pread(ahead.offset, ahead.size) == plain[ahead.offset:ahead.offset + ahead.size]
+        assert not archive.source.is_cached(ahead)      # served whole: released
+        # a stream through the first two chunks: read-ahead's window grows to span the last again
+        start = chunks[0].offset
+        for o in range(start, chunks[2].offset, 64 << 10):
+            assert r.pread(o, 64 << 10) == plain[o:o + (64 << 10)]
+        done = threading.Event()
+        archive.prefetcher.submit(done.set)             # one read-ahead thread: runs after its tasks
+        assert done.wait(30)
+        assert archive.source.is_cached(chunks[2])      # the window was read ahead...
+        assert not archive.source.is_cached(ahead)      # ...but not the chunk served already
