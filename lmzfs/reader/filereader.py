@@ -63,6 +63,9 @@ class FileReader:
         self._prefetching = 0
         self._prefetched: set[bytes] = set()
         self._served: dict[int, list[tuple[int, int]]] = {}   # extent index -> its ranges served so far
+        # extents all of whose bytes were served (the kernel's page cache holds them): read-ahead
+        # never decodes them again, however late its task for them runs
+        self._released: set[int] = set()
         self._last_end = -1                   # where the latest read ended
         self._prefetcher = prefetcher
         self._stream = prefetcher.register(id(self)) if prefetcher is not None else None
@@ -80,11 +83,44 @@ class FileReader:
         if not covering:
             return b""
         lone = self._lone(offset)
-        pieces = []
-        for e in covering:
-            with self._located(e):
-                pieces.append(self._source.read(e, *_within(e, offset, end), lone=lone))
+        jobs = [(e, *_within(e, offset, end)) for e in covering]
+        helpers = self._prefetcher.helpers if self._prefetcher is not None else 0
+        missing = [i for i, (e, lo, hi) in enumerate(jobs) if not self._source.has(e, lo, hi)] if helpers else []
+        if 0 < len(missing) <= helpers:
+            # fewer chunks to decode than threads: a lone read's chunks are cut at their parts'
+            # edges too (each thread then decodes parts of its own; a chunk's part decoder is built
+            # by the first thread that needs it, the other waits for it)
+            most = -(-(helpers + 1) // len(missing))
+            jobs = [(e, a, b) for e, lo, hi in jobs for a, b in
+                    (self._source.pieces(e, lo, hi, lone, most) if not self._source.has(e, lo, hi) else [(lo, hi)])]
+            missing = [i for i, (e, lo, hi) in enumerate(jobs) if not self._source.has(e, lo, hi)]
+        pieces: list = [None] * len(jobs)
+        if len(missing) > 1:
+            # this thread and helper threads take the missing pieces one by one, in order
+            todo, lock = iter(missing), threading.Lock()
+
+            def drain() -> None:
+                while True:
+                    with lock:
+                        i = next(todo, None)
+                    if i is None:
+                        return
+                    pieces[i] = self._read_piece(*jobs[i], lone)
+            beside = [self._prefetcher.beside(drain) for _ in range(min(helpers, len(missing) - 1))]
+            try:
+                drain()
+            finally:
+                for future in beside:
+                    if future is not None:
+                        future.result()         # raises what the helper raised, once every helper is done
+        for i, job in enumerate(jobs):
+            if pieces[i] is None:
+                pieces[i] = self._read_piece(*job, lone)
         return self._finish(offset, end, first, covering, pieces)
+
+    def _read_piece(self, e: Extent, lo: int, hi: int, lone: bool):
+        with self._located(e):
+            return self._source.read(e, lo, hi, lone=lone)
 
     def pread_nowait(self, offset: int, length: int, *, idle: bool = False) -> bytes | None:
         """pread()'s bytes if they can be had without waiting for another thread: every chunk
@@ -107,6 +143,9 @@ class FileReader:
             pieces.append(got)
         if missing >= 0:
             e = covering[missing]
+            helpers = self._prefetcher.helpers if self._prefetcher is not None else 0
+            if helpers and len(source.pieces(e, *_within(e, offset, end), lone, helpers + 1)) > 1:
+                return None             # a thread decodes its pieces at once (pread)
             with self._located(e):
                 got = source.read_nowait(e, *_within(e, offset, end), lone=lone, idle=idle and len(covering) == 1)
             if got is None:
@@ -153,9 +192,9 @@ class FileReader:
         return out
 
     # -- read-ahead --------------------------------------------------------------------------------
-    def _prefetch(self, e: Extent) -> None:
+    def _prefetch(self, i: int, e: Extent) -> None:
         with self._cond:
-            if self._closed:
+            if self._closed or i in self._released:
                 return
             self._prefetching += 1
         try:
@@ -182,8 +221,8 @@ class FileReader:
         i = max(0, bisect.bisect_right(self._starts, start) - 1)
         while i < len(self._extents) and self._extents[i].offset < min(stop, self.size):
             e = self._extents[i]
-            if not self._source.is_cached(e):
-                prefetcher.submit(lambda e=e: self._prefetch(e))
+            if i not in self._released and not self._source.is_cached(e):
+                prefetcher.submit(lambda i=i, e=e: self._prefetch(i, e))
             i += 1
         return released
 
@@ -204,6 +243,7 @@ class FileReader:
                 ranges = _merged(self._served.pop(i, []), lo, hi)
                 if ranges == [(0, e.size)]:
                     done.append(e)
+                    self._released.add(i)
                 else:
                     self._served[i] = ranges
             while len(self._served) > MAX_PARTLY_SERVED:    # forget the oldest: it stays cached

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,6 +45,13 @@ class Prefetcher:
 
     def __init__(self, workers: int, cache_capacity: int):
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="lmz-readahead")
+        # Beside a reader's own thread, these decode the other pieces of a read that misses more
+        # than one piece (FileReader.pread), so that a read nothing was read ahead for (a loader's
+        # scattered touch, the start of a stream) is decoded on every CPU: a pool of its own, so
+        # such a piece never queues behind the read-ahead's guesses.
+        self.helpers = max(0, workers - 1)
+        self._helper_pool = ThreadPoolExecutor(max_workers=self.helpers, thread_name_prefix="lmz-beside") \
+            if self.helpers else None
         self._cache_capacity = cache_capacity
         self._lock = threading.Lock()
         self._streams: dict[int, StreamState] = {}
@@ -104,9 +111,21 @@ class Prefetcher:
         if not self._closed:
             self._pool.submit(_quietly, load)
 
+    def beside(self, load: Callable[[], object]) -> Future | None:
+        """Run load on a helper thread; its Future, or None if there is none (then the caller
+        runs it itself)."""
+        if self._helper_pool is None or self._closed:
+            return None
+        try:
+            return self._helper_pool.submit(load)
+        except RuntimeError:        # shut down meanwhile
+            return None
+
     def close(self) -> None:
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._helper_pool is not None:
+            self._helper_pool.shutdown(wait=True)
 
 
 def _quietly(load: Callable[[], object]) -> None:

@@ -221,7 +221,7 @@ class ChunkSource:
                     pass
             elif found is None:
                 return self._lent(e, lo, hi)
-        return _slice(self.cache.get(e.chunk_id, lambda: self._decode(e)), lo, hi)
+        return _slice(self.cache.get(e.chunk_id, lambda: self._decode(e, copy=False)), lo, hi)
 
     def _missing_run(self, e: Extent, a: int, stop: int, step: int) -> range:
         """The parts from a up to stop, ending before the first one that is cached already."""
@@ -285,8 +285,36 @@ class ChunkSource:
                 return True
             except _NotInParts:
                 pass
-        self.cache.get(e.chunk_id, lambda: self._decode(e))
+        self.cache.get(e.chunk_id, lambda: self._decode(e, copy=False))
         return True
+
+    def pieces(self, e: Extent, lo: int, hi: int, lone: bool, most: int) -> list[tuple[int, int]]:
+        """[lo, hi) of the chunk cut into at most `most` ranges that separate threads may read()
+        at once (lone as given) without decoding any byte twice: for a lone read of a chunk that
+        decodes in parts and is not cached, at its parts' edges, each range a run of whole parts'
+        worth; else [(lo, hi)]. A range's read then decodes only the parts it touches, each
+        checked by its own checksum, as a lone read of them would; a range that touches every
+        part is never cut, so that the chunk is decoded whole and checked by the chunk's."""
+        codec = _codec(e)
+        step = codec.part_bytes if codec is not None else 0
+        if most < 2 or not lone or not step or e.size <= step or e.base is not None or e.chunk_id in self.cache:
+            return [(lo, hi)]
+        first, stop = lo // step, -(-hi // step)
+        n = stop - first
+        if n < 2 or n == -(-e.size // step):
+            return [(lo, hi)]
+        k = min(most, n)
+        edges = [(first + n * i // k) * step for i in range(1, k)]
+        bounds = [lo, *edges, hi]
+        return list(zip(bounds, bounds[1:]))
+
+    def has(self, e: Extent, lo: int, hi: int) -> bool:
+        """[lo, hi) of the chunk is cached or being decoded (the chunk, or every part it needs);
+        never decodes, never waits, counts no hit."""
+        if e.chunk_id in self.cache:
+            return True
+        found = self._part_starts(e, lo, hi, every=True)
+        return found is not None and all(_part_key(e, a) in self.cache for a in found[0])
 
     def is_cached(self, e: Extent) -> bool:
         """The chunk is cached whole or being decoded."""
