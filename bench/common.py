@@ -117,6 +117,24 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system CPU seconds of a process and (summed) its live descendants, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        if children:
+            with contextlib.suppress(OSError):
+                for t in Path(f"/proc/{p}/task").iterdir():
+                    with contextlib.suppress(OSError):
+                        todo += [int(c) for c in (t / "children").read_text().split()]
+    return total
+
+
 def read_sequential(path: Path) -> tuple[int, float]:
     """Read a whole file front to back in 1 MiB reads; return (bytes, seconds)."""
     buf = bytearray(READ_SIZE)

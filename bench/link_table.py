@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import describe, log, mounted, read_sequential, run  # noqa: E402
+from common import cpu_seconds, describe, log, mounted, read_sequential, run  # noqa: E402
 
 RATES = ("1gbit", "2gbit", "10gbit", "none")
 LOAD_RATE = "1gbit"
@@ -82,24 +82,6 @@ def drop_page_cache() -> bool:
         return True
     except OSError:
         return False
-
-
-def cpu_seconds(pid: int, children: bool = True) -> float:
-    """User + system CPU seconds of a process and (summed) its live descendants, from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        if children:
-            with contextlib.suppress(OSError):
-                for t in Path(f"/proc/{p}/task").iterdir():
-                    with contextlib.suppress(OSError):
-                        todo += [int(c) for c in (t / "children").read_text().split()]
-    return total
 
 
 def load_file(path: Path) -> int:

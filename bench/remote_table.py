@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import describe, du_bytes, log, mounted, read_sequential, run, sha256_file  # noqa: E402
+from common import cpu_seconds, describe, du_bytes, log, mounted, read_sequential, run, sha256_file  # noqa: E402
 
 POLL_WINDOW_S = 60.0
 POLL_S = 1.0
@@ -273,12 +273,16 @@ class Bench:
         return mounted([*self.lmz, "--store", self.store, "mount", "--foreground", mnt],
                        [*self.lmz, "umount", mnt], mnt, self.work / "mount.log")
 
-    def timed_read(self, path: Path) -> dict:
+    def timed_read(self, path: Path, mount_pid: int) -> dict:
+        """The file read front to back on a dropped page cache; the CPU seconds the mount's process
+        and the engine spent meanwhile (on a host whose CPUs they share, what bounds the read)."""
         dropped = drop_page_cache()
+        c, e = cpu_seconds(mount_pid), cpu_seconds(self.eng.proc.pid)
         n, s = read_sequential(path)
+        c, e = cpu_seconds(mount_pid) - c, cpu_seconds(self.eng.proc.pid) - e
         if n != self.out["file"]["bytes"]:
             raise RuntimeError(f"read {n} bytes of {path}, not {self.out['file']['bytes']}")
-        return {"seconds": s, "dropped": dropped}
+        return {"seconds": s, "dropped": dropped, "mount_cpu_s": round(c, 3), "engine_cpu_s": round(e, 3)}
 
     def measure_reads(self) -> None:
         rows = []
@@ -288,20 +292,21 @@ class Bench:
             row: dict = {}
             cache = self.work / f"cache-read{i}"
             with self.mount_local(self.work / "mnt-local") as m:
-                row["local"] = self.timed_read(m.path / name)
+                row["local"] = self.timed_read(m.path / name, m.proc.pid)
             with self.mount_remote(self.work / "mnt-remote", cache, "--poll", "0") as m:
-                row["cold"] = self.timed_read(m.path / name)
+                row["cold"] = self.timed_read(m.path / name, m.proc.pid)
                 st = stats_of(m.path)["remote"]
                 row["cold_fetch"] = st["fetch"]
                 row["cold_disk_cache"] = st["disk_cache"]
                 if i == 0:
                     row["sha256_ok"] = sha256_file(m.path / name) == sha256_file(self.astra)
             with self.mount_remote(self.work / "mnt-remote", cache, "--poll", "0") as m:
-                row["warm"] = self.timed_read(m.path / name)
+                row["warm"] = self.timed_read(m.path / name, m.proc.pid)
                 row["warm_fetch"] = stats_of(m.path)["remote"]["fetch"]
             shutil.rmtree(cache, ignore_errors=True)
             rows.append(row)
         self.out["reads"] = rows
+        self.out["cpus"] = len(os.sched_getaffinity(0))
 
     def measure_two_hosts(self) -> None:
         log("remote: two mounts, separate caches and processes")

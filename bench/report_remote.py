@@ -45,11 +45,29 @@ def remote_md(r: dict) -> list[str]:
                 "`--cache-dir` (cold: every byte from the engine); the same again on the cache the cold read "
                 "filled (warm: every byte from the disk cache). × local: within each run.", ""]
         local = [x["local"]["seconds"] for x in reads]
-        rows = [["local store, `lmz mount`", cell(summ(mbps(local, n)), 0), "1"]]
+        has_cpu = all("mount_cpu_s" in x[k] for x in reads for k in ("local", "cold", "warm"))
+
+        def cpu(key: str) -> str:
+            if not has_cpu:
+                return "n/a"
+            m = summ([x[key]["mount_cpu_s"] for x in reads])["median"]
+            e = summ([x[key]["engine_cpu_s"] for x in reads])["median"]
+            return f"{m:.2f} ({e:.2f})"
+        rows = [["local store, `lmz mount`", cell(summ(mbps(local, n)), 0), "1", cpu("local")]]
         for key, label in (("cold", "remote, cold (empty cache)"), ("warm", "remote, warm (cache filled)")):
             s = [x[key]["seconds"] for x in reads]
-            rows.append([label, cell(summ(mbps(s, n)), 0), ratio(per_run(local, s, lambda a, b: a / b))])
-        out += table(["mount", "MB/s", "× local"], rows, "lrr")
+            rows.append([label, cell(summ(mbps(s, n)), 0), ratio(per_run(local, s, lambda a, b: a / b)), cpu(key)])
+        out += table(["mount", "MB/s", "× local", "CPU s: mount (engine)"], rows, "lrrr")
+        if has_cpu and r.get("cpus"):
+            # the cold read's work (the mount's and the engine's CPU seconds) spread over every CPU
+            # at once, against the local read as it ran: the most the cold read could reach here
+            bound = summ([x["local"]["seconds"] * r["cpus"] / (x["cold"]["mount_cpu_s"] + x["cold"]["engine_cpu_s"])
+                          for x in reads])["median"]
+            out += [f"CPU s: the mount's process (every thread, user + system) over the read, median, and in "
+                    f"brackets the engine's (it shares this host's {r['cpus']} CPUs). Were the cold read's CPU "
+                    f"seconds, the mount's and the engine's, spread over all {r['cpus']} CPUs for its whole "
+                    f"length, it would take {r['cpus']}× less than their sum: against the local read as it ran, "
+                    f"the most a cold read could reach on this host is {bound:.2f}× the local mount (median).", ""]
         fetched = [x["cold_fetch"]["bytes_fetched"] for x in reads]
         marks = []
         for key in ("cold", "warm"):

@@ -14,6 +14,7 @@ a cache directory at a time (a lock file); another gets CacheBusy.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import hashlib
@@ -151,16 +152,14 @@ class BlockCache:
         name = self._name(key, block)
         path = self.root / "blocks" / name
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
-        blob = _HEAD.pack(_MAGIC, len(data), 0, xxhash.xxh3_128_digest(data)) + data
+        head = _HEAD.pack(_MAGIC, len(data), 0, xxhash.xxh3_128_digest(data))
         try:
             if name[:2] not in self._dirs:
                 path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
                 self._dirs.add(name[:2])
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
             try:
-                view = memoryview(blob)
-                while view:
-                    view = view[os.write(fd, view):]
+                _write_all(fd, [head, data])        # the header and the bytes, without joining them
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -170,8 +169,9 @@ class BlockCache:
             tmp.unlink(missing_ok=True)
             return
         with self._lock:
-            self._bytes += len(blob) - self._index.pop(name, 0)
-            self._index[name] = len(blob)
+            size = len(head) + len(data)
+            self._bytes += size - self._index.pop(name, 0)
+            self._index[name] = size
             self._evict_locked()
 
     def _drop(self, name: str) -> None:
@@ -200,3 +200,17 @@ class BlockCache:
         if self._owner is not None:
             os.close(self._owner)
             self._owner = None
+
+
+def _write_all(fd: int, parts: list) -> None:
+    """Write every byte of the buffers, in order, however short each write comes back."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        n = os.writev(fd, views)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "no byte written")
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
