@@ -57,7 +57,10 @@ def remote_md(r: dict) -> list[str]:
         for key, label in (("cold", "remote, cold (empty cache)"), ("warm", "remote, warm (cache filled)")):
             s = [x[key]["seconds"] for x in reads]
             rows.append([label, cell(summ(mbps(s, n)), 0), ratio(per_run(local, s, lambda a, b: a / b)), cpu(key)])
-        out += table(["mount", "MB/s", "× local", "CPU s: mount (engine)"], rows, "lrrr")
+        if not has_cpu:         # runs from before the reads' CPU was kept
+            rows = [row[:-1] for row in rows]
+        out += table(["mount", "MB/s", "× local", *(["CPU s: mount (engine)"] if has_cpu else [])], rows,
+                     "lrrr" if has_cpu else "lrr")
         if has_cpu and r.get("cpus"):
             # the cold read's work (the mount's and the engine's CPU seconds) spread over every CPU
             # at once, against the local read as it ran: the most the cold read could reach here
