@@ -12,12 +12,15 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from lmzfs.reader.remotearchive import RemoteArchive, RemoteOptions
 from lmzfs.store.layout import StoreError, StorePaths
+from lmzfs.store.remote.blockcache import BLOCK_BYTES, BlockCache
+from lmzfs.store.remote.fetch import RangeFetcher
 from lmzfs.store.remote.format import POINTER_KEY, Pointer, parse_pack_key
 from lmzfs.store.remote.objects import ObjectStore, RemoteConflict, RemoteURL
 from lmzfs.store.remote.prune import prune
@@ -411,3 +414,36 @@ def test_a_pack_object_larger_than_a_part_is_uploaded_in_parts_and_reads_back(tm
         assert read_all(archive) == expected(models, ["smollm2"])
     finally:
         archive.close()
+
+
+class _CacheThatBreaksOnce(BlockCache):
+    """A real disk cache whose first write fails as no cache write should (a fault injected into it)."""
+    broke = False
+
+    def put(self, key: str, block: int, data) -> None:
+        if not self.broke:
+            self.broke = True
+            raise RuntimeError("the cache broke")
+        super().put(key, block, data)
+
+
+def test_a_fetch_whose_cache_write_breaks_settles_every_waiting_read_and_the_next_read_is_exact(tmp_path, remote_url,
+                                                                                                 models):
+    store = StorePaths(tmp_path / "store")
+    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
+    objects = ObjectStore(RemoteURL.parse(remote_url), timeout=10)
+    push(store, objects)
+    pack = max((o for o in objects.list("packs/") if o.key.endswith(".lmzp")), key=lambda o: o.size)
+    assert pack.size > 3 * BLOCK_BYTES
+    want = bytes(objects.get_range(pack.key, 0, 3 * BLOCK_BYTES))
+    fetcher = RangeFetcher(objects, _CacheThatBreaksOnce(tmp_path / "cache", 1 << 30))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(fetcher.read, pack.key, pack.size, 0, 3 * BLOCK_BYTES)
+            with pytest.raises(RuntimeError, match="the cache broke"):
+                first.result(timeout=30)           # an error, not a read that waits for ever
+        assert bytes(fetcher.read(pack.key, pack.size, 0, 3 * BLOCK_BYTES)) == want
+        assert bytes(fetcher.read(pack.key, pack.size, BLOCK_BYTES, BLOCK_BYTES)) == want[BLOCK_BYTES:2 * BLOCK_BYTES]
+    finally:
+        fetcher.close()
+        fetcher.cache.close()

@@ -217,23 +217,28 @@ class RangeFetcher:
 
     def _arrived(self, key: str, block: int, data: bytes, fut: Future, ahead: bool) -> None:
         """Whoever waits gets the block first; then it is written to the disk cache, and only then
-        is it no longer in flight (a read meanwhile finds the settled future, never a miss)."""
+        is it no longer in flight (a read meanwhile finds the settled future, never a miss),
+        whatever the cache does."""
         fut.set_result(data)
-        self.cache.put(key, block, data)
-        if not ahead:
-            self._remember(key, block, data)
-        with self._lock:
-            if self._inflight.get((key, block)) is fut:
-                del self._inflight[(key, block)]
+        try:
+            self.cache.put(key, block, data)
+            if not ahead:
+                self._remember(key, block, data)
+        finally:
+            with self._lock:
+                if self._inflight.get((key, block)) is fut:
+                    del self._inflight[(key, block)]
 
     def _fail(self, key: str, run: range, futs: list[Future], done: int, error: BaseException) -> None:
-        """The blocks of the run not yet settled fail with error (those settled keep their bytes)."""
+        """The blocks of the run not yet settled fail with error (those settled keep their bytes):
+        every block claimed is settled one way or the other, so that no reader waits for ever."""
         with self._lock:
             for b, fut in list(zip(run, futs))[done:]:
                 if self._inflight.get((key, b)) is fut:
                     del self._inflight[(key, b)]
         for fut in futs[done:]:
-            fut.set_exception(error)
+            if not fut.done():          # a block handed on before what failed after it (its cache write)
+                fut.set_exception(error)
 
     # -- read-ahead -------------------------------------------------------------------------------
     def _read_ahead(self, key: str, size: int, first: int, last: int) -> None:
