@@ -20,7 +20,7 @@ import pytest
 from lmzfs.reader.remotearchive import RemoteArchive, RemoteOptions
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.remote.blockcache import BLOCK_BYTES, BlockCache
-from lmzfs.store.remote.fetch import RangeFetcher
+from lmzfs.store.remote.fetch import MAX_GET_BYTES, RangeFetcher
 from lmzfs.store.remote.format import POINTER_KEY, Pointer, parse_pack_key
 from lmzfs.store.remote.objects import ObjectStore, RemoteConflict, RemoteURL
 from lmzfs.store.remote.prune import prune
@@ -446,4 +446,25 @@ def test_a_fetch_whose_cache_write_breaks_settles_every_waiting_read_and_the_nex
         assert bytes(fetcher.read(pack.key, pack.size, BLOCK_BYTES, BLOCK_BYTES)) == want[BLOCK_BYTES:2 * BLOCK_BYTES]
     finally:
         fetcher.close()
+        fetcher.cache.close()
+
+
+def test_a_read_of_many_blocks_after_the_fetcher_closed_fails_and_leaves_nothing_waiting(tmp_path, remote_url, models):
+    store = StorePaths(tmp_path / "store")
+    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
+    objects = ObjectStore(RemoteURL.parse(remote_url), timeout=10)
+    push(store, objects)
+    pack = max((o for o in objects.list("packs/") if o.key.endswith(".lmzp")), key=lambda o: o.size)
+    span = 2 * MAX_GET_BYTES + BLOCK_BYTES              # three GETs: one here, two for the pool
+    assert pack.size > span
+    fetcher = RangeFetcher(objects, BlockCache(tmp_path / "cache", 1 << 30))
+    try:
+        fetcher.close()
+        with ThreadPoolExecutor(1) as pool:
+            with pytest.raises(OSError, match="closed"):
+                pool.submit(fetcher.read, pack.key, pack.size, 0, span).result(timeout=30)
+            # a block of those: failed above, not left claimed, so a read of it alone fetches it here
+            got = pool.submit(fetcher.read, pack.key, pack.size, MAX_GET_BYTES, BLOCK_BYTES).result(timeout=30)
+        assert bytes(got) == bytes(objects.get_range(pack.key, MAX_GET_BYTES, MAX_GET_BYTES + BLOCK_BYTES))
+    finally:
         fetcher.cache.close()

@@ -140,7 +140,10 @@ class RangeFetcher:
             claimed = [self._claim(key, run) for run in runs]
         # the first run here, the others on the pool, so a read of many blocks fetches in parallel
         for run, futs in list(zip(runs, claimed))[1:]:
-            self._pool.submit(self._fetch_run, key, size, run, futs)
+            try:
+                self._pool.submit(self._fetch_run, key, size, run, futs)
+            except RuntimeError:            # closing: fail them rather than leave them claimed
+                self._fail(key, run, futs, 0, RemoteUnavailable("the fetcher is closed"))
         if runs:
             self._fetch_run(key, size, runs[0], claimed[0])
         for run, futs in zip(runs, claimed):
