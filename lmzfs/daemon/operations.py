@@ -1,9 +1,11 @@
 """The FUSE request handlers: a thin, read-only adapter from pyfuse3 to the archive.
 
 Everything here runs on the trio thread except ``FileReader.pread``, which runs in worker
-threads (bounded by a CapacityLimiter) because decoding chunks is CPU and disk work. The other
-archive calls (generation, files, totals, open) are short and stay on the trio thread, so the
-archive never sees them from two threads at once.
+threads (bounded by a CapacityLimiter) because decoding chunks is CPU and disk work, and the
+archive's ``open``, which may wait as long (a remote store's pack header is fetched on the first
+open of each pack). The other archive calls (generation, files, totals) are short and stay on
+the trio thread; the archive reads its catalog under a lock of its own, so an open on a thread
+never meets them half way.
 """
 from __future__ import annotations
 
@@ -231,8 +233,10 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
             self._files[fh] = _OpenFile(None, _BytesReader(self._virtual_content(served.virtual)))
             return pyfuse3.FileInfo(fh=fh, direct_io=True)    # generated anew at each open
         # The handle holds its own reader, so the file keeps working if its model is removed.
+        # Opening may wait (the catalog's rows; a remote store's pack header, fetched on the first
+        # open of each pack): on a thread, so that the other requests are answered meanwhile.
         try:
-            reader = self._archive.open(served.entry)
+            reader = await trio.to_thread.run_sync(self._archive.open, served.entry, limiter=self._limiter)
         except FileNotFoundError:
             raise pyfuse3.FUSEError(errno.ENOENT) from None   # its model was removed meanwhile
         fh = self._new_fh()

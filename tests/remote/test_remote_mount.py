@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -212,3 +213,46 @@ def _answers(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def test_an_open_waiting_on_a_hung_engine_holds_up_no_other_request(tmp_path, models, monkeypatch):
+    """The engine frozen (SIGSTOP: it takes connections and answers nothing) while a file of a pack
+    never opened before is opened: that open waits for the engine, the mount's other requests
+    do not wait for it."""
+    with S3Engine(tmp_path / "engine") as engine:
+        for key, value in engine.env().items():
+            monkeypatch.setenv(key, value)
+        url = engine.url("hung")
+        store = tmp_path / "store"
+        lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
+        lmz("--store", str(store), "add", "--fast", str(models["smollm2"]))
+        lmz("--store", str(store), "push", url)         # each model's chunks in pack objects of their own
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        with mounted(mnt, tmp_path / "unused", *remote_args(url, tmp_path / "cache", poll="0", timeout="20"),
+                     env=os.environ):
+            expected = plain(models, "minilm", "smollm2")
+            assert sha(mnt / "minilm" / "model.safetensors") == expected["minilm/model.safetensors"]
+            engine.proc.send_signal(signal.SIGSTOP)
+            def open_and_close():
+                try:
+                    open(mnt / "smollm2" / "model.gguf", "rb").close()
+                except OSError:         # EIO once the engine's time is up: what matters is the wait
+                    pass
+            try:
+                opened = threading.Thread(target=open_and_close)
+                opened.start()
+                time.sleep(1.0)                             # the open is waiting on the engine now
+                assert opened.is_alive()
+                t0 = time.monotonic()
+                names = sorted(os.listdir(mnt / "minilm"))
+                stat = os.stat(mnt / "minilm" / "model.safetensors")
+                took = time.monotonic() - t0
+            finally:
+                engine.proc.send_signal(signal.SIGCONT)
+            opened.join(timeout=60)
+            assert not opened.is_alive()
+            assert names == sorted(p.name for p in models["minilm"].iterdir())
+            assert stat.st_size == (models["minilm"] / "model.safetensors").stat().st_size
+            assert took < 5, f"a listing and a stat took {took:.1f} s behind an open waiting on the engine"
+            assert tree(mnt) == expected
