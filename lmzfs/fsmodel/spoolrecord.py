@@ -66,8 +66,9 @@ class SpoolRecord:
             del raw["sums"], raw["journal_generation"]
             return json.dumps(raw, sort_keys=True).encode()
         body = json.dumps(raw, sort_keys=True).encode()
-        raw["check"] = f"{xxhash.xxh3_64_intdigest(body):016x}"
-        return json.dumps(raw, sort_keys=True).encode()
+        # the check joins the object as its last member: one encoding, not two (readers do not
+        # care where a member stands; from_json checks the JSON without it, keys sorted)
+        return body[:-1] + b', "check": "%016x"}' % xxhash.xxh3_64_intdigest(body)
 
     def state(self) -> FileState:
         return FileState(self.size, self.base_len, self.ranges,
