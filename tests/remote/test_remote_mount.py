@@ -3,6 +3,7 @@ polling, an engine that goes away and comes back, a killed daemon, credentials k
 and the read-only https:// form through a real HTTP server. Real S3 engine, real model files."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -121,18 +122,26 @@ def test_credentials_appear_in_no_argv_log_stats_or_doctor_output(tmp_path, remo
         lmz("umount", str(mnt))
 
 
-def test_an_engine_that_stops_gives_eio_within_the_timeout_and_reads_resume_when_it_returns(tmp_path, models,
-                                                                                              monkeypatch):
+@contextlib.contextmanager
+def engine_of_its_own(tmp_path, models, monkeypatch, prefix: str):
+    """An S3 engine of this test's own (it will be stopped or frozen), minilm and smollm2 pushed to
+    it, each model's chunks in pack objects of their own: (engine, url, an empty mount point)."""
     with S3Engine(tmp_path / "engine") as engine:
         for key, value in engine.env().items():
             monkeypatch.setenv(key, value)
-        url = engine.url("outage")
+        url = engine.url(prefix)
         store = tmp_path / "store"
         lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
         lmz("--store", str(store), "add", "--fast", str(models["smollm2"]))
-        lmz("--store", str(store), "push", url)         # each model's chunks in pack objects of their own
+        lmz("--store", str(store), "push", url)
         mnt = tmp_path / "mnt"
         mnt.mkdir()
+        yield engine, url, mnt
+
+
+def test_an_engine_that_stops_gives_eio_within_the_timeout_and_reads_resume_when_it_returns(tmp_path, models,
+                                                                                              monkeypatch):
+    with engine_of_its_own(tmp_path, models, monkeypatch, "outage") as (engine, url, mnt):
         with mounted(mnt, tmp_path / "unused", *remote_args(url, tmp_path / "cache", timeout="4"), env=os.environ):
             cached = sha(mnt / "minilm" / "model.safetensors")         # read once: in the disk cache now
             engine.stop()
@@ -219,21 +228,13 @@ def test_an_open_waiting_on_a_hung_engine_holds_up_no_other_request(tmp_path, mo
     """The engine frozen (SIGSTOP: it takes connections and answers nothing) while a file of a pack
     never opened before is opened: that open waits for the engine, the mount's other requests
     do not wait for it."""
-    with S3Engine(tmp_path / "engine") as engine:
-        for key, value in engine.env().items():
-            monkeypatch.setenv(key, value)
-        url = engine.url("hung")
-        store = tmp_path / "store"
-        lmz("--store", str(store), "add", "--fast", str(models["minilm"]))
-        lmz("--store", str(store), "add", "--fast", str(models["smollm2"]))
-        lmz("--store", str(store), "push", url)         # each model's chunks in pack objects of their own
-        mnt = tmp_path / "mnt"
-        mnt.mkdir()
+    with engine_of_its_own(tmp_path, models, monkeypatch, "hung") as (engine, url, mnt):
         with mounted(mnt, tmp_path / "unused", *remote_args(url, tmp_path / "cache", poll="0", timeout="20"),
                      env=os.environ):
             expected = plain(models, "minilm", "smollm2")
             assert sha(mnt / "minilm" / "model.safetensors") == expected["minilm/model.safetensors"]
             engine.proc.send_signal(signal.SIGSTOP)
+
             def open_and_close():
                 try:
                     open(mnt / "smollm2" / "model.gguf", "rb").close()

@@ -416,6 +416,15 @@ def test_a_pack_object_larger_than_a_part_is_uploaded_in_parts_and_reads_back(tm
         archive.close()
 
 
+def pushed_pack(tmp_path, remote_url, models):
+    """minilm pushed to the remote: (its ObjectStore, the largest pack object's info)."""
+    store = StorePaths(tmp_path / "store")
+    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
+    objects = ObjectStore(RemoteURL.parse(remote_url), timeout=10)
+    push(store, objects)
+    return objects, max((o for o in objects.list("packs/") if o.key.endswith(".lmzp")), key=lambda o: o.size)
+
+
 class _CacheThatBreaksOnce(BlockCache):
     """A real disk cache whose first write fails as no cache write should (a fault injected into it)."""
     broke = False
@@ -429,11 +438,7 @@ class _CacheThatBreaksOnce(BlockCache):
 
 def test_a_fetch_whose_cache_write_breaks_settles_every_waiting_read_and_the_next_read_is_exact(tmp_path, remote_url,
                                                                                                  models):
-    store = StorePaths(tmp_path / "store")
-    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
-    objects = ObjectStore(RemoteURL.parse(remote_url), timeout=10)
-    push(store, objects)
-    pack = max((o for o in objects.list("packs/") if o.key.endswith(".lmzp")), key=lambda o: o.size)
+    objects, pack = pushed_pack(tmp_path, remote_url, models)
     assert pack.size > 3 * BLOCK_BYTES
     want = bytes(objects.get_range(pack.key, 0, 3 * BLOCK_BYTES))
     fetcher = RangeFetcher(objects, _CacheThatBreaksOnce(tmp_path / "cache", 1 << 30))
@@ -450,11 +455,7 @@ def test_a_fetch_whose_cache_write_breaks_settles_every_waiting_read_and_the_nex
 
 
 def test_a_read_of_many_blocks_after_the_fetcher_closed_fails_and_leaves_nothing_waiting(tmp_path, remote_url, models):
-    store = StorePaths(tmp_path / "store")
-    lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
-    objects = ObjectStore(RemoteURL.parse(remote_url), timeout=10)
-    push(store, objects)
-    pack = max((o for o in objects.list("packs/") if o.key.endswith(".lmzp")), key=lambda o: o.size)
+    objects, pack = pushed_pack(tmp_path, remote_url, models)
     span = 2 * MAX_GET_BYTES + BLOCK_BYTES              # three GETs: one here, two for the pool
     assert pack.size > span
     fetcher = RangeFetcher(objects, BlockCache(tmp_path / "cache", 1 << 30))
