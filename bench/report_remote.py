@@ -47,18 +47,17 @@ def remote_md(r: dict) -> list[str]:
         local = [x["local"]["seconds"] for x in reads]
         has_cpu = all("mount_cpu_s" in x[k] for x in reads for k in ("local", "cold", "warm"))
 
-        def cpu(key: str) -> str:
+        def cpu(key: str) -> list[str]:
+            """The read's CPU seconds, mount (engine), medians; none for runs from before they were kept."""
             if not has_cpu:
-                return "n/a"
+                return []
             m = summ([x[key]["mount_cpu_s"] for x in reads])["median"]
             e = summ([x[key]["engine_cpu_s"] for x in reads])["median"]
-            return f"{m:.2f} ({e:.2f})"
-        rows = [["local store, `lmz mount`", cell(summ(mbps(local, n)), 0), "1", cpu("local")]]
+            return [f"{m:.2f} ({e:.2f})"]
+        rows = [["local store, `lmz mount`", cell(summ(mbps(local, n)), 0), "1", *cpu("local")]]
         for key, label in (("cold", "remote, cold (empty cache)"), ("warm", "remote, warm (cache filled)")):
             s = [x[key]["seconds"] for x in reads]
-            rows.append([label, cell(summ(mbps(s, n)), 0), ratio(per_run(local, s, lambda a, b: a / b)), cpu(key)])
-        if not has_cpu:         # runs from before the reads' CPU was kept
-            rows = [row[:-1] for row in rows]
+            rows.append([label, cell(summ(mbps(s, n)), 0), ratio(per_run(local, s, lambda a, b: a / b)), *cpu(key)])
         out += table(["mount", "MB/s", "× local", *(["CPU s: mount (engine)"] if has_cpu else [])], rows,
                      "lrrr" if has_cpu else "lrr")
         if has_cpu and r.get("cpus"):
