@@ -5,7 +5,8 @@ threads (bounded by a CapacityLimiter) because decoding chunks is CPU and disk w
 archive's ``open``, which may wait as long (a remote store's pack header is fetched on the first
 open of each pack). The other archive calls (generation, files, totals) are short and stay on
 the trio thread; the archive reads its catalog under a lock of its own, so an open on a thread
-never meets them half way.
+never meets them half way. Opens and releases (which wait for the file's read-ahead in flight)
+take trio's own thread limiter, not the decoders': they wait more than they compute.
 """
 from __future__ import annotations
 
@@ -236,7 +237,7 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         # Opening may wait (the catalog's rows; a remote store's pack header, fetched on the first
         # open of each pack): on a thread, so that the other requests are answered meanwhile.
         try:
-            reader = await trio.to_thread.run_sync(self._archive.open, served.entry, limiter=self._limiter)
+            reader = await trio.to_thread.run_sync(self._archive.open, served.entry)
         except FileNotFoundError:
             raise pyfuse3.FUSEError(errno.ENOENT) from None   # its model was removed meanwhile
         fh = self._new_fh()
@@ -311,7 +312,9 @@ class LmzOperations(MountLifecycle, pyfuse3.Operations):
         handle = self._files.pop(fh, None)
         self._recent_reads.pop(fh, None)
         if handle is not None:
-            handle.reader.close()
+            # closing waits for the file's read-ahead running now (a decode; with a remote store,
+            # perhaps a fetch): on a thread, so that the other requests are answered meanwhile
+            await trio.to_thread.run_sync(handle.reader.close)
 
     def _virtual_content(self, kind: str) -> bytes:
         if kind != "stats":

@@ -257,3 +257,32 @@ def test_an_open_waiting_on_a_hung_engine_holds_up_no_other_request(tmp_path, mo
             assert stat.st_size == (models["minilm"] / "model.safetensors").stat().st_size
             assert took < 5, f"a listing and a stat took {took:.1f} s behind an open waiting on the engine"
             assert tree(mnt) == expected
+
+
+def test_closing_a_file_whose_read_ahead_waits_on_a_hung_engine_holds_up_no_other_request(tmp_path, models,
+                                                                                           monkeypatch):
+    """A file read ahead of its reader, the engine frozen (SIGSTOP) under its read-ahead, then
+    closed: the close waits for the read-ahead in flight, the mount's other requests do not."""
+    with engine_of_its_own(tmp_path, models, monkeypatch, "hung-close") as (engine, url, mnt):
+        # a small disk cache: the fetcher reads ahead less far than the decoders do
+        with mounted(mnt, tmp_path / "unused", *remote_args(url, tmp_path / "cache", poll="0", timeout="20"),
+                     "--remote-cache-bytes", str(32 << 20), env=os.environ):
+            want = (models["smollm2"] / "model.gguf").read_bytes()
+            f = open(mnt / "smollm2" / "model.gguf", "rb", buffering=0)
+            try:
+                assert f.read(24 << 20) == want[:24 << 20]      # a stream: read ahead up to 24 MiB on
+                engine.proc.send_signal(signal.SIGSTOP)
+                time.sleep(1.0)                                 # the read-ahead reaches what is not fetched
+                closed = threading.Thread(target=f.close)
+                closed.start()
+                time.sleep(0.5)                                 # its release waits for that read-ahead now
+                t0 = time.monotonic()
+                names = sorted(os.listdir(mnt / "minilm"))
+                took = time.monotonic() - t0
+            finally:
+                engine.proc.send_signal(signal.SIGCONT)
+            closed.join(timeout=60)
+            assert not closed.is_alive()
+            assert names == sorted(p.name for p in models["minilm"].iterdir())
+            assert took < 5, f"a listing took {took:.1f} s behind a close waiting on the engine"
+            assert tree(mnt) == plain(models, "minilm", "smollm2")
