@@ -224,65 +224,70 @@ def _answers(port: int) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def frozen(engine):
+    """The engine frozen for the block (SIGSTOP: it takes connections and answers nothing)."""
+    engine.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        engine.proc.send_signal(signal.SIGCONT)
+
+
+def listing_behind(waiter: threading.Thread, mnt: Path, models, settle_s: float) -> float:
+    """Start `waiter` (a call that will wait on the frozen engine), give it settle_s to get there,
+    then list minilm's directory and stat its model, checked; the seconds those two took."""
+    waiter.start()
+    time.sleep(settle_s)
+    t0 = time.monotonic()
+    names = sorted(os.listdir(mnt / "minilm"))
+    size = os.stat(mnt / "minilm" / "model.safetensors").st_size
+    took = time.monotonic() - t0
+    assert names == sorted(p.name for p in models["minilm"].iterdir())
+    assert size == (models["minilm"] / "model.safetensors").stat().st_size
+    return took
+
+
 def test_an_open_waiting_on_a_hung_engine_holds_up_no_other_request(tmp_path, models, monkeypatch):
-    """The engine frozen (SIGSTOP: it takes connections and answers nothing) while a file of a pack
-    never opened before is opened: that open waits for the engine, the mount's other requests
-    do not wait for it."""
+    """The engine frozen while a file of a pack never opened before is opened: that open waits for
+    the engine, the mount's other requests do not wait for it."""
     with engine_of_its_own(tmp_path, models, monkeypatch, "hung") as (engine, url, mnt):
         with mounted(mnt, tmp_path / "unused", *remote_args(url, tmp_path / "cache", poll="0", timeout="20"),
                      env=os.environ):
             expected = plain(models, "minilm", "smollm2")
             assert sha(mnt / "minilm" / "model.safetensors") == expected["minilm/model.safetensors"]
-            engine.proc.send_signal(signal.SIGSTOP)
 
             def open_and_close():
                 try:
                     open(mnt / "smollm2" / "model.gguf", "rb").close()
                 except OSError:         # EIO once the engine's time is up: what matters is the wait
                     pass
-            try:
-                opened = threading.Thread(target=open_and_close)
-                opened.start()
-                time.sleep(1.0)                             # the open is waiting on the engine now
-                assert opened.is_alive()
-                t0 = time.monotonic()
-                names = sorted(os.listdir(mnt / "minilm"))
-                stat = os.stat(mnt / "minilm" / "model.safetensors")
-                took = time.monotonic() - t0
-            finally:
-                engine.proc.send_signal(signal.SIGCONT)
+            opened = threading.Thread(target=open_and_close)
+            with frozen(engine):
+                took = listing_behind(opened, mnt, models, settle_s=1.0)
+                assert opened.is_alive()                    # the open still waits on the engine
             opened.join(timeout=60)
             assert not opened.is_alive()
-            assert names == sorted(p.name for p in models["minilm"].iterdir())
-            assert stat.st_size == (models["minilm"] / "model.safetensors").stat().st_size
             assert took < 5, f"a listing and a stat took {took:.1f} s behind an open waiting on the engine"
             assert tree(mnt) == expected
 
 
 def test_closing_a_file_whose_read_ahead_waits_on_a_hung_engine_holds_up_no_other_request(tmp_path, models,
                                                                                            monkeypatch):
-    """A file read ahead of its reader, the engine frozen (SIGSTOP) under its read-ahead, then
-    closed: the close waits for the read-ahead in flight, the mount's other requests do not."""
+    """A file read ahead of its reader, the engine frozen under its read-ahead, then closed: the
+    close waits for the read-ahead in flight, the mount's other requests do not."""
     with engine_of_its_own(tmp_path, models, monkeypatch, "hung-close") as (engine, url, mnt):
         # a small disk cache: the fetcher reads ahead less far than the decoders do
         with mounted(mnt, tmp_path / "unused", *remote_args(url, tmp_path / "cache", poll="0", timeout="20"),
                      "--remote-cache-bytes", str(32 << 20), env=os.environ):
             want = (models["smollm2"] / "model.gguf").read_bytes()
             f = open(mnt / "smollm2" / "model.gguf", "rb", buffering=0)
-            try:
-                assert f.read(24 << 20) == want[:24 << 20]      # a stream: read ahead up to 24 MiB on
-                engine.proc.send_signal(signal.SIGSTOP)
+            assert f.read(24 << 20) == want[:24 << 20]          # a stream: read ahead up to 24 MiB on
+            closed = threading.Thread(target=f.close)
+            with frozen(engine):
                 time.sleep(1.0)                                 # the read-ahead reaches what is not fetched
-                closed = threading.Thread(target=f.close)
-                closed.start()
-                time.sleep(0.5)                                 # its release waits for that read-ahead now
-                t0 = time.monotonic()
-                names = sorted(os.listdir(mnt / "minilm"))
-                took = time.monotonic() - t0
-            finally:
-                engine.proc.send_signal(signal.SIGCONT)
+                took = listing_behind(closed, mnt, models, settle_s=0.5)    # the release waits by then
             closed.join(timeout=60)
             assert not closed.is_alive()
-            assert names == sorted(p.name for p in models["minilm"].iterdir())
-            assert took < 5, f"a listing took {took:.1f} s behind a close waiting on the engine"
+            assert took < 5, f"a listing and a stat took {took:.1f} s behind a close waiting on the engine"
             assert tree(mnt) == plain(models, "minilm", "smollm2")
