@@ -140,10 +140,7 @@ class RangeFetcher:
             claimed = [self._claim(key, run) for run in runs]
         # the first run here, the others on the pool, so a read of many blocks fetches in parallel
         for run, futs in list(zip(runs, claimed))[1:]:
-            try:
-                self._pool.submit(self._fetch_run, key, size, run, futs)
-            except RuntimeError:            # closing: fail them rather than leave them claimed
-                self._fail(key, run, futs, 0, RemoteUnavailable("the fetcher is closed"))
+            self._start(self._fetch_run, key, size, run, futs)
         if runs:
             self._fetch_run(key, size, runs[0], claimed[0])
         for run, futs in zip(runs, claimed):
@@ -301,12 +298,19 @@ class RangeFetcher:
         except RuntimeError:
             pass
         for run, futs in issued:
-            try:
-                self._pool.submit(self._ahead_run, key, size, run, futs)
-            except RuntimeError:            # closing: nobody will wait for these
-                self._fail(key, run, futs, 0, RemoteUnavailable("the fetcher is closed"))
+            if not self._start(self._ahead_run, key, size, run, futs):
                 with self._lock:
                     self._ahead -= 1
+
+    def _start(self, fetch, key: str, size: int, run: range, futs: list[Future]) -> bool:
+        """fetch(key, size, run, futs) on the pool; False if the pool is closing, the run's blocks
+        then failed rather than left claimed (a read of them would wait for ever)."""
+        try:
+            self._pool.submit(fetch, key, size, run, futs)
+            return True
+        except RuntimeError:
+            self._fail(key, run, futs, 0, RemoteUnavailable("the fetcher is closed"))
+            return False
 
     def _ahead_run(self, key: str, size: int, run: range, futs: list[Future]) -> None:
         try:
