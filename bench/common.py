@@ -117,6 +117,22 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def spool_pending(store: Path) -> int:
+    """How many files a writable mount of `store` has not committed yet: its spool's records, each
+    an ID.json or a used slot of records.slots (docs/format.md, "Spool directory": page 0 is the
+    header, each later 4,096-byte page a slot, used while its first byte is not zero)."""
+    spool = Path(store) / "spool"
+    pending = sum(1 for _ in spool.glob("*.json"))
+    try:
+        with open(spool / "records.slots", "rb") as f:
+            f.seek(4096)
+            while page := f.read(4096):
+                pending += page[0] != 0
+    except FileNotFoundError:
+        pass
+    return pending
+
+
 def cpu_seconds(pid: int, children: bool = True) -> float:
     """User + system CPU seconds of a process and (summed) its live descendants, from /proc."""
     tick = os.sysconf("SC_CLK_TCK")

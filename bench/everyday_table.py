@@ -59,7 +59,7 @@ def _committed(store: Path | None, timeout: float = 1800.0) -> None:
     if store is None:
         return
     deadline = time.monotonic() + timeout
-    while any((store / "spool").glob("*.json")):
+    while common.spool_pending(store):
         if time.monotonic() > deadline:
             raise ToolError(f"the mount of {store} did not commit its files within {timeout:.0f} s")
         time.sleep(0.005)
@@ -127,7 +127,7 @@ def _reads_during(path: Path, store: Path | None, size: int) -> dict:
             if store is None:
                 if time.monotonic() > t_end:
                     break
-            elif not any((store / "spool").glob("*.json")):
+            elif not common.spool_pending(store):
                 break
     finally:
         os.close(fd)

@@ -65,7 +65,7 @@ def _lmz(store: Path, *args) -> list:
 def _committed(store: Path, timeout: float = 3600.0) -> None:
     """Wait until the writable mount of `store` has committed every file: its spool holds no record."""
     deadline = time.monotonic() + timeout
-    while any((store / "spool").glob("*.json")):
+    while common.spool_pending(store):
         if time.monotonic() > deadline:
             raise ToolError(f"the mount of {store} did not commit its files within {timeout:.0f} s")
         time.sleep(0.01)

@@ -60,6 +60,14 @@ class OrderedWindow(Generic[T]):
                 self._max_bytes is not None and len(self._jobs) > 1 and self._weight > self._max_bytes):
             self._land_oldest()
 
+    def put(self, tag: Any, result: T) -> None:
+        """A result already at hand (no job to run): landed in its turn, after those submitted before."""
+        fut: Future = Future()
+        fut.set_result(result)
+        self._jobs.append((tag, fut, 0))
+        while len(self._jobs) > self._limit:
+            self._land_oldest()
+
     def drain(self, keep: int = 0) -> None:
         """Land results, oldest first, until at most `keep` jobs are outstanding."""
         while len(self._jobs) > keep:

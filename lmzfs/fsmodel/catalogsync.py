@@ -16,11 +16,11 @@ import sqlite3
 import threading
 import time
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import fs_error
-from lmzfs.fsmodel.nowait import WouldBlock, holding, may_wait
+from lmzfs.fsmodel.nowait import WouldBlock, may_wait, take
 from lmzfs.fsmodel.reconcile import reload
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.catalog.fsrows import ensure_fs_schema
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 
 SYNC_DELAY = 0.01          # the WAL is fsync'd this soon after a change (and at once by sync())
+LET_IN_SECONDS = 0.5       # a commit in parts waits at most this long for the changes waiting between them
 
 
 def open_catalog(store: StorePaths) -> Catalog:
@@ -108,7 +109,9 @@ class CatalogSync:
         self.lock = threading.RLock()          # changes to the store, one at a time
         self.closed = False
         self.wal = WalSyncer(catalog)
-        self.last_change = 0.0          # when the latest namespace change was made (monotonic)
+        self.last_change = 0.0          # when the latest change was made (monotonic): busy(), changing()
+        self._waiting = 0               # namespace changes waiting in a thread for the lock
+        self._waiters = threading.Condition()
         with self.lock:
             self.seen_version = catalog.data_version()
             reload(ns, catalog)
@@ -148,7 +151,7 @@ class CatalogSync:
         """One change to the store: ours alone (in this process and across processes), made on
         the catalog as it is now. `namespace`: a change a caller waits for (mkdir, rename ...),
         not a commit's or a reclaim's (last_change says when the latest was)."""
-        with holding(self.lock):
+        with self._turn(namespace):
             if self.closed:
                 raise fs_error(errno.EROFS, "the file system is closing")
             with ExitStack() as stack:
@@ -179,11 +182,53 @@ class CatalogSync:
                     self.seen_version = self.catalog.data_version()
                     self._ns.close_deferred()
 
-    def wait_quiet(self, quiet: float, longest: float) -> None:
-        """Until no namespace change was made for `quiet` seconds, or `longest` passed: a commit
-        that holds the store's lock for long lets a burst of namespace changes (rsync, tar) pass."""
+    @contextmanager
+    def _turn(self, namespace: bool) -> Iterator:
+        """The lock held (as nowait.holding); a namespace change that waits for it (in a thread)
+        is counted while it waits, so that a commit in parts lets it in (let_changes_in)."""
+        counted = namespace and may_wait()
+        if counted:
+            with self._waiters:
+                self._waiting += 1
+        try:
+            take(self.lock)
+        finally:
+            if counted:
+                with self._waiters:
+                    self._waiting -= 1
+                    self._waiters.notify_all()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def changes_waiting(self) -> int:
+        """How many namespace changes wait for the lock now."""
+        with self._waiters:
+            return self._waiting
+
+    def let_changes_in(self, longest: float = LET_IN_SECONDS) -> None:
+        """Between two parts of a commit (the lock not held): until the namespace changes that
+        wait for the lock have it, or `longest` passed."""
         end = time.monotonic() + longest
-        while not self.closed:
+        with self._waiters:
+            while self._waiting > 0:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                self._waiters.wait(left)
+
+    def busy(self) -> None:
+        """A caller changed something (created, wrote, renamed a file, set its metadata): commits
+        wait for a lull (wait_quiet)."""
+        self.last_change = time.monotonic()
+
+    def wait_quiet(self, quiet: float, longest: float, until: Callable[[], bool] | None = None) -> None:
+        """Until no change was made for `quiet` seconds, or `longest` passed, or `until()`: the
+        commits a burst of changes (rsync, tar, a build writing many files) queues wait for its
+        end, so that their work does not slow it down."""
+        end = time.monotonic() + longest
+        while not self.closed and not (until is not None and until()):
             now = time.monotonic()
             left = min(self.last_change + quiet, end) - now
             if left <= 0:

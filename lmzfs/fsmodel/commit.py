@@ -37,19 +37,25 @@ from lmzfs.fsmodel.nodes import Node
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.hostresources import usable_cpus
-from lmzfs.fsmodel.storecommit import CommittedFile, FileContent, FileToCommit, commit_file, commit_files
+from lmzfs.fsmodel.storecommit import (CommittedFile, FileContent, FileToCommit, commit_file, commit_files,
+                                      pre_encode_files)
 from lmzfs.store.layout import StoreError
 from lmzfs.store.write.encodefile import Unchanged
+from lmzfs.store.write.policy import EncodePolicy
 
 log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 0.1            # a queued commit waits at most this long for others to join it
 BATCH_FILES = 256               # files one group commit takes at most
+CODED_AHEAD_MAX = 32 << 20      # a new file up to this size is coded before its commit takes the lock
+GROUP_FILES = 16                # ... and commits in parts of at most this many files
+GROUP_BYTES = 4 << 20           # ... or bytes, each under one hold of the store's lock
 SMALL_FILE = 256 << 10          # files up to this size are committed in groups
 SETTLE_SECONDS = 0.03           # a queued file waits until no rename, chmod or utimes touched it for this long
 SETTLE_LONGEST = 1.0            # ... or it was queued this long ago
-QUIET_SECONDS = 0.05            # a large file's background commit waits for this lull in namespace changes
-DEFER_SECONDS = 2.0             # ... for this long at most
+QUIET_SECONDS = 0.05            # background commits wait for this lull in changes (writes, creates, renames ...)
+DEFER_SECONDS = 10.0            # ... for this long at most
+DEFER_FILES = 1024              # ... or until this many files are queued
 HISTORY_FILES = 64              # the files whose last commit's chunks and hash states are kept
 HASH_STATES = 512               # hash states kept per file at most
 
@@ -116,6 +122,7 @@ class Committer:
         data = node.data
         if data is None or not data.dirty:
             return False
+        policy = self._coded_ahead(node, data)
         # The store lock before the file's: a removal holding the store lock may close the file's data.
         with self._removing_spent(), self._sync.changing(namespace=False), data.lock:
             if node.data is not data:
@@ -127,10 +134,21 @@ class Committer:
             done = commit_file(self._sync.store, self._sync.catalog, self._pool, self._workers, model=what.model,
                                path=what.path, content=what.content, meta=what.meta, replaces=what.replaces,
                                spool_id=what.spool_id, chunk_size=self._chunk_size, unchanged=unchanged,
-                               hash_every=max(self._chunk_size, data.size // HASH_STATES))
+                               hash_every=max(self._chunk_size, data.size // HASH_STATES), policy=policy)
             self._remember(what.replaces, unchanged, done)
             self._done(node, data, what, done)
             return True
+
+    def _coded_ahead(self, node: Node, data) -> EncodePolicy:
+        """A new file's chunks coded before its commit takes the store's lock (while it holds
+        none: namespace changes and other files' writes go on meanwhile), for a file of at most
+        CODED_AHEAD_MAX; a file with a stored version is coded under the lock, as only what
+        changed is coded at all."""
+        if node.file_id is not None or data.size > CODED_AHEAD_MAX:
+            return EncodePolicy()
+        with data.lock:
+            what = self._what(node) if node.data is data else None
+        return pre_encode_files(self._pool, [what], self._chunk_size) if what is not None else EncodePolicy()
 
     @contextmanager
     def _removing_spent(self) -> Iterator[None]:
@@ -276,6 +294,11 @@ class Committer:
             nodes = self._take()
             if nodes is None:
                 return
+            # a burst of changes (rsync, tar, cp -r, a build writing many files) goes first: its
+            # files are in the spool meanwhile, as safe against a kill as a commit makes them,
+            # and their commits' CPU would slow it down
+            self._sync.wait_quiet(QUIET_SECONDS, DEFER_SECONDS,
+                                  until=lambda: self._stopping or len(self._queue) + len(nodes) >= DEFER_FILES)
             try:
                 self._commit_batch(nodes)
             except Exception:                       # a bug must not stop every later commit
@@ -292,10 +315,6 @@ class Committer:
         else:
             alone += small
         committed = 0
-        if any(node.uncommitted for node in alone):
-            # a large file's commit holds the store's lock for long: a burst of namespace changes
-            # (rsync, tar, cp -r of many files) goes first, for a while
-            self._sync.wait_quiet(QUIET_SECONDS, DEFER_SECONDS)
         for node in small + alone:                  # what a group left out, and the large files
             if node.uncommitted:
                 committed += self._commit_quietly(node)
@@ -312,6 +331,33 @@ class Committer:
             return False
 
     def _commit_together(self, nodes: list[Node]) -> None:
+        # the chunks are coded first, holding no lock (namespace changes and writes go on
+        # meanwhile); the commit under the store's lock looks them up (a file written since is
+        # coded again there)
+        ahead = []
+        for node in nodes:
+            data = node.data
+            if data is not None:
+                with data.lock:
+                    what = self._what(node) if node.data is data else None
+                if what is not None:
+                    ahead.append(what)
+        policy = pre_encode_files(self._pool, ahead, self._chunk_size)
+        # in parts, each a short hold of the store's lock: namespace changes waiting for it
+        # (a directory's times set by rsync, a mkdir) go between the parts
+        part, part_bytes = [], 0
+        for node in nodes:
+            data = node.data
+            part.append(node)
+            part_bytes += data.size if data is not None else 0
+            if len(part) >= GROUP_FILES or part_bytes >= GROUP_BYTES:
+                self._commit_part(part, policy)
+                self._sync.let_changes_in()
+                part, part_bytes = [], 0
+        if part:
+            self._commit_part(part, policy)
+
+    def _commit_part(self, nodes: list[Node], policy) -> None:
         with self._removing_spent(), self._sync.changing(namespace=False), ExitStack() as held:
             picked = []
             for node in nodes:
@@ -325,7 +371,7 @@ class Committer:
             if not picked:
                 return
             done = commit_files(self._sync.store, self._sync.catalog, self._pool, self._workers,
-                                [w for _, _, w in picked], self._chunk_size)
+                                [w for _, _, w in picked], self._chunk_size, policy)
             for (node, data, what), d in zip(picked, done):
                 if d is not None:
                     self._done(node, data, what, d)

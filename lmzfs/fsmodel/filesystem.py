@@ -184,6 +184,7 @@ class Filesystem:
         """`fh`: the handle a size change came through (ftruncate), whose flush commits it."""
         node = self._ns.node(inode)
         now = time.time_ns()
+        self._sync.busy()
         if size is not None:
             self._handles.resize(node, size, fh, now)
         self._entries.set_meta(node, now, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns)
@@ -203,6 +204,7 @@ class Filesystem:
 
     # -- files -----------------------------------------------------------------------------------
     def create(self, parent: int, name: str, mode: int, uid: int, gid: int, flags: int) -> tuple[int, Attributes]:
+        self._sync.busy()
         return self._handles.create(parent, name, mode, uid, gid, flags)
 
     def open(self, inode: int, flags: int) -> int:
@@ -212,10 +214,12 @@ class Filesystem:
         return self._handles.read(fh, offset, length)
 
     def write(self, fh: int, offset: int, data: bytes) -> int:
+        self._sync.busy()
         return self._handles.write(fh, offset, data)
 
     def try_write(self, fh: int, offset: int, data: bytes) -> int | None:
         """write(), unless the file is being committed (then None: nothing was written)."""
+        self._sync.busy()
         return self._handles.try_write(fh, offset, data)
 
     def flush(self, fh: int) -> None:

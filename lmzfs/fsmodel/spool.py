@@ -8,8 +8,9 @@ ranges of ID.data held its bytes when the record was written, the sum of each bl
 includes). No byte of ID.data is served, committed or replayed unless its block's sum matches.
 
 Without fsync the record is written when the file gets its spool file and again when its name
-or metadata changes (rename, chmod, utimes; a record of at most a page is rewritten in place:
-one pwrite, padded with spaces to its old length); every write appends a journal entry. None of that is fsync'd, so it costs
+or metadata changes (rename, chmod, utimes); a record of at most a page lives in a slot of
+``records.slots`` (spoolslots.py: one pwrite of one page, and no file of its own to make), a
+larger one is its own ID.json, rewritten in place while it fits in a page; every write appends a journal entry. None of that is fsync'd, so it costs
 page-cache writes only, and a kill of the daemon loses none of it: the page cache belongs to the
 kernel. A record written in another boot than the current one may lack its bytes (a power loss),
 so replay trusts such a record only if it is durable. fsync writes ID.data and ID.log durably and
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from lmzfs.fsmodel.journal import TRUNCATE, WRITE, FileState, JournalRead, JournalWriter, read_journal
 from lmzfs.fsmodel.spoolinline import InlineBytes
+from lmzfs.fsmodel.spoolslots import SLOT_BYTES, SLOTS_FILE, RecordSlots, used_slots
 from lmzfs.fsmodel.spoolrecord import INLINE_MAX, RECORD_VERSION, SpoolRecord, boot_id
 from lmzfs.fsmodel.ranges import ByteRanges
 from lmzfs.fsmodel.spoolsums import (BLOCK, block_sum, check_block, cut_sums, held, read_blocks, settle, sums_of,
@@ -60,15 +62,13 @@ class SpoolFile(InlineBytes):
     spool_id: str
     fd: int                            # -1 while `inline`
     journal: JournalWriter | None      # None while `inline`
-    recorded: bool = False             # ID.json exists
+    recorded: bool = False             # its record exists (in a slot, or ID.json)
     durable: bool = False              # ID.json was written durably (by fsync): it stays so
     closed: bool = field(default=False)
     ranges: ByteRanges = field(default_factory=ByteRanges)
     sums: dict[int, int] = field(default_factory=dict)
     inline: bytearray | None = None    # a new small file's bytes, kept in its record (no ID.data, ID.log)
     last: SpoolRecord | None = None    # the record last written (what an inline write rewrites)
-    record_fd: int | None = None       # ID.json held open while it is rewritten in place (never durable)
-    record_len: int = 0                # its length (a rewrite pads to it)
 
     def _where(self) -> str:
         return f"spool {self.spool_id}"
@@ -161,30 +161,23 @@ class SpoolFile(InlineBytes):
 
     def note(self, record: SpoolRecord) -> None:
         """Write the record as it stands now; durably if an earlier one was (fsync's promise holds).
-        A record of at most a page is written in one write (a kill of the daemon finds it whole, or
-        new and empty, or as it was) into ID.json kept open, and rewritten in place."""
+        A record that fits in a slot (at most a page) is written into its slot of records.slots
+        (spoolslots.py: one pwrite of one page, so a kill of the daemon finds it whole, as it
+        became or as it was); a larger one becomes ID.json, and stays there."""
         if self.durable:
             self.record(record)
             return
         self.last = record
-        data = self._stamped(record, False).to_json()
-        if self.record_fd is not None and len(data) <= IN_PLACE_MAX and self.record_len <= IN_PLACE_MAX:
-            padded = data.ljust(self.record_len, b" ")
-            if os.pwrite(self.record_fd, padded, 0) != len(padded):
-                raise OSError(errno.ENOSPC, "short write of a spool record")
-            self.record_len = len(padded)
-        elif not self.recorded and len(data) <= IN_PLACE_MAX:
-            self.record_fd = self.spool.new_record(self.spool_id, data)
-            self.record_len = len(data)
+        stamped = self._stamped(record, False)
+        data = stamped.to_json()
+        spool = self.spool
+        in_file = self.recorded and not spool.slots.holds(self.spool_id)     # its own ID.json
+        if not in_file and len(data) <= SLOT_BYTES:
+            spool.slots.write(self.spool_id, data)
         else:
-            self._drop_record_fd()
-            self.spool.write_record(self._stamped(record, False), durable=False, fresh=not self.recorded)
+            spool.write_record(stamped, durable=False, fresh=not in_file)
+            spool.slots.free(self.spool_id)       # after: a kill in between finds ID.json, which wins
         self.recorded = True
-
-    def _drop_record_fd(self) -> None:
-        if self.record_fd is not None:
-            os.close(self.record_fd)
-            self.record_fd = None
 
     def record(self, record: SpoolRecord) -> None:
         """Make the bytes, the journal and the record durable, in that order (an inline file's
@@ -193,10 +186,10 @@ class SpoolFile(InlineBytes):
             self.last = None           # no record rewritten by the spill: this one follows
             self._spill()
         self.last = record
-        self._drop_record_fd()         # a durable record replaces ID.json whole, never in place
         os.fsync(self.fd)
         os.fsync(self.journal.fd)
-        self.spool.write_record(self._stamped(record, True), durable=True)
+        self.spool.write_record(self._stamped(record, True), durable=True)   # a durable record is ID.json
+        self.spool.slots.free(self.spool_id)     # after: a kill in between finds ID.json, which wins
         self.recorded = self.durable = True
 
     def compact(self, record: SpoolRecord | None) -> None:
@@ -219,13 +212,11 @@ class SpoolFile(InlineBytes):
     def forget_record(self) -> None:
         """The record no longer stands (the file was unlinked): a crash must not bring it back."""
         if self.recorded:
-            self._drop_record_fd()
             self.spool.remove_record(self.spool_id, durable=self.durable)
             self.recorded = False
 
     def _close_fds(self) -> None:
         self.closed = True
-        self._drop_record_fd()
         if self.inline is None:
             os.close(self.fd)
             os.close(self.journal.fd)
@@ -261,6 +252,7 @@ class Spool:
             raise StoreError(f"cannot create the spool {self.dir}: {exc.strerror}") from None
         self._lock_fd: int | None = None
         self.restarted: bool | None = None     # the machine restarted since the last mount (None: unknown)
+        self.slots = RecordSlots(self.dir / SLOTS_FILE)
 
     # -- the one writable mount ----------------------------------------------------------------
     def lock_for_mount(self) -> None:
@@ -284,6 +276,7 @@ class Spool:
             self.restarted = None
 
     def unlock(self) -> None:
+        self.slots.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -370,11 +363,14 @@ class Spool:
         return Reopened(spool_file, state, bad, refold=recorded.sums is None)
 
     def records(self) -> list[SpoolRecord]:
-        """Every record. A damaged one stops the mount (StoreError), unless the machine restarted
-        since the last mount: a record never made durable is rewritten in place, and a power loss
-        may have torn that write, so it is set aside as untrusted (kept, logged), as any record
-        written without fsync before a restart is."""
-        out = []
+        """Every record: each ID.json, and each used slot of records.slots (an ID.json wins over a
+        slot of the same id: it was written after it). A damaged ID.json stops the mount
+        (StoreError), unless the machine restarted since the last mount: a record never made
+        durable is rewritten in place, and a power loss may tear that write, so it is set aside as
+        untrusted (kept, logged), as any record written without fsync before a restart is. A
+        damaged slot is set aside so (its id may be unreadable) in either case; one of a version
+        this lmzfs does not know stops the mount."""
+        out = {}
         for path in sorted(self.dir.glob("*.json")):
             data = path.read_bytes()
             if not data and not self.restarted:
@@ -383,30 +379,48 @@ class Spool:
                 self.remove(path.stem)
                 continue
             try:
-                out.append(SpoolRecord.from_json(data, path))
+                record = SpoolRecord.from_json(data, path)
             except StoreError as exc:
                 if not self.restarted or "is damaged" not in str(exc):
                     raise
                 aside = self.set_aside(path.stem)
                 log.error("%s; the machine restarted since it was written (a power loss may tear a record "
                           "written without fsync), so it is not replayed, kept as %s", str(exc).split(";")[0], aside)
-        return out
+                continue
+            out[record.spool_id] = record
+        damaged, superseded = [], []
+        for content in self.slots.read():
+            where = self.dir / f"{SLOTS_FILE}:{content.slot}"
+            try:
+                record = SpoolRecord.from_json(content.data, where)
+            except StoreError as exc:
+                if "is not supported" in str(exc):
+                    raise              # a version this lmzfs does not know: refused, kept as it is
+                damaged.append((content, str(exc).split(";")[0]))
+                continue
+            if record.durable:         # a durable record is always its own ID.json: this one is not ours
+                damaged.append((content, f"spool record {where} is damaged (durable, in a slot)"))
+                continue
+            if record.spool_id in out:
+                superseded.append(content.slot)
+                continue
+            self.slots.bind(record.spool_id, content.slot)
+            out[record.spool_id] = record
+        for slot in superseded:
+            log.info("freeing slot %d of %s: its record was written again as a file", slot, self.slots.path)
+            self.slots.free_slot(slot)
+        for content, why in damaged:
+            aside = self.dir / f"slot-{content.slot}{UNTRUSTED_SUFFIX}"
+            _write_durably(aside, content.data)
+            self.slots.free_slot(content.slot)
+            self.slots.sync()
+            cause = (" (the machine restarted since it was written: a power loss may tear a record written "
+                     "without fsync)" if self.restarted else "")
+            log.error("%s%s; it is not replayed, kept as %s", why, cause, aside)
+        return [out[k] for k in sorted(out)]
 
     def record_ids(self) -> set[str]:
-        return {p.stem for p in self.dir.glob("*.json")}
-
-    def new_record(self, spool_id: str, data: bytes) -> int:
-        """ID.json made with `data` (at most a page: one write), left open for rewrites in place."""
-        path = self._record(spool_id)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
-        try:
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, "short write of a spool record")
-        except BaseException:
-            os.close(fd)
-            path.unlink(missing_ok=True)     # a full disk leaves no empty record behind
-            raise
-        return fd
+        return {p.stem for p in self.dir.glob("*.json")} | self.slots.ids()
 
     def write_record(self, record: SpoolRecord, *, durable: bool = True, fresh: bool = False) -> None:
         """`fresh`: the spool file has no record yet (nothing to rewrite in place)."""
@@ -452,8 +466,10 @@ class Spool:
         return True
 
     def remove_record(self, spool_id: str, *, durable: bool = True) -> None:
+        self.slots.free(spool_id)
         self._record(spool_id).unlink(missing_ok=True)
         if durable:
+            self.slots.sync()
             fsync_dir(self.dir)
 
     def remove(self, spool_id: str, *, record_only: bool = False, files_only: bool = False) -> None:
@@ -461,25 +477,35 @@ class Spool:
         a record that comes back after a power loss is recognised by its id in fs_spool_commits,
         which a mount forgets only after sync_removals()."""
         if not files_only:             # (the files an inline record's spill made, and failed to name)
-            self._record(spool_id).unlink(missing_ok=True)
+            if self.slots.holds(spool_id):
+                self.slots.free(spool_id)
+            else:
+                self._record(spool_id).unlink(missing_ok=True)
         if not record_only:            # (an inline file has no other)
             self._data(spool_id).unlink(missing_ok=True)
             self._log(spool_id).unlink(missing_ok=True)
 
     def sync_removals(self) -> None:
         """Make every removal so far durable."""
+        self.slots.sync()
         fsync_dir(self.dir)
 
     def set_aside(self, spool_id: str) -> Path:
         """A record that cannot be trusted: kept, with its files, where no mount replays it."""
         aside = self.dir / f"{spool_id}{UNTRUSTED_SUFFIX}"
-        os.replace(self._record(spool_id), aside)
+        page = self.slots.page(spool_id)
+        if page is None:
+            os.replace(self._record(spool_id), aside)
+        else:                          # a slot's record: written out to its own file, then freed
+            _write_durably(aside, page)
+            self.slots.free(spool_id)
+            self.slots.sync()
         fsync_dir(self.dir)
         return aside
 
     def leftover_data(self) -> list[Path]:
         """Spool files with no record (a mount killed as it made them) or a set-aside one."""
-        recorded = {p.stem for p in self.dir.glob("*.json")}
+        recorded = self.record_ids()
         return sorted(p for p in self.dir.iterdir()
                       if p.suffix in (".data", ".log") and p.stem not in recorded)
 
@@ -491,3 +517,19 @@ class Spool:
 
     def _record(self, spool_id: str) -> Path:
         return self.dir / f"{spool_id}.json"
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    try:
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, f"short write of {path}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pending_records(store_root: Path) -> int:
+    """How many spool records a store holds (files not yet committed), read without a mount."""
+    spool = Path(store_root) / SPOOL_DIR
+    return sum(1 for _ in spool.glob("*.json")) + used_slots(spool / SLOTS_FILE)

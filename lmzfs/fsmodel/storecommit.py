@@ -28,10 +28,11 @@ from lmzfs.store.catalog import Catalog, failure_words
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.catalog.chunkrows import add_refs
 from lmzfs.store.write.encodefile import (FileChain, FileContent, FileEncoder, FilePlan, NewChunk, Unchanged,
-                                          file_tensors, insert_file_rows, insert_new_chunks)
+                                          file_tensors, insert_file_rows, insert_new_chunks, pre_encode)
+from lmzfs.store.write.policy import EncodePolicy, PreEncoded
 from lmzfs.store.write.session import PackSession
 
-__all__ = ["CommittedFile", "FileContent", "FileToCommit", "commit_file", "commit_files"]
+__all__ = ["CommittedFile", "FileContent", "FileToCommit", "commit_file", "commit_files", "pre_encode_files"]
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,13 @@ class FileToCommit:
 
 
 def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, workers: int,
-                 files: list[FileToCommit], chunk_size: int = CHUNK_SIZE) -> list[CommittedFile | None]:
+                 files: list[FileToCommit], chunk_size: int = CHUNK_SIZE,
+                 policy: EncodePolicy = EncodePolicy()) -> list[CommittedFile | None]:
     """Store many (small) files in one pack session and ONE catalog transaction (group commit):
     each as commit_file would, but a file whose tensors pair it with a stored model (chain
-    recoding) is left out (None: the caller commits it alone)."""
-    with PackSession(store, catalog, pool=pool, workers=workers) as session:
+    recoding) is left out (None: the caller commits it alone). `policy`: a PreEncoded one holds
+    chunks the caller coded before it took the store's lock (pre_encode)."""
+    with PackSession(store, catalog, policy=policy, pool=pool, workers=workers) as session:
         encoder = FileEncoder(session, chunk_size)
         plans: list[tuple[FileToCommit, FilePlan, tuple]] = []
         for f in files:
@@ -96,18 +99,28 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
     return [next(done) if id(f) in picked else None for f in files]
 
 
+def pre_encode_files(pool: ThreadPoolExecutor, files: list[FileToCommit], chunk_size: int = CHUNK_SIZE) -> PreEncoded:
+    """The chunks of `files` coded before the store's lock is taken (commit_files then only looks
+    them up): the policy to pass it."""
+    policy = EncodePolicy()
+    return PreEncoded(policy.fast, policy.segments,
+                      pre_encode(policy, pool, [(f.content, f"{f.model}/{f.path}") for f in files], chunk_size))
+
+
 def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, workers: int, *, model: str, path: str,
                 content: FileContent, meta: EntryMeta, replaces: int | None, spool_id: str | None,
                 chunk_size: int = CHUNK_SIZE, chain_depth: int = DEFAULT_CHAIN_DEPTH,
-                unchanged: Unchanged | None = None, hash_every: int = 0) -> CommittedFile:
+                unchanged: Unchanged | None = None, hash_every: int = 0,
+                policy: EncodePolicy = EncodePolicy()) -> CommittedFile:
     """Store `content` as `model`/`path` (replacing stored file `replaces`, if given) and its
     metadata; `pool` (of `workers` threads) encodes; `spool_id`: the spool record this commit makes
     redundant (fs_spool_commits); `chain_depth`: as `lmz add`'s, the most references a read follows;
     `unchanged`, `hash_every`: what FileEncoder.encode need not read again, and how often it keeps
-    the whole-file hash's state (in the result's `hashes`) for the next commit's `unchanged`."""
+    the whole-file hash's state (in the result's `hashes`) for the next commit's `unchanged`;
+    `policy`: a PreEncoded one holds chunks the caller coded before it took the lock."""
     shown = f"{model}/{path}"
     index = choose_base(catalog, model, file_tensors(path, shown, content.file, content.size), None)
-    with PackSession(store, catalog, pool=pool, workers=workers) as session:
+    with PackSession(store, catalog, policy=policy, pool=pool, workers=workers) as session:
         encoder = FileEncoder(session, chunk_size)
         recoder = ChainRecoder(session, chain_depth) if index is not None else None
         try:

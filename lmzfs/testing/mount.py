@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator, Mapping
 
 from lmzfs.daemon.mount import is_mount_point
+from lmzfs.fsmodel.spool import pending_records
 
 FAKE_ARCHIVE_FACTORY = "lmzfs.testing.fake_archive:open_saved"
 
@@ -111,5 +112,4 @@ def wait_committed(store_dir: str | Path, timeout: float = 30.0) -> None:
     """Wait until a writable mount of the store has committed every file written to it: its spool
     holds no record (each is removed once its file's commit is durable). A file's last close
     returns before its commit (the release that commits runs after close(2) returned)."""
-    spool = Path(store_dir) / "spool"
-    wait_for(lambda: not any(spool.glob("*.json")), timeout, f"every commit of {store_dir}")
+    wait_for(lambda: not pending_records(Path(store_dir)), timeout, f"every commit of {store_dir}")

@@ -15,6 +15,7 @@ from lmzfs.fsmodel.filesystem import ROOT_INODE, Filesystem
 from lmzfs.store.catalog import Catalog
 from lmzfs.store.layout import StorePaths
 from lmzfs.testing.mount import mounted, wait_committed
+from lmzfs.testing.spool import RecordPlace, record_places
 
 
 def stored_sha256(store: Path, model: str, path: str) -> str:
@@ -25,8 +26,8 @@ def stored_sha256(store: Path, model: str, path: str) -> str:
         catalog.close()
 
 
-def spool_records(store: Path) -> list[Path]:
-    return sorted((store / "spool").glob("*.json"))
+def spool_records(store: Path) -> list[RecordPlace]:
+    return record_places(store)
 
 
 def test_kill_9_after_fsync_keeps_the_fsyncd_bytes_and_every_namespace_change_before_it(tmp_path):

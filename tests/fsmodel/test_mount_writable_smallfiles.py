@@ -14,10 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from lmzfs.admin.verify import verify_store
-from lmzfs.fsmodel.spool import SpoolRecord
 from lmzfs.fsmodel.spoolrecord import INLINE_MAX
 from lmzfs.store.layout import StorePaths
 from lmzfs.testing.mount import mounted
+from lmzfs.testing.spool import record_places
 
 
 def _spool(store: Path) -> Path:
@@ -137,21 +137,21 @@ def test_a_spool_of_the_previous_version_and_an_inline_one_replay_after_a_kill(t
             except OSError:
                 pass
     records = {}
-    for path in _spool(store).glob("*.json"):
-        record = SpoolRecord.from_json(path.read_bytes(), path)
-        records[record.path] = (path, record)
+    for place in record_places(store):
+        record = place.record()
+        records[record.path] = (place, record)
     assert sorted(records) == ["large", "small"]
-    path, record = records["small"]
+    place, record = records["small"]
     assert record.version == 4 and record.inline == small
     assert not (_spool(store) / f"{record.spool_id}.data").exists()
-    path, record = records["large"]
+    place, record = records["large"]
     assert record.inline is None and (_spool(store) / f"{record.spool_id}.data").exists()
-    path.write_bytes(replace(record, version=3).to_json())
-    assert "inline" not in json.loads(path.read_bytes()) and json.loads(path.read_bytes())["version"] == 3
+    place.write(replace(record, version=3).to_json())
+    assert "inline" not in json.loads(place.read()) and json.loads(place.read())["version"] == 3
     with mounted(mnt, store, "--writable"):
         assert (mnt / "m" / "small").read_bytes() == small
         assert (mnt / "m" / "large").read_bytes() == large
-    assert not list(_spool(store).glob("*.json"))
+    assert record_places(store) == []
     assert verify_store(StorePaths(store)).ok
 
 

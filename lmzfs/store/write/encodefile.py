@@ -11,6 +11,7 @@ import hashlib
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
+from concurrent.futures import Executor, Future
 from typing import BinaryIO, Callable
 
 import xxhash
@@ -23,6 +24,8 @@ from lmzfs.store.catalog.modelrows import ExtentRow, insert_extents, insert_tens
 from lmzfs.store.chains.plan import BaseIndex, NewTensor
 from lmzfs.store.chains.recode import ChainRecoder
 from lmzfs.store.layout import StoreError
+from lmzfs.codecs import EncodedChunk
+from lmzfs.store.write.policy import EncodePolicy
 from lmzfs.store.write.session import PackSession
 from lmzfs.store.write.siblings import CodedChunk, SiblingIndex, encode_against, encode_alone
 
@@ -104,6 +107,28 @@ def file_tensors(rel: str, shown: str, f: BinaryIO, size: int,
     if layout.error is not None:
         return []
     return [NewTensor(rel, (t.name, t.dtype, t.shape), t.offset, t.size) for t in tensors_of(layout)]
+
+
+def pre_encode(policy: EncodePolicy, pool: Executor, files: list[tuple[FileContent, str]],
+               chunk_size: int) -> dict[tuple, EncodedChunk]:
+    """Each chunk of `files` ((content, shown) pairs) coded alone by `policy`, on `pool`, keyed as
+    PreEncoded looks them up: what a commit may do before it takes the store's lock (it touches
+    no catalog and no pack). A file that cannot be read is left out: its commit finds out."""
+    jobs: dict[tuple, Future] = {}
+    for content, shown in files:
+        try:
+            layout = parse_open_file(shown, content.file, content.size)
+            hostile = layout.error is not None
+            for cp in plan_chunks(layout, chunk_size):
+                data = content.pread(cp.length, cp.offset)
+                if len(data) != cp.length:
+                    break
+                key = (hashlib.sha256(data).digest(), cp.hint, hostile)
+                if key not in jobs:
+                    jobs[key] = pool.submit(policy.alone, data, cp.hint, hostile)
+        except (OSError, StoreError):
+            continue
+    return {key: job.result() for key, job in jobs.items()}
 
 
 class FileEncoder:
@@ -208,7 +233,10 @@ class FileEncoder:
                     totals.new_chunks += 1
                     # a chunk offered to the cross-model chain stays coded alone (its recoder counts on it)
                     ref = None if offered else earlier.get(cp.offset)
-                    if ref is not None and ref.length == cp.length:
+                    ready = session.policy.ready(cid, cp.hint, hostile) if ref is None else None
+                    if ready is not None:       # coded ahead (a mount's group commit): no job to run
+                        window.put((cid, cp.length, check), CodedChunk(ready))
+                    elif ref is not None and ref.length == cp.length:
                         window.submit((cid, cp.length, check), encode_against, session.policy, data, cp.hint, ref,
                                       hostile)
                     else:

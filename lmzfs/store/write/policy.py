@@ -8,7 +8,9 @@ slow to store gets no slow search.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from lmzfs.codecs import EncodedChunk, encode_chunk, encode_delta_chunk
 from lmzfs.codecs.base import ChunkHint
@@ -33,6 +35,10 @@ class EncodePolicy:
     def alone(self, data, hint: ChunkHint, hostile: bool = False) -> EncodedChunk:
         return encode_chunk(data, hint, **self.options(hostile))
 
+    def ready(self, chunk_id: bytes, hint: ChunkHint, hostile: bool = False) -> EncodedChunk | None:
+        """The chunk (SHA-256 `chunk_id`) as alone() codes it, if that is already at hand."""
+        return None
+
     def smaller(self, data, hint: ChunkHint, ref: bytes | None, hostile: bool = False) -> Coded:
         """`data` coded alone, or against `ref` (another chunk's plain bytes of the same length)
         where that is strictly smaller."""
@@ -43,3 +49,19 @@ class EncodePolicy:
         if delta is None or len(delta.payload) >= len(alone.payload):
             return Coded(alone)
         return Coded(delta, True, len(alone.payload))
+
+
+@dataclass(frozen=True)
+class PreEncoded(EncodePolicy):
+    """An EncodePolicy that first looks a chunk up among those it already coded alone (`coded`,
+    by SHA-256 of the bytes, hint and hostility: write/encodefile.pre_encode), so that the slow
+    part of a commit runs before the store's lock is taken and the commit under it only looks
+    the payloads up. A chunk not found (its file changed meanwhile) is coded as ever."""
+    coded: Mapping[tuple, EncodedChunk] = field(default_factory=dict, compare=False, hash=False)
+
+    def ready(self, chunk_id: bytes, hint: ChunkHint, hostile: bool = False) -> EncodedChunk | None:
+        return self.coded.get((chunk_id, hint, hostile))
+
+    def alone(self, data, hint: ChunkHint, hostile: bool = False) -> EncodedChunk:
+        coded = self.coded.get((hashlib.sha256(data).digest(), hint, hostile)) if self.coded else None
+        return coded if coded is not None else super().alone(data, hint, hostile)
