@@ -179,20 +179,52 @@ def _programs(root: Path, store: Path | None) -> dict:
     return row
 
 
-def measure(tmp: Path) -> dict:
+def _many_files(root: Path, store: Path | None) -> dict:
+    """The rows that create many files (rsync, small files): another round of them."""
+    row: dict = {}
+    log(f"everyday: again rsync -a and {SMALL_FILES} small files into {'the mount' if store else 'ext4'}")
+    row["rsync_s"], row["rsync_then_committed_s"] = _timed(lambda: _rsync(root), store)
+    row["small_files_s"], row["small_files_then_committed_s"] = _timed(lambda: _small_files(root), store)
+    return row
+
+
+def _into(tmp: Path, measured, mount: bool) -> dict:
+    """`measured(root, store)` into a fresh plain directory, or a fresh writable mount's model."""
+    if not mount:
+        plain = tmp / "plain"
+        plain.mkdir(parents=True)
+        try:
+            return measured(plain, None)
+        finally:
+            shutil.rmtree(plain)
+    n = sum(1 for _ in tmp.glob("store-*"))      # a fresh store each time (a removed one may linger)
+    store, mnt = tmp / f"store-{n}", tmp / "mnt"
+    try:
+        with mounted(_lmz(store, "mount", "--writable", mnt), _lmz(store, "umount", mnt), mnt,
+                     tmp / "mount.log") as m:
+            (m.path / "work").mkdir()
+            return measured(m.path / "work", store)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def measure(tmp: Path, runs: int = 1) -> dict:
+    """Every row once; the rows that create many files `runs` times in all (ext4 and the mount in
+    turn, which goes first alternating): the time a file system takes to make files here swings
+    from run to run (where its inodes land), so their ratios are taken within each run."""
     files = sum(len(f) for _, _, f in os.walk(TREE))
     res: dict = {"tree": str(TREE), "tree_files": files, "goals": GOALS}
-    plain = tmp / "plain"
-    plain.mkdir(parents=True)
-    res["ext4"] = _programs(plain, None)
-    shutil.rmtree(plain)
-    store, mnt = tmp / "store", tmp / "mnt"
-    with mounted(_lmz(store, "mount", "--writable", mnt), _lmz(store, "umount", mnt), mnt, tmp / "mount.log") as m:
-        (m.path / "work").mkdir()
-        res["mount"] = _programs(m.path / "work", store)
-    shutil.rmtree(store, ignore_errors=True)
+    res["ext4"] = _into(tmp, _programs, False)
+    res["mount"] = _into(tmp, _programs, True)
+    many = ("rsync_s", "rsync_then_committed_s", "small_files_s", "small_files_then_committed_s")
+    rounds = [{side: {k: res[side][k] for k in many} for side in ("ext4", "mount")}]
+    for r in range(1, runs):
+        order = (True, False) if r % 2 else (False, True)
+        got = {mount: _into(tmp, _many_files, mount) for mount in order}
+        rounds.append({"ext4": got[False], "mount": got[True]})
+    res["rounds"] = rounds
     log(f"everyday: {LOG_APPENDS} appends to a {LOG_BYTES >> 20} MB log, in a store of its own")
-    store = tmp / "log-store"
+    store, mnt = tmp / "log-store", tmp / "mnt"
     with mounted(_lmz(store, "mount", "--writable", mnt), _lmz(store, "umount", mnt), mnt, tmp / "mount.log") as m:
         (m.path / "work").mkdir()
         res["log_space"] = _log_space(m.path / "work", store)
@@ -205,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--lmz", type=Path, help="the lmz CLI to mount with")
     ap.add_argument("--tmpdir", type=Path, required=True)
+    ap.add_argument("--runs", type=int, default=1, help="rounds of the rows that create many files")
     args = ap.parse_args(argv)
     if args.lmz is not None:
         common.LMZFS_CLI = args.lmz
@@ -213,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     try:
-        res = measure(work)
+        res = measure(work, args.runs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.json.write_text(json.dumps(res, indent=1))

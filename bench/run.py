@@ -375,7 +375,7 @@ def _measure(args, wanted: list[str], tools: list, res: dict, mon: LoadMonitor, 
             work = Path(tmp) / "everyday"
             work.mkdir()
             try:
-                res["everyday"] = everyday_table.measure(work)
+                res["everyday"] = everyday_table.measure(work, args.runs)
             except Exception as exc:
                 res["everyday"] = {"error": describe(exc)}
             save()

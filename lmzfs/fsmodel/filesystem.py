@@ -99,7 +99,7 @@ class Filesystem:
         # facade (the methods of the same names below say what they do, and serve type checkers).
         self.lookup, self.getattr = self._ns.lookup, self._ns.getattr
         self.remember, self.forget = self._ns.remember, self._ns.forget
-        self.read, self.write, self.try_write = self._handles.read, self._handles.write, self._handles.try_write
+        self.read = self._handles.read
         try:
             self.replayed = Replay(self.spool, self._sync, self._ns, self._stored, self._records,
                                    self._committer).run()
