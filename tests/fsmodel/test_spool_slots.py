@@ -215,3 +215,46 @@ def test_between_two_parts_of_a_commit_every_namespace_change_waiting_for_the_lo
     finally:
         sync.close()
     assert order == ["namespace change", "next part"]
+
+
+def test_a_file_closed_during_a_burst_of_writes_is_committed_after_the_burst_not_during_it(store_dir):
+    """A burst of writes (rsync, tar, a build) goes first: the commit a close queued waits for a
+    lull (QUIET_SECONDS without a change), then commits. The burst writes every few milliseconds;
+    a round in which the writer itself stalled for a lull (a loaded machine) proves nothing and
+    is run again."""
+    import time
+    from lmzfs.fsmodel.commit import QUIET_SECONDS
+    from lmzfs.fsmodel.spool import pending_records
+    fs = Filesystem(store_dir, cache_bytes=16 << 20, workers=2, background_commits=True)
+    try:
+        p = PathDriver(fs)
+        p.mkdir("m")
+        for attempt in range(5):
+            deadline = time.monotonic() + 30
+            while pending_records(store_dir) and time.monotonic() < deadline:
+                time.sleep(0.01)                 # what an earlier round left is committed first
+            name = f"m/closed-{attempt}"
+            fh = p.open(name, os.O_CREAT | os.O_WRONLY)
+            fs.write(fh, 0, b"closed before the burst")
+            fs.release(fh)                       # its commit is queued now
+            burst = p.open(f"m/burst-{attempt}", os.O_CREAT | os.O_WRONLY)
+            stamps = [time.monotonic()]
+            while stamps[-1] - stamps[0] < 0.5:
+                fs.write(burst, 0, b"%d" % len(stamps))
+                time.sleep(0.002)
+                stamps.append(time.monotonic())
+            pending = pending_records(store_dir)
+            longest_gap = max(b - a for a, b in zip(stamps, stamps[1:]))
+            fs.release(burst)
+            if longest_gap < QUIET_SECONDS / 2:
+                break
+        else:
+            pytest.skip("the writer never ran 0.5 s without a stall here")
+        assert pending == 2                      # neither the closed file nor the burst's file is committed yet
+        deadline = time.monotonic() + 30
+        while pending_records(store_dir) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pending_records(store_dir) == 0
+        assert p.read_file(name) == b"closed before the burst"
+    finally:
+        fs.close()
