@@ -146,9 +146,16 @@ class Committer:
         changed is coded at all."""
         if node.file_id is not None or data.size > CODED_AHEAD_MAX:
             return EncodePolicy()
-        with data.lock:
-            what = self._what(node) if node.data is data else None
+        what = self._what_now(node)
         return pre_encode_files(self._pool, [what], self._chunk_size) if what is not None else EncodePolicy()
+
+    def _what_now(self, node: Node) -> FileToCommit | None:
+        """_what() of the node as it stands, its data's lock taken for it (a coding ahead)."""
+        data = node.data
+        if data is None:
+            return None
+        with data.lock:
+            return self._what(node) if node.data is data else None
 
     @contextmanager
     def _removing_spent(self) -> Iterator[None]:
@@ -334,14 +341,7 @@ class Committer:
         # the chunks are coded first, holding no lock (namespace changes and writes go on
         # meanwhile); the commit under the store's lock looks them up (a file written since is
         # coded again there)
-        ahead = []
-        for node in nodes:
-            data = node.data
-            if data is not None:
-                with data.lock:
-                    what = self._what(node) if node.data is data else None
-                if what is not None:
-                    ahead.append(what)
+        ahead = [what for what in map(self._what_now, nodes) if what is not None]
         policy = pre_encode_files(self._pool, ahead, self._chunk_size)
         # in parts, each a short hold of the store's lock: namespace changes waiting for it
         # (a directory's times set by rsync, a mkdir) go between the parts

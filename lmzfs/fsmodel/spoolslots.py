@@ -56,18 +56,24 @@ def _check_header(page: bytes, path: Path) -> None:
                          f"(this lmzfs reads version {SLOTS_VERSION}, {SLOT_BYTES}); it is kept")
 
 
-def used_slots(path: Path) -> int:
-    """How many slots of the file at `path` hold a record (0 if there is no file): what a check
-    that every file is committed reads, without opening the spool."""
+def used_slot_numbers(path: Path) -> list[int]:
+    """The slots of the file at `path` that hold a record (none if there is no file), read
+    without opening the spool: what a check that every file is committed reads."""
     try:
         with open(path, "rb") as f:
             f.seek(SLOT_BYTES)
-            count = 0
+            used, slot = [], 1
             while page := f.read(SLOT_BYTES):
-                count += page[0] != 0
-            return count
+                if page[0] != 0:
+                    used.append(slot)
+                slot += 1
+            return used
     except FileNotFoundError:
-        return 0
+        return []
+
+
+def used_slots(path: Path) -> int:
+    return len(used_slot_numbers(path))
 
 
 class RecordSlots:

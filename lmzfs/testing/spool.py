@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lmzfs.fsmodel.spool import SPOOL_DIR, SpoolRecord
-from lmzfs.fsmodel.spoolslots import SLOT_BYTES, SLOTS_FILE
+from lmzfs.fsmodel.spoolslots import SLOT_BYTES, SLOTS_FILE, used_slot_numbers
 
 
 def spool_dir(store: Path) -> Path:
@@ -15,11 +15,7 @@ def spool_dir(store: Path) -> Path:
 
 
 def _used_slots(store: Path) -> list[int]:
-    path = spool_dir(store) / SLOTS_FILE
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    return [k for k in range(1, -(-len(data) // SLOT_BYTES)) if data[k * SLOT_BYTES] != 0]
+    return used_slot_numbers(spool_dir(store) / SLOTS_FILE)
 
 
 def spool_listing(store: Path) -> list[str]:

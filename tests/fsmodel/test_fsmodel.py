@@ -402,6 +402,15 @@ def spool_file(store: Path, suffix: str) -> Path:
     return path
 
 
+def replayed_and_f(store: Path) -> tuple[int, bytes]:
+    """How many records a mount of `store` replays, and what m/f then reads."""
+    fs = open_fs(store)
+    try:
+        return fs.replayed, PathDriver(fs).read_file("m/f")
+    finally:
+        fs.close()
+
+
 def replayed_f(store: Path) -> bytes:
     fs = open_fs(store)
     try:
@@ -442,12 +451,7 @@ def test_an_unsynced_record_from_another_boot_is_set_aside_and_a_durable_one_rep
     for store, mode in ((store_dir, "no"), (other, "fsync")):
         kill_writer(_THREE_WRITES.replace("sys.argv[2]", repr(mode)), store)
         the_record(store).edit(boot_id="a-boot-before-a-power-loss")     # unsynced: in a slot; fsync'd: ID.json
-    fs = open_fs(store_dir)
-    try:
-        assert fs.replayed == 0
-        assert PathDriver(fs).read_file("m/f") == b""              # as stored before the writes
-    finally:
-        fs.close()
+    assert replayed_and_f(store_dir) == (0, b"")          # nothing replayed: m/f as stored before the writes
     assert "not replayed, kept as" in caplog.text
     assert spool_file(store_dir, ".json-untrusted").exists() and spool_file(store_dir, ".data").exists()
     assert replayed_f(other) == b"aaaa"
@@ -467,12 +471,7 @@ def test_a_torn_unsynced_record_is_set_aside_whole_and_logged_and_the_mount_goes
     record.write(bytes(torn))
     if restarted:       # the last mount ran in another boot (mount.lock names it)
         (StorePaths(store_dir).root / "spool" / "mount.lock").write_text("a-boot-before-a-power-loss\n")
-    fs = open_fs(store_dir)
-    try:
-        assert fs.replayed == 0
-        assert PathDriver(fs).read_file("m/f") == b""          # as stored before the writes
-    finally:
-        fs.close()
+    assert replayed_and_f(store_dir) == (0, b"")          # nothing replayed: m/f as stored before the writes
     assert ("the machine restarted since it was written" in caplog.text) == restarted
     assert "is damaged" in caplog.text and "it is not replayed, kept as" in caplog.text
     assert spool_file(store_dir, ".json-untrusted").read_bytes() == bytes(torn)
