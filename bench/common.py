@@ -119,8 +119,10 @@ def sha256_file(path: Path) -> str:
 
 def spool_pending(store: Path) -> int:
     """How many files a writable mount of `store` has not committed yet: its spool's records, each
-    an ID.json or a used slot of records.slots (docs/format.md, "Spool directory": page 0 is the
-    header, each later 4,096-byte page a slot, used while its first byte is not zero)."""
+    an ID.json, a used slot of records.slots or a used pair of records.pairs (docs/format.md,
+    "Spool directory": in records.slots page 0 is the header, each later 4,096-byte page a slot,
+    used while its first byte is not zero; in records.pairs the 4,096-byte header is followed by
+    slots of two 32,768-byte halves, a slot used while either half's first 4 bytes are not zero)."""
     spool = Path(store) / "spool"
     pending = sum(1 for _ in spool.glob("*.json"))
     try:
@@ -128,6 +130,13 @@ def spool_pending(store: Path) -> int:
             f.seek(4096)
             while page := f.read(4096):
                 pending += page[0] != 0
+    except FileNotFoundError:
+        pass
+    try:
+        with open(spool / "records.pairs", "rb") as f:
+            f.seek(4096)
+            while pair := f.read(65536):
+                pending += any(pair[at:at + 4].strip(b"\0") for at in (0, 32768))
     except FileNotFoundError:
         pass
     return pending

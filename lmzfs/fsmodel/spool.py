@@ -9,8 +9,10 @@ includes). No byte of ID.data is served, committed or replayed unless its block'
 
 Without fsync the record is written when the file gets its spool file and again when its name
 or metadata changes (rename, chmod, utimes); a record of at most a page lives in a slot of
-``records.slots`` (spoolslots.py: one pwrite of one page, and no file of its own to make), a
-larger one is its own ID.json, rewritten in place while it fits in a page; every write appends a journal entry. None of that is fsync'd, so it costs
+``records.slots`` (spoolslots.py: one pwrite of one page, and no file of its own to make), one
+of at most 32 KiB (a new file's bytes held inline) in a slot pair of ``records.pairs``
+(spoolpairs.py: written to the half it does not stand in), a larger one is its own ID.json,
+rewritten in place while it fits in a page; every write appends a journal entry. None of that is fsync'd, so it costs
 page-cache writes only, and a kill of the daemon loses none of it: the page cache belongs to the
 kernel. A record written in another boot than the current one may lack its bytes (a power loss),
 so replay trusts such a record only if it is durable. fsync writes ID.data and ID.log durably and
@@ -37,6 +39,8 @@ from pathlib import Path
 
 from lmzfs.fsmodel.journal import TRUNCATE, WRITE, FileState, JournalRead, JournalWriter, read_journal
 from lmzfs.fsmodel.spoolinline import InlineBytes
+from lmzfs.fsmodel.spoolpairs import PAIRS_FILE, RecordPairs, used_pair_slots
+from lmzfs.fsmodel.spoolpairs import RECORD_MAX as PAIR_RECORD_MAX
 from lmzfs.fsmodel.spoolslots import SLOT_BYTES, SLOTS_FILE, RecordSlots, used_slots
 from lmzfs.fsmodel.spoolrecord import INLINE_MAX, RECORD_VERSION, SpoolRecord, boot_id
 from lmzfs.fsmodel.ranges import ByteRanges
@@ -163,7 +167,9 @@ class SpoolFile(InlineBytes):
         """Write the record as it stands now; durably if an earlier one was (fsync's promise holds).
         A record that fits in a slot (at most a page) is written into its slot of records.slots
         (spoolslots.py: one pwrite of one page, so a kill of the daemon finds it whole, as it
-        became or as it was); a larger one becomes ID.json, and stays there."""
+        became or as it was); one that fits in half a slot pair (spoolpairs.py), into the half of
+        its pair it does not stand in, and it stays in its pair; a larger one becomes ID.json, and
+        stays there."""
         if self.durable:
             self.record(record)
             return
@@ -171,12 +177,17 @@ class SpoolFile(InlineBytes):
         stamped = self._stamped(record, False)
         data = stamped.to_json()
         spool = self.spool
-        in_file = self.recorded and not spool.slots.holds(self.spool_id)     # its own ID.json
-        if not in_file and len(data) <= SLOT_BYTES:
+        paired = spool.pairs.holds(self.spool_id)
+        in_file = self.recorded and not paired and not spool.slots.holds(self.spool_id)   # its own ID.json
+        if not in_file and not paired and len(data) <= SLOT_BYTES:
             spool.slots.write(self.spool_id, data)
+        elif not in_file and len(data) <= PAIR_RECORD_MAX:
+            spool.pairs.write(self.spool_id, data)
+            spool.slots.free(self.spool_id)       # after: a kill in between finds both, and the pair wins
         else:
             spool.write_record(stamped, durable=False, fresh=not in_file)
             spool.slots.free(self.spool_id)       # after: a kill in between finds ID.json, which wins
+            spool.pairs.free(self.spool_id)
         self.recorded = True
 
     def record(self, record: SpoolRecord) -> None:
@@ -190,6 +201,7 @@ class SpoolFile(InlineBytes):
         os.fsync(self.journal.fd)
         self.spool.write_record(self._stamped(record, True), durable=True)   # a durable record is ID.json
         self.spool.slots.free(self.spool_id)     # after: a kill in between finds ID.json, which wins
+        self.spool.pairs.free(self.spool_id)
         self.recorded = self.durable = True
 
     def compact(self, record: SpoolRecord | None) -> None:
@@ -253,6 +265,7 @@ class Spool:
         self._lock_fd: int | None = None
         self.restarted: bool | None = None     # the machine restarted since the last mount (None: unknown)
         self.slots = RecordSlots(self.dir / SLOTS_FILE)
+        self.pairs = RecordPairs(self.dir / PAIRS_FILE)
 
     # -- the one writable mount ----------------------------------------------------------------
     def lock_for_mount(self) -> None:
@@ -277,6 +290,7 @@ class Spool:
 
     def unlock(self) -> None:
         self.slots.close()
+        self.pairs.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -388,39 +402,53 @@ class Spool:
                           "written without fsync), so it is not replayed, kept as %s", str(exc).split(";")[0], aside)
                 continue
             out[record.spool_id] = record
+        pairs = [(self.pairs, c, *self._parsed(c, PAIRS_FILE)) for c in self.pairs.read()]
+        slots = [(self.slots, c, *self._parsed(c, SLOTS_FILE)) for c in self.slots.read()]
+        elsewhere = set(out) | {r.spool_id for _, _, r, _ in slots if r is not None}
         damaged, superseded = [], []
-        for content in self.slots.read():
-            where = self.dir / f"{SLOTS_FILE}:{content.slot}"
-            try:
-                record = SpoolRecord.from_json(content.data, where)
-            except StoreError as exc:
-                if "is not supported" in str(exc):
-                    raise              # a version this lmzfs does not know: refused, kept as it is
-                damaged.append((content, str(exc).split(";")[0]))
-                continue
-            if record.durable:         # a durable record is always its own ID.json: this one is not ours
-                damaged.append((content, f"spool record {where} is damaged (durable, in a slot)"))
-                continue
-            if record.spool_id in out:
-                superseded.append(content.slot)
-                continue
-            self.slots.bind(record.spool_id, content.slot)
-            out[record.spool_id] = record
-        for slot in superseded:
-            log.info("freeing slot %d of %s: its record was written again as a file", slot, self.slots.path)
-            self.slots.free_slot(slot)
-        for content, why in damaged:
-            aside = self.dir / f"slot-{content.slot}{UNTRUSTED_SUFFIX}"
+        # a pair wins over a slot of the same id: a record moves from its slot to a pair, never back
+        for held, content, record, why in pairs + slots:
+            if record is None:
+                if getattr(content, "damaged_id", None) in elsewhere:
+                    superseded.append((held, content.slot, "a write to it was cut short; the record stands "
+                                                           "where it was before"))
+                else:
+                    damaged.append((held, content, why))
+            elif record.spool_id in out:
+                superseded.append((held, content.slot, "its record was written again elsewhere"))
+            else:
+                held.bind(record.spool_id, content.slot)
+                out[record.spool_id] = record
+        for held, slot, why in superseded:
+            log.info("freeing slot %d of %s: %s", slot, held.path, why)
+            held.free_slot(slot)
+        for held, content, why in damaged:
+            kind = "pair" if held is self.pairs else "slot"
+            aside = self.dir / f"{kind}-{content.slot}{UNTRUSTED_SUFFIX}"
             _write_durably(aside, content.data)
-            self.slots.free_slot(content.slot)
-            self.slots.sync()
+            held.free_slot(content.slot)
+            held.sync()
             cause = (" (the machine restarted since it was written: a power loss may tear a record written "
                      "without fsync)" if self.restarted else "")
             log.error("%s%s; it is not replayed, kept as %s", why, cause, aside)
         return [out[k] for k in sorted(out)]
 
+    def _parsed(self, content, name: str) -> tuple[SpoolRecord | None, str]:
+        """A used slot's record, or None and why it cannot be trusted (StoreError for a version
+        this lmzfs does not know: refused, kept as it is)."""
+        where = self.dir / f"{name}:{content.slot}"
+        try:
+            record = SpoolRecord.from_json(content.data, where)
+        except StoreError as exc:
+            if "is not supported" in str(exc):
+                raise
+            return None, str(exc).split(";")[0]
+        if record.durable:             # a durable record is always its own ID.json: this one is not ours
+            return None, f"spool record {where} is damaged (durable, in a slot)"
+        return record, ""
+
     def record_ids(self) -> set[str]:
-        return {p.stem for p in self.dir.glob("*.json")} | self.slots.ids()
+        return {p.stem for p in self.dir.glob("*.json")} | self.slots.ids() | self.pairs.ids()
 
     def write_record(self, record: SpoolRecord, *, durable: bool = True, fresh: bool = False) -> None:
         """`fresh`: the spool file has no record yet (nothing to rewrite in place)."""
@@ -467,9 +495,11 @@ class Spool:
 
     def remove_record(self, spool_id: str, *, durable: bool = True) -> None:
         self.slots.free(spool_id)
+        self.pairs.free(spool_id)
         self._record(spool_id).unlink(missing_ok=True)
         if durable:
             self.slots.sync()
+            self.pairs.sync()
             fsync_dir(self.dir)
 
     def remove(self, spool_id: str, *, record_only: bool = False, files_only: bool = False) -> None:
@@ -479,6 +509,8 @@ class Spool:
         if not files_only:             # (the files an inline record's spill made, and failed to name)
             if self.slots.holds(spool_id):
                 self.slots.free(spool_id)
+            elif self.pairs.holds(spool_id):
+                self.pairs.free(spool_id)
             else:
                 self._record(spool_id).unlink(missing_ok=True)
         if not record_only:            # (an inline file has no other)
@@ -488,18 +520,19 @@ class Spool:
     def sync_removals(self) -> None:
         """Make every removal so far durable."""
         self.slots.sync()
+        self.pairs.sync()
         fsync_dir(self.dir)
 
     def set_aside(self, spool_id: str) -> Path:
         """A record that cannot be trusted: kept, with its files, where no mount replays it."""
         aside = self.dir / f"{spool_id}{UNTRUSTED_SUFFIX}"
-        page = self.slots.page(spool_id)
-        if page is None:
+        held = self.slots if self.slots.holds(spool_id) else self.pairs if self.pairs.holds(spool_id) else None
+        if held is None:
             os.replace(self._record(spool_id), aside)
         else:                          # a slot's record: written out to its own file, then freed
-            _write_durably(aside, page)
-            self.slots.free(spool_id)
-            self.slots.sync()
+            _write_durably(aside, held.page(spool_id) or b"")
+            held.free(spool_id)
+            held.sync()
         fsync_dir(self.dir)
         return aside
 
@@ -532,4 +565,5 @@ def _write_durably(path: Path, data: bytes) -> None:
 def pending_records(store_root: Path) -> int:
     """How many spool records a store holds (files not yet committed), read without a mount."""
     spool = Path(store_root) / SPOOL_DIR
-    return sum(1 for _ in spool.glob("*.json")) + used_slots(spool / SLOTS_FILE)
+    return sum(1 for _ in spool.glob("*.json")) + used_slots(spool / SLOTS_FILE) + \
+        len(used_pair_slots(spool / PAIRS_FILE))

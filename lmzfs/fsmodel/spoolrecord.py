@@ -22,7 +22,7 @@ from lmzfs.store.layout import StoreError
 RECORD_VERSION = 4
 RECORD_VERSIONS = (1, 2, 3, 4)         # 1: written at fsync only, no journal (always durable); 1, 2: no sums;
                                        # 4: `inline` bytes
-INLINE_MAX = 2048                      # a new file's bytes kept in its record, at most
+INLINE_MAX = 22 << 10                 # a new file's bytes kept in its record, at most (base64: a pair holds it)
 
 
 @cache

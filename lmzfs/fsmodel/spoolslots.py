@@ -76,34 +76,76 @@ def used_slots(path: Path) -> int:
     return len(used_slot_numbers(path))
 
 
-class RecordSlots:
-    """The slot file of one writable mount's spool: which slot holds which spool id's record."""
+class HeadedRecordFile:
+    """What the spool's record files (this slot file, spoolpairs' pair file) share: a file that
+    starts with a header page, opened (and made with its header) on first use, and which spool
+    ids it holds a record of (`_of`). Subclasses give the header and its check."""
 
     def __init__(self, path: Path):
         self.path = path
         self._lock = threading.Lock()
         self._fd: int | None = None
-        self._of: dict[str, int] = {}          # spool id -> its slot
-        self._free: list[int] = []             # free slots below _end (a heap: the lowest first)
-        self._end = 1                          # slots at or past this are past the file's end
-        self._found: set[int] = set()          # slots read used at mount, not yet bound or freed
+        self._of: dict = {}                    # spool id -> where its record is
+
+    def _header(self) -> bytes:
+        raise NotImplementedError
+
+    def _check_header(self, page: bytes) -> None:
+        raise NotImplementedError
 
     def _open(self) -> int:
         """The file, opened (made with its header if there is none). Called with the lock held."""
         if self._fd is None:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             try:
-                page = os.pread(fd, SLOT_BYTES, 0)
+                header = self._header()
+                page = os.pread(fd, len(header), 0)
                 if not page:
-                    if os.pwrite(fd, _header(), 0) != SLOT_BYTES:
-                        raise OSError(errno.ENOSPC, "short write of the spool's slot file")
+                    if os.pwrite(fd, header, 0) != len(header):
+                        raise OSError(errno.ENOSPC, f"short write of the spool's {self.path.name}")
                 else:
-                    _check_header(page, self.path)
+                    self._check_header(page)
             except BaseException:
                 os.close(fd)
                 raise
             self._fd = fd
         return self._fd
+
+    def holds(self, spool_id: str) -> bool:
+        return spool_id in self._of
+
+    def ids(self) -> set[str]:
+        with self._lock:
+            return set(self._of)
+
+    def sync(self) -> None:
+        """Every write and free so far durable."""
+        with self._lock:
+            if self._fd is not None:
+                os.fsync(self._fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+class RecordSlots(HeadedRecordFile):
+    """The slot file of one writable mount's spool: which slot holds which spool id's record."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self._of: dict[str, int] = {}          # spool id -> its slot
+        self._free: list[int] = []             # free slots below _end (a heap: the lowest first)
+        self._end = 1                          # slots at or past this are past the file's end
+        self._found: set[int] = set()          # slots read used at mount, not yet bound or freed
+
+    def _header(self) -> bytes:
+        return _header()
+
+    def _check_header(self, page: bytes) -> None:
+        _check_header(page, self.path)
 
     def read(self) -> list[SlotContent]:
         """Every used slot, in slot order (at mount, before any is written); the free ones are
@@ -131,13 +173,6 @@ class RecordSlots:
         with self._lock:
             self._found.discard(slot)
             self._of[spool_id] = slot
-
-    def holds(self, spool_id: str) -> bool:
-        return spool_id in self._of
-
-    def ids(self) -> set[str]:
-        with self._lock:
-            return set(self._of)
 
     def write(self, spool_id: str, data: bytes) -> None:
         """`spool_id`'s record is `data` (at most SLOT_BYTES): in its slot, or a new one."""
@@ -194,15 +229,3 @@ class RecordSlots:
     def _cut(self) -> None:
         os.ftruncate(self._open(), SLOT_BYTES)
         self._free, self._end, self._found = [], 1, set()
-
-    def sync(self) -> None:
-        """Every slot write and free so far durable."""
-        with self._lock:
-            if self._fd is not None:
-                os.fsync(self._fd)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
