@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import dataclass, field
@@ -80,7 +81,8 @@ class S3Engine:
         (self.root / "data").mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                "S3_BUCKET": self.bucket}
-        argv = [binary, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        # -logtostderr: glog's files would go to /tmp (weed.INFO ...); its lines go to weed.log here
+        argv = [binary, "-logtostderr", "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port={s3}",
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false"]
         log = open(self.root / "weed.log", "ab")
@@ -134,6 +136,13 @@ class S3Engine:
             pass
         self.proc.wait()
         self.proc = None
+        # the unix sockets weed makes in /tmp whatever -dir says, named by their ports (gRPC's
+        # 10000 above), which a kill leaves behind; the admin server's fixed port names one socket
+        # that every engine reuses
+        for port in self.ports:
+            for name in (port, port + 10000):
+                for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{name}.sock"):
+                    sock.unlink(missing_ok=True)
 
     def __enter__(self) -> "S3Engine":
         self.start()
