@@ -409,7 +409,7 @@ class Spool:
         # a pair wins over a slot of the same id: a record moves from its slot to a pair, never back
         for held, content, record, why in pairs + slots:
             if record is None:
-                if getattr(content, "damaged_id", None) in elsewhere:
+                if content.damaged_id in elsewhere:
                     superseded.append((held, content.slot, "a write to it was cut short; the record stands "
                                                            "where it was before"))
                 else:

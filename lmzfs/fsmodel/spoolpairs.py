@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from pathlib import Path
 
-from lmzfs.fsmodel.spoolslots import HeadedRecordFile
+from lmzfs.fsmodel.spoolslots import HeadedRecordFile, SlotContent
 from lmzfs.store.layout import StoreError
 
 PAIRS_FILE = "records.pairs"
@@ -102,16 +102,6 @@ def pack_half(seq: int, spool_id: str, data: bytes) -> bytes:
     return _HALF.pack(_HALF_MAGIC, seq, len(data), zlib.crc32(data, zlib.crc32(seq_bytes)), ident) + data
 
 
-@dataclass(frozen=True)
-class PairContent:
-    """What a used slot holds, as read at mount: its newer whole record's JSON, or (no half
-    whole) the damaged bytes and the spool id the newer damaged half names, if any."""
-    slot: int
-    data: bytes
-    damaged_id: str | None = None      # set only for a slot with no whole half
-    damaged: bool = False
-
-
 def used_pair_slots(path: Path) -> list[int]:
     """The slots of the file at `path` with a half that is not empty (none if there is no file),
     read without opening the spool."""
@@ -150,7 +140,7 @@ class RecordPairs(HeadedRecordFile):
     def _check_header(self, page: bytes) -> None:
         _check_header(page, self.path)
 
-    def read(self) -> list[PairContent]:
+    def read(self) -> list[SlotContent]:
         """The newer whole record of every used slot, in slot order (at mount, before any is
         written); a slot with no whole half but a damaged one is given as its damaged bytes
         (SpoolRecord.from_json then refuses them). The free slots are noted for reuse."""
@@ -167,12 +157,12 @@ class RecordPairs(HeadedRecordFile):
                 if whole:
                     seq, h = max(whole)
                     self._seq = max(self._seq, seq)
-                    found.append(PairContent(slot, halves[h].data))
+                    found.append(SlotContent(slot, halves[h].data))
                     self._found[slot] = h
                 elif any(not half.empty for half in halves):
                     named = [half.spool_id for half in halves if half.spool_id is not None]
-                    found.append(PairContent(slot, b"".join(half.damaged or b"" for half in halves),
-                                             named[0] if len(set(named)) == 1 else None, True))
+                    found.append(SlotContent(slot, b"".join(half.damaged or b"" for half in halves),
+                                             named[0] if len(set(named)) == 1 else None))
                     self._found[slot] = 0
                 else:
                     heappush(self._free, slot)

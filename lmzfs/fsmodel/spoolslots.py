@@ -39,9 +39,11 @@ def _header() -> bytes:
 
 @dataclass(frozen=True)
 class SlotContent:
-    """What a used slot holds, as read at mount: a record's JSON (padding stripped)."""
+    """What a used slot holds, as read at mount: a record's JSON (padding stripped), or bytes that
+    are not one; `damaged_id`: the spool id a damaged slot pair still names (spoolpairs.py)."""
     slot: int
     data: bytes
+    damaged_id: str | None = None
 
 
 def _check_header(page: bytes, path: Path) -> None:
