@@ -33,7 +33,6 @@ from heapq import heappop, heappush
 from pathlib import Path
 
 from lmzfs.fsmodel.spoolslots import HeadedRecordFile, SlotContent
-from lmzfs.store.layout import StoreError
 
 PAIRS_FILE = "records.pairs"
 PAIRS_VERSION = 1
@@ -41,26 +40,8 @@ HEADER_BYTES = 4096
 HALF_BYTES = 32768
 _MAGIC = b"LMZP"
 _HALF_MAGIC = b"LMZH"
-_HEAD = struct.Struct("<4sII")
 _HALF = struct.Struct("<4sQII16s4x")
 RECORD_MAX = HALF_BYTES - _HALF.size     # the largest record a pair holds
-
-
-def _header() -> bytes:
-    head = _HEAD.pack(_MAGIC, PAIRS_VERSION, HALF_BYTES)
-    return (head + struct.pack("<I", zlib.crc32(head))).ljust(HEADER_BYTES, b"\0")
-
-
-def _check_header(page: bytes, path: Path) -> None:
-    if len(page) < _HEAD.size + 4:
-        raise StoreError(f"{path}: its header is cut short; it is kept, move it away to mount")
-    magic, version, half = _HEAD.unpack_from(page)
-    (crc,) = struct.unpack_from("<I", page, _HEAD.size)
-    if magic != _MAGIC or crc != zlib.crc32(page[:_HEAD.size]):
-        raise StoreError(f"{path}: its header is damaged; it is kept, move it away to mount")
-    if version != PAIRS_VERSION or half != HALF_BYTES:
-        raise StoreError(f"{path}: version {version} with halves of {half} bytes is not supported "
-                         f"(this lmzfs reads version {PAIRS_VERSION}, {HALF_BYTES}); it is kept")
 
 
 def half_offset(slot: int, half: int) -> int:
@@ -125,6 +106,7 @@ def used_pair_slots(path: Path) -> list[int]:
 class RecordPairs(HeadedRecordFile):
     """The pair file of one writable mount's spool: which slot holds which spool id's record, and
     which half of it is the newer. The same calls as spoolslots.RecordSlots."""
+    MAGIC, VERSION, UNIT, UNIT_NAME, HEADER_BYTES = _MAGIC, PAIRS_VERSION, HALF_BYTES, "halves", HEADER_BYTES
 
     def __init__(self, path: Path):
         super().__init__(path)
@@ -133,12 +115,6 @@ class RecordPairs(HeadedRecordFile):
         self._end = 0                          # slots at or past this are past the file's end
         self._found: dict[int, int] = {}       # slot read used at mount, not yet bound or freed -> newer half
         self._seq = 0                          # the highest sequence number written or read
-
-    def _header(self) -> bytes:
-        return _header()
-
-    def _check_header(self, page: bytes) -> None:
-        _check_header(page, self.path)
 
     def read(self) -> list[SlotContent]:
         """The newer whole record of every used slot, in slot order (at mount, before any is

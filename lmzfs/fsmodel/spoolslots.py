@@ -32,11 +32,6 @@ _MAGIC = b"LMZS"
 _HEAD = struct.Struct("<4sII")
 
 
-def _header() -> bytes:
-    head = _HEAD.pack(_MAGIC, SLOTS_VERSION, SLOT_BYTES)
-    return (head + struct.pack("<I", zlib.crc32(head))).ljust(SLOT_BYTES, b"\0")
-
-
 @dataclass(frozen=True)
 class SlotContent:
     """What a used slot holds, as read at mount: a record's JSON (padding stripped), or bytes that
@@ -44,18 +39,6 @@ class SlotContent:
     slot: int
     data: bytes
     damaged_id: str | None = None
-
-
-def _check_header(page: bytes, path: Path) -> None:
-    if len(page) < _HEAD.size + 4:
-        raise StoreError(f"{path}: its header is cut short; it is kept, move it away to mount")
-    magic, version, slot_bytes = _HEAD.unpack_from(page)
-    (crc,) = struct.unpack_from("<I", page, _HEAD.size)
-    if magic != _MAGIC or crc != zlib.crc32(page[:_HEAD.size]):
-        raise StoreError(f"{path}: its header is damaged; it is kept, move it away to mount")
-    if version != SLOTS_VERSION or slot_bytes != SLOT_BYTES:
-        raise StoreError(f"{path}: version {version} with slots of {slot_bytes} bytes is not supported "
-                         f"(this lmzfs reads version {SLOTS_VERSION}, {SLOT_BYTES}); it is kept")
 
 
 def used_slot_numbers(path: Path) -> list[int]:
@@ -80,8 +63,14 @@ def used_slots(path: Path) -> int:
 
 class HeadedRecordFile:
     """What the spool's record files (this slot file, spoolpairs' pair file) share: a file that
-    starts with a header page, opened (and made with its header) on first use, and which spool
-    ids it holds a record of (`_of`). Subclasses give the header and its check."""
+    starts with a header page (MAGIC, u32 VERSION, u32 UNIT: the size of its slots or halves, u32
+    CRC-32 of those 12 bytes, zeros to HEADER_BYTES), opened (and made with its header) on first
+    use, and which spool ids it holds a record of (`_of`)."""
+    MAGIC: bytes
+    VERSION: int
+    UNIT: int
+    UNIT_NAME: str                 # what UNIT is the size of, for the refusal of another size
+    HEADER_BYTES = 4096
 
     def __init__(self, path: Path):
         self.path = path
@@ -90,10 +79,20 @@ class HeadedRecordFile:
         self._of: dict = {}                    # spool id -> where its record is
 
     def _header(self) -> bytes:
-        raise NotImplementedError
+        head = _HEAD.pack(self.MAGIC, self.VERSION, self.UNIT)
+        return (head + struct.pack("<I", zlib.crc32(head))).ljust(self.HEADER_BYTES, b"\0")
 
     def _check_header(self, page: bytes) -> None:
-        raise NotImplementedError
+        path = self.path
+        if len(page) < _HEAD.size + 4:
+            raise StoreError(f"{path}: its header is cut short; it is kept, move it away to mount")
+        magic, version, unit = _HEAD.unpack_from(page)
+        (crc,) = struct.unpack_from("<I", page, _HEAD.size)
+        if magic != self.MAGIC or crc != zlib.crc32(page[:_HEAD.size]):
+            raise StoreError(f"{path}: its header is damaged; it is kept, move it away to mount")
+        if version != self.VERSION or unit != self.UNIT:
+            raise StoreError(f"{path}: version {version} with {self.UNIT_NAME} of {unit} bytes is not supported "
+                             f"(this lmzfs reads version {self.VERSION}, {self.UNIT}); it is kept")
 
     def _open(self) -> int:
         """The file, opened (made with its header if there is none). Called with the lock held."""
@@ -135,6 +134,7 @@ class HeadedRecordFile:
 
 class RecordSlots(HeadedRecordFile):
     """The slot file of one writable mount's spool: which slot holds which spool id's record."""
+    MAGIC, VERSION, UNIT, UNIT_NAME, HEADER_BYTES = _MAGIC, SLOTS_VERSION, SLOT_BYTES, "slots", SLOT_BYTES
 
     def __init__(self, path: Path):
         super().__init__(path)
@@ -142,12 +142,6 @@ class RecordSlots(HeadedRecordFile):
         self._free: list[int] = []             # free slots below _end (a heap: the lowest first)
         self._end = 1                          # slots at or past this are past the file's end
         self._found: set[int] = set()          # slots read used at mount, not yet bound or freed
-
-    def _header(self) -> bytes:
-        return _header()
-
-    def _check_header(self, page: bytes) -> None:
-        _check_header(page, self.path)
 
     def read(self) -> list[SlotContent]:
         """Every used slot, in slot order (at mount, before any is written); the free ones are
