@@ -237,7 +237,10 @@ def test_mounting_over_a_non_empty_or_mounted_dir_or_without_a_store_is_a_clear_
         assert r.returncode == 2 and "already" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_a_store_on_a_read_only_file_system_is_served_listed_and_verified(tmp_path, tmpfs):
+def test_a_store_on_a_read_only_file_system_is_served_listed_and_verified(tmp_path, tmpfs, monkeypatch):
+    runtime = tmp_path / "run"         # where the mount logs, its store being read-only
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     disk = tmpfs("16m")
     src = small_model(tmp_path / "src", seed=50, mib=2)
     store = disk / "store"
@@ -255,6 +258,8 @@ def test_a_store_on_a_read_only_file_system_is_served_listed_and_verified(tmp_pa
         r = lmz("--store", str(store), "mount", str(mnt))      # logs beside the store if it may
         assert r.returncode == 0, r.stderr
         assert (mnt / "m" / "model.safetensors").read_bytes() == want
+        (log,) = runtime.glob(f"lmzfs-{os.getuid()}-*-mount.log")
+        assert "serving" in log.read_text()
         assert lmz("umount", str(mnt)).returncode == 0
     finally:
         unmount_and_stop(mnt)
