@@ -41,7 +41,8 @@ HALF_BYTES = 32768
 _MAGIC = b"LMZP"
 _HALF_MAGIC = b"LMZH"
 _HALF = struct.Struct("<4sQII16s4x")
-RECORD_MAX = HALF_BYTES - _HALF.size     # the largest record a pair holds
+HALF_HEAD_BYTES = _HALF.size             # a half's head, before its record's JSON
+RECORD_MAX = HALF_BYTES - HALF_HEAD_BYTES  # the largest record a pair holds
 
 
 def half_offset(slot: int, half: int) -> int:

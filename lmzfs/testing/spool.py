@@ -4,11 +4,14 @@ records.pairs: fsmodel/spoolpairs.py)."""
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lmzfs.fsmodel.spool import SPOOL_DIR, SpoolRecord
-from lmzfs.fsmodel.spoolpairs import HALF_BYTES, PAIRS_FILE, half_offset, pack_half, parse_half, used_pair_slots
+from lmzfs.fsmodel.spoolpairs import (HALF_BYTES, HALF_HEAD_BYTES, PAIRS_FILE, half_offset, pack_half, parse_half,
+                                      used_pair_slots)
 from lmzfs.fsmodel.spoolslots import SLOT_BYTES, SLOTS_FILE, used_slot_numbers
 
 
@@ -78,7 +81,7 @@ class RecordPlace:
     def offset(self) -> int:
         """Where the record's bytes start in self.path."""
         if self.pair:
-            return half_offset(self.slot, self._newer_half()[0]) + len(pack_half(0, "", b""))
+            return half_offset(self.slot, self._newer_half()[0]) + HALF_HEAD_BYTES
         return 0 if self.slot is None else self.slot * SLOT_BYTES
 
     def record(self) -> SpoolRecord:
@@ -87,6 +90,18 @@ class RecordPlace:
     def edit(self, **changes) -> None:
         """Change fields of the record as a hand edit would, its checksum made to match."""
         self.write(replace(self.record(), **changes).to_json())
+
+
+def rewrite_header(path: Path, *, version: int | None = None, unit: int | None = None) -> bytes:
+    """Give a spool record file (records.slots, records.pairs: spoolslots.HeadedRecordFile) another
+    version or slot/half size in its header, its CRC made to match; its bytes as they now are."""
+    data = bytearray(path.read_bytes())
+    magic, old_version, old_unit = struct.unpack_from("<4sII", data)
+    head = struct.pack("<4sII", magic, old_version if version is None else version,
+                       old_unit if unit is None else unit)
+    data[:16] = head + struct.pack("<I", zlib.crc32(head))
+    path.write_bytes(bytes(data))
+    return bytes(data)
 
 
 def record_places(store: Path) -> list[RecordPlace]:

@@ -19,7 +19,7 @@ from lmzfs.fsmodel.spoolrecord import INLINE_MAX
 from lmzfs.fsmodel.spoolslots import SLOT_BYTES, SLOTS_FILE
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.testing.fspaths import PathDriver
-from lmzfs.testing.spool import record_places, spool_listing
+from lmzfs.testing.spool import record_places, rewrite_header, spool_listing
 from tests.fsmodel.test_spool_slots import kill_writer
 
 FILES = 12
@@ -163,11 +163,7 @@ def test_a_damaged_pair_with_no_other_record_is_set_aside_and_logged_not_replaye
 def test_a_pair_file_of_an_unknown_version_or_half_size_is_refused_and_kept(store_dir, field, value):
     kill_writer(_MANY_OPEN, store_dir)
     path = _spool(store_dir) / PAIRS_FILE
-    data = bytearray(path.read_bytes())
-    magic, version, half = struct.unpack_from("<4sII", data)
-    head = struct.pack("<4sII", magic, value if field == "version" else version, value if field != "version" else half)
-    data[:16] = head + struct.pack("<I", zlib.crc32(head))
-    path.write_bytes(bytes(data))
+    data = rewrite_header(path, **{"version" if field == "version" else "unit": value})
     with pytest.raises(StoreError, match="is not supported"):
         open_fs(store_dir)
-    assert path.read_bytes() == bytes(data)
+    assert path.read_bytes() == data

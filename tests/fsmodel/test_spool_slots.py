@@ -8,11 +8,9 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from lmzfs.store.catalog.fsrows import EntryMeta
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.lock import WriterLock
 from lmzfs.testing.fspaths import PathDriver
-from lmzfs.testing.spool import record_places, spool_listing
+from lmzfs.testing.spool import record_places, rewrite_header, spool_listing
 
 FILES = 40
 
@@ -112,14 +110,10 @@ def test_an_id_json_written_after_a_slot_of_the_same_file_wins_and_the_slot_is_f
 def test_a_slot_file_of_an_unknown_version_or_slot_size_is_refused_and_kept(store_dir, field, value):
     kill_writer(_MANY_OPEN, store_dir)
     path = StorePaths(store_dir).root / "spool" / SLOTS_FILE
-    data = bytearray(path.read_bytes())
-    magic, version, slot = struct.unpack_from("<4sII", data)
-    head = struct.pack("<4sII", magic, value if field == "version" else version, value if field != "version" else slot)
-    data[:16] = head + struct.pack("<I", zlib.crc32(head))
-    path.write_bytes(bytes(data))
+    data = rewrite_header(path, **{"version" if field == "version" else "unit": value})
     with pytest.raises(StoreError, match="is not supported"):
         open_fs(store_dir)
-    assert path.read_bytes() == bytes(data)
+    assert path.read_bytes() == data
 
 
 def test_a_file_changed_after_its_chunks_were_coded_ahead_is_stored_as_it_stands(store_dir):
