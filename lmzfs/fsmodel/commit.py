@@ -229,16 +229,20 @@ class Committer:
         return done
 
     def commit_all(self, nodes: list[Node]) -> None:
-        """At the end: what is uncommitted is committed (what cannot be is kept in the spool)."""
+        """At the end: what is uncommitted is committed, the small files together as in the
+        background; what cannot be is recorded in the spool durably (the caller then makes the
+        commits durable: the WAL's fsync)."""
         self.stop_background()
-        for node in nodes:
+        pending = [node for node in nodes if node.uncommitted]
+        self._commit_grouped(pending)
+        for node in pending:
             if node.uncommitted:
                 try:
                     with node.data.lock:
-                        self._records.record(node)      # durable first, whatever the commit does
-                    self.commit(node)
+                        self._records.record(node)
                 except (OSError, StoreError) as exc:
-                    log.error("%s stays in the spool: %s", "/".join(self._ns.path_parts(node)), exc)
+                    log.error("%s: its record in the spool is not durable: %s",
+                              "/".join(self._ns.path_parts(node)), exc)
 
     # -- in the background -----------------------------------------------------------------------
     @property
@@ -298,37 +302,42 @@ class Committer:
 
     def _run(self) -> None:
         while True:
+            with self._cv:
+                while not self._queue and not self._stopping:
+                    self._cv.wait()
+            # a burst of changes (rsync, tar, cp -r, a build writing many files) goes first: its
+            # files are in the spool meanwhile, as safe against a kill as a commit makes them,
+            # and their commits' CPU would slow it down; then the files it queued meanwhile
+            # are committed together
+            self._sync.wait_quiet(QUIET_SECONDS, DEFER_SECONDS,
+                                  until=lambda: self._stopping or len(self._queue) >= DEFER_FILES)
             nodes = self._take()
             if nodes is None:
                 return
-            # a burst of changes (rsync, tar, cp -r, a build writing many files) goes first: its
-            # files are in the spool meanwhile, as safe against a kill as a commit makes them,
-            # and their commits' CPU would slow it down
-            self._sync.wait_quiet(QUIET_SECONDS, DEFER_SECONDS,
-                                  until=lambda: self._stopping or len(self._queue) + len(nodes) >= DEFER_FILES)
             try:
                 self._commit_batch(nodes)
             except Exception:                       # a bug must not stop every later commit
                 log.exception("background commit")
 
     def _commit_batch(self, nodes: list[Node]) -> None:
+        self._commit_grouped(nodes)
+        if self.after_commit is not None:
+            self.after_commit()
+        for node in nodes:
+            self._let_go(node)
+
+    def _commit_grouped(self, nodes: list[Node]) -> None:
+        """Commit the nodes: the small files together (in parts), the others one by one; a
+        failure is logged (what failed stays in the spool)."""
         small = [n for n in nodes if n.data is not None and n.data.size <= SMALL_FILE]
-        alone = [n for n in nodes if n not in small]
         if len(small) > 1:
             try:
                 self._commit_together(small)
             except (OSError, StoreError) as exc:
                 log.error("committing %d files together: %s; one by one instead", len(small), exc)
-        else:
-            alone += small
-        committed = 0
-        for node in small + alone:                  # what a group left out, and the large files
+        for node in nodes:                          # what a group left out, and the large files
             if node.uncommitted:
-                committed += self._commit_quietly(node)
-        if self.after_commit is not None:
-            self.after_commit()
-        for node in nodes:
-            self._let_go(node)
+                self._commit_quietly(node)
 
     def _commit_quietly(self, node: Node) -> bool:
         try:

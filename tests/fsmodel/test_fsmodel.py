@@ -641,3 +641,36 @@ def test_st_blocks_count_the_bytes_written_and_stored_never_a_sparse_files_holes
     p = reopen(fs, store_dir)
     assert p.stat("m/f").blocks == (len(chunks) + 1) * (1 << 20) // 512
     p.fs.close()
+
+
+@pytest.mark.allow_log_warnings
+def test_closing_commits_the_small_files_and_keeps_durably_a_file_whose_commit_finds_the_disk_full(tmpfs):
+    disk = tmpfs("48m")
+    store = disk / "store"
+    fs = open_fs(store)
+    p = PathDriver(fs)
+    p.mkdir("m")
+    big = os.urandom(12 << 20)
+    small = {f"m/s{i:03d}.txt": f"line {i}\n".encode() * 20 for i in range(40)}
+    fh = p.open("m/big.bin", os.O_CREAT | os.O_WRONLY)      # left open: uncommitted until close
+    fs.write(fh, 0, big)
+    for path, data in small.items():
+        fs.write(p.open(path, os.O_CREAT | os.O_WRONLY), 0, data)
+    # room for the small files' commits and a record, none for the big file's chunks
+    room = os.statvfs(disk)
+    with open(disk / "filler", "wb") as f:
+        f.write(b"\0" * (room.f_bavail * room.f_frsize - (4 << 20)))
+    fs.close()
+    stored = stored_files(store)
+    assert {path: stored.get(path) for path in small} == \
+        {path: hashlib.sha256(data).hexdigest() for path, data in small.items()}
+    assert "m/big.bin" not in stored
+    assert [name for name in spool_listing(store) if name.endswith(".json")] != []   # its durable record
+    (disk / "filler").unlink()
+    again = PathDriver(open_fs(store))      # commits what the spool kept
+    try:
+        assert again.read_file("m/big.bin") == big
+        assert stored_files(store)["m/big.bin"] == hashlib.sha256(big).hexdigest()
+    finally:
+        again.fs.close()
+    assert verify_store(StorePaths(store)).ok
