@@ -164,6 +164,23 @@ def test_a_model_committed_after_the_newest_copy_is_recovered_from_the_damaged_c
     assert not due_marker(store.catalog).exists() and diagnose(store).sound
 
 
+def test_a_repair_salvages_in_the_store_not_in_tmp_and_removes_a_scratch_a_killed_repair_left(
+        tmp_path, capsys, monkeypatch):
+    import tempfile
+    store = store_of_two(tmp_path)
+    before = file_digests(store.root)
+    _commit_left_without_its_copy(store)
+    left = store.root / ".salvage-killed"
+    left.mkdir()
+    (left / "catalog.sqlite").write_bytes(b"a copy a killed repair was reading")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    from lmzfs.cli import main
+    assert main(["--store", str(store.root), "verify", "--repair"]) == 0
+    assert "  recovered b from the rows the damaged catalog still holds" in capsys.readouterr().out
+    assert file_digests(store.root) == before
+    assert list(store.root.glob(".salvage-*")) == []
+
+
 def test_a_model_only_the_damaged_catalog_names_whose_chunks_do_not_decode_is_named_as_lost(tmp_path, capsys):
     store = store_of_two(tmp_path)
     of_a = {k: v for k, v in file_digests(store.root).items() if k.startswith("a/")}
@@ -295,6 +312,7 @@ def test_kill_9_of_a_repair_at_any_moment_leaves_a_store_the_next_repair_brings_
         again = run_lmz(["--store", str(trial), "verify", "--repair"])
         assert again.rc == 0 and again.traceback is None, f"killed at {i}/40: {again}"
         assert file_digests(trial) == before
+        assert list(trial.glob(".salvage-*")) == [], f"a killed repair's scratch outlived the next at {i}/40"
 
 
 def test_a_text_value_flipped_into_bytes_that_are_not_utf8_is_damage_that_repair_mends(tmp_path):

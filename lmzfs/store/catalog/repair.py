@@ -26,7 +26,8 @@ from lmzfs.store.layout import FILE_MODE, StoreError, StorePaths, fsync_dir, fsy
 from lmzfs.store.lock import WriterLock
 from lmzfs.store.names import validate_model_name
 from lmzfs.store.catalog.payloadsearch import place_chunks, salvage_chunk_rows
-from lmzfs.store.catalog.salvage import SalvagedModel, insert_recovered, salvage_models, tolerant_text
+from lmzfs.store.catalog.salvage import (SalvagedModel, insert_recovered, remove_scratch, salvage_models,
+                                         tolerant_text)
 from lmzfs.store.catalog.uri import READ_ERRORS, sqlite_uri
 
 
@@ -49,6 +50,7 @@ class RepairReport:
 def repair_catalog(store: StorePaths) -> RepairReport:
     store.check_format()
     with WriterLock(store.lock):
+        remove_scratch(store.root)
         verdict = diagnose(store)
         report = RepairReport(verdict.problem)
         if verdict.sound:

@@ -65,11 +65,29 @@ def tolerant_text(raw: bytes) -> str | bytes:
         return raw
 
 
+# A scratch copy's folder, made beside the file it copies (in the store: on the disk that holds
+# the catalog, not on a /tmp that may be too small for it); repair_catalog removes any that a
+# process killed while salvaging left.
+SCRATCH_PREFIX = ".salvage-"
+
+
+def remove_scratch(folder: Path) -> None:
+    """The scratch folders salvages killed before their end left in `folder` (called with the
+    store's lock held: no salvage of this store runs meanwhile)."""
+    for scratch in folder.glob(SCRATCH_PREFIX + "*"):
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 @contextmanager
 def scratch_open(path: Path) -> Iterator[sqlite3.Connection | None]:
     """The file (with its -wal) opened from a scratch copy, so that nothing SQLite writes when it
     opens one lands beside a damaged file kept for inspection; None if it cannot be opened."""
-    with tempfile.TemporaryDirectory(prefix="lmz-salvage-") as scratch:
+    try:
+        made = tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=path.parent)
+    except OSError:
+        yield None
+        return
+    with made as scratch:
         copy = Path(scratch) / "catalog.sqlite"
         try:
             shutil.copyfile(path, copy)
