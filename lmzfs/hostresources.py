@@ -1,4 +1,4 @@
-"""The memory and CPUs this process may use, which the mount's defaults are sized from.
+"""The memory, CPUs and file descriptors this process may use, which the mount's defaults are sized from.
 
 A model host may be a laptop, a 1 GiB board or a container with a memory limit far below the
 machine's RAM; a fixed cache size is wrong for some of them. So the default decoded-chunk cache is
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 from pathlib import Path
 
 MIN_CACHE = 32 << 20
@@ -114,3 +115,36 @@ def default_cache_size(memory: int | None = None) -> int:
     if not memory:
         return MAX_CACHE
     return max(MIN_CACHE, min(MAX_CACHE, memory // CACHE_SHARE))
+
+
+def raise_open_files_limit(*, nr_open: Path = Path("/proc/sys/fs/nr_open")) -> int:
+    """Raise this process's soft limit of open descriptors to its hard limit (at most the kernel's
+    nr_open); the soft limit it has now. A shell's soft limit is often 1,024 (for programs that
+    still use select(2), which the daemon does not), while a mount holds a descriptor for each pack
+    its open files read and two for each spooled file not yet committed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = _read(nr_open)
+    target = hard
+    if ceiling is not None and ceiling.isdigit() and (hard == resource.RLIM_INFINITY or hard > int(ceiling)):
+        target = int(ceiling)
+    if target == resource.RLIM_INFINITY or target <= soft:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft
+    return target
+
+
+def open_files_limit() -> int:
+    """This process's soft limit of open descriptors."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return UNLIMITED if soft == resource.RLIM_INFINITY else soft
+
+
+def open_descriptors(fd_dir: Path = Path("/proc/self/fd")) -> int:
+    """How many descriptors this process holds open (0 where /proc does not say)."""
+    try:
+        return len(os.listdir(fd_dir))
+    except OSError:
+        return 0

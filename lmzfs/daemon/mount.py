@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from lmzfs.daemon.kernel_readahead import raise_kernel_readahead
-from lmzfs.hostresources import MAX_CACHE
+from lmzfs.hostresources import MAX_CACHE, raise_open_files_limit
 from lmzfs.mountinfo import is_mount_point
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,7 @@ def serve(mountpoint: Path, store_dir: Path, *, allow_other: bool = False, cache
     from lmzfs.store.layout import StoreError
 
     notifier = notifier or Notifier()
+    raise_open_files_limit()
 
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     try:

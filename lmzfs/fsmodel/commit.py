@@ -36,7 +36,7 @@ from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import Node
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.stored import StoredFiles
-from lmzfs.hostresources import usable_cpus
+from lmzfs.hostresources import open_descriptors, open_files_limit, usable_cpus
 from lmzfs.fsmodel.storecommit import (CommittedFile, FileContent, FileToCommit, commit_file, commit_files,
                                       pre_encode_files)
 from lmzfs.store.layout import StoreError
@@ -56,6 +56,8 @@ SETTLE_LONGEST = 1.0            # ... or it was queued this long ago
 QUIET_SECONDS = 0.05            # background commits wait for this lull in changes (writes, creates, renames ...)
 DEFER_SECONDS = 10.0            # ... for this long at most
 DEFER_FILES = 1024              # ... or until this many files are queued
+DESCRIPTOR_SHARE = 4            # ... or the process holds 1/this of its descriptor limit (a spooled
+                                # file not yet committed holds two)
 HISTORY_FILES = 64              # the files whose last commit's chunks and hash states are kept
 HASH_STATES = 512               # hash states kept per file at most
 
@@ -310,7 +312,8 @@ class Committer:
             # and their commits' CPU would slow it down; then the files it queued meanwhile
             # are committed together
             self._sync.wait_quiet(QUIET_SECONDS, DEFER_SECONDS,
-                                  until=lambda: self._stopping or len(self._queue) >= DEFER_FILES)
+                                  until=lambda: self._stopping or len(self._queue) >= DEFER_FILES
+                                  or open_descriptors() * DESCRIPTOR_SHARE >= open_files_limit())
             nodes = self._take()
             if nodes is None:
                 return

@@ -7,7 +7,9 @@ the serving process could deadlock on the GIL.
 """
 from __future__ import annotations
 
+import functools
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -42,12 +44,14 @@ def daemon_command(mountpoint: Path, store_dir: Path, *extra_args: str) -> list[
 
 @contextmanager
 def mounted(mountpoint: str | Path, store_dir: str | Path, *extra_args: str, fake=None,
-            timeout: float = 30.0, env: Mapping[str, str] | None = None) -> Iterator[MountedFS]:
+            timeout: float = 30.0, env: Mapping[str, str] | None = None,
+            open_files: int | None = None) -> Iterator[MountedFS]:
     """Serve *store_dir* at *mountpoint* until the block ends.
 
     With *fake* (a FakeArchive) the fake is saved under *store_dir* and served instead of a real
     store; save it again to change what the mount shows. *env*: variables set for the server on
-    top of this process's environment (e.g. NOTIFY_SOCKET).
+    top of this process's environment (e.g. NOTIFY_SOCKET). *open_files*: the server's limit of
+    open descriptors (soft and hard), as a shell's `ulimit -n` gives it.
     """
     mountpoint, store_dir = Path(mountpoint).absolute(), Path(store_dir).absolute()
     args = list(extra_args)
@@ -57,7 +61,9 @@ def mounted(mountpoint: str | Path, store_dir: str | Path, *extra_args: str, fak
     with tempfile.TemporaryFile() as log, open("/dev/null", "rb") as devnull:
         process = subprocess.Popen(daemon_command(mountpoint, store_dir, *args),
                                    stdin=devnull, stdout=log, stderr=log,
-                                   env=None if env is None else {**os.environ, **env})
+                                   env=None if env is None else {**os.environ, **env},
+                                   preexec_fn=None if open_files is None else functools.partial(
+                                       resource.setrlimit, resource.RLIMIT_NOFILE, (open_files, open_files)))
         fs = MountedFS(mountpoint, process, log)
         try:
             _wait_until_mounted(fs, timeout)

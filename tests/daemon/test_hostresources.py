@@ -1,12 +1,18 @@
-"""The memory and CPUs the mount's defaults are sized from, read from fake /proc and cgroup trees."""
+"""The memory and CPUs the mount's defaults are sized from, read from fake /proc and cgroup trees;
+and the descriptor limit a daemon raises."""
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from lmzfs import hostresources as hr
-from lmzfs.hostresources import MAX_CACHE, MIN_CACHE, default_cache_size, memory_limit, usable_cpus
+from lmzfs.hostresources import (MAX_CACHE, MIN_CACHE, default_cache_size, memory_limit, open_descriptors,
+                                 open_files_limit, usable_cpus)
 
 GiB = 1 << 30
 
@@ -136,3 +142,33 @@ def test_a_mount_host_in_a_512_mib_cgroup_gets_a_64_mib_cache_by_default(tmp_pat
         group.rmdir()
     assert doc["host"]["memory_bytes"] == 512 << 20, r.stderr
     assert doc["settings"]["cache_size"] == {"value": 64 << 20, "source": "default"}
+
+
+def _limits_after_raising(soft: int, hard: int) -> tuple[int, int, int]:
+    """(what raise_open_files_limit returns, the soft and the hard limit after it) in a process
+    started with these limits, as a shell's `ulimit -Sn SOFT -Hn HARD` starts one."""
+    code = ("import resource; from lmzfs.hostresources import raise_open_files_limit; "
+            "now = raise_open_files_limit(); print(now, *resource.getrlimit(resource.RLIMIT_NOFILE))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))).stdout
+    return tuple(int(v) for v in out.split())
+
+
+def test_a_daemon_started_with_a_shells_soft_descriptor_limit_raises_it_to_the_hard_limit():
+    assert _limits_after_raising(1024, 4096) == (4096, 4096, 4096)
+
+
+def test_a_descriptor_limit_already_at_its_ceiling_is_left_as_it_is():
+    assert _limits_after_raising(1024, 1024) == (1024, 1024, 1024)
+
+
+def test_the_descriptors_this_process_holds_are_counted_from_proc():
+    before = open_descriptors()
+    r, w = os.pipe()
+    try:
+        assert open_descriptors() == before + 2
+    finally:
+        os.close(r)
+        os.close(w)
+    assert open_descriptors() == before
+    assert open_files_limit() == resource.getrlimit(resource.RLIMIT_NOFILE)[0]

@@ -403,3 +403,22 @@ def test_kill_9_during_commits_leaves_the_store_consistent_and_every_fsyncd_file
     run = subprocess.run([sys.executable, "-m", "lmzfs", "--store", str(store), "gc"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert verify_store(StorePaths(store)).ok
+
+
+def test_a_burst_of_files_into_a_mount_held_to_a_shells_1024_descriptors_loses_none(tmp_path):
+    # each file written and not yet committed holds two descriptors of the spool: the burst's
+    # commits must not all wait for its end
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    block = os.urandom(30000)
+    files = {f"f{i:03d}.bin": i.to_bytes(4, "little") + block for i in range(700)}
+    with mounted(mnt, store, "--writable", open_files=1024):
+        (mnt / "m").mkdir()
+        for name, data in files.items():
+            (mnt / "m" / name).write_bytes(data)
+        assert {name: (mnt / "m" / name).read_bytes() == data for name, data in files.items()} == \
+            {name: True for name in files}
+    with mounted(mnt, store, "--writable"):
+        assert sorted(os.listdir(mnt / "m")) == sorted(files)
+        assert all((mnt / "m" / name).read_bytes() == data for name, data in files.items())
+    assert verify_store(StorePaths(store)).ok
