@@ -20,7 +20,11 @@ them, for the HISTORY_FILES files committed last). The next commit of that file 
 chunk that no write or truncate touched since without reading it, and resumes the hash at the
 last state before the first changed byte: an append reads and encodes the file's last chunk and
 what was appended; a write into the middle reads the bytes after it for the hash, and encodes
-the chunks it touched. The first commit of a file after the mount started reads it whole."""
+the chunks it touched. The first commit of a file after the mount started reads it whole.
+
+Chunks are coded by COMMIT_POLICY: as `lmz add` codes them, but for zstd's slow level on text,
+which costs a commit of a tree of text files (a source tree, rsync'd documents) several times
+its other work for a few percent of its bytes; `lmz rewrite recode` tries it later."""
 from __future__ import annotations
 
 import logging
@@ -41,7 +45,7 @@ from lmzfs.fsmodel.storecommit import (CommittedFile, FileContent, FileToCommit,
                                       pre_encode_files)
 from lmzfs.store.layout import StoreError
 from lmzfs.store.write.encodefile import Unchanged
-from lmzfs.store.write.policy import EncodePolicy
+from lmzfs.store.write.policy import COMMIT_POLICY, EncodePolicy
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,8 @@ class Committer:
         self.commits = 0                    # how many commits this mount made (reclaim.py looks)
         self.appended = 0                   # and the payload bytes they appended
         self.after_commit: Callable[[], object] | None = None     # called by commit_or_log after one
+        # given the chunks of each commit that zstd's slow level may make smaller (recodetext.py)
+        self.on_text_chunks: Callable[[tuple[bytes, ...]], object] | None = None
         self._queue: dict[int, Node] = {}   # by inode, in the order queued
         self._queued_at: dict[int, float] = {}      # when each was queued (monotonic)
         self._first_queued = 0.0
@@ -116,6 +122,8 @@ class Committer:
             self._sync.wal.changed()        # an fsync'd record goes only once its commit is durable
             self._sync.sync()
         self._spent.append(data.rebase(self._stored.reader(node.file_id), done.size))
+        if done.text_chunks and self.on_text_chunks is not None:
+            self.on_text_chunks(done.text_chunks)
         self.commits += 1
         self.appended += done.new_payload_bytes
 
@@ -147,9 +155,11 @@ class Committer:
         CODED_AHEAD_MAX; a file with a stored version is coded under the lock, as only what
         changed is coded at all."""
         if node.file_id is not None or data.size > CODED_AHEAD_MAX:
-            return EncodePolicy()
+            return COMMIT_POLICY
         what = self._what_now(node)
-        return pre_encode_files(self._pool, [what], self._chunk_size) if what is not None else EncodePolicy()
+        if what is None:
+            return COMMIT_POLICY
+        return pre_encode_files(self._pool, [what], self._chunk_size, COMMIT_POLICY)
 
     def _what_now(self, node: Node) -> FileToCommit | None:
         """_what() of the node as it stands, its data's lock taken for it (a coding ahead)."""
@@ -354,7 +364,7 @@ class Committer:
         # meanwhile); the commit under the store's lock looks them up (a file written since is
         # coded again there)
         ahead = [what for what in map(self._what_now, nodes) if what is not None]
-        policy = pre_encode_files(self._pool, ahead, self._chunk_size)
+        policy = pre_encode_files(self._pool, ahead, self._chunk_size, COMMIT_POLICY)
         # in parts, each a short hold of the store's lock: namespace changes waiting for it
         # (a directory's times set by rsync, a mkdir) go between the parts
         part, part_bytes = [], 0

@@ -34,6 +34,7 @@ This class is the facade; the parts live beside it:
     records.py      spool records: what a replay needs to find spooled bytes a home
     commit.py       when and what is committed to the store
     reclaim.py      the dead bytes of replaced versions reclaimed while mounted
+    recodetext.py   text chunks commits coded quickly, coded smaller once the mount is idle
     replay.py       the spool a previous mount left, committed at start-up
     stored.py       the stored versions of files, read through the store's chunk source
 """
@@ -51,6 +52,7 @@ from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import (NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, Node,
                                  StatFs)
 from lmzfs.fsmodel.reclaim import RECLAIM_FLOOR, Reclaimer
+from lmzfs.fsmodel.recodetext import TextRecoder
 from lmzfs.fsmodel.records import SpoolRecords
 from lmzfs.fsmodel.replay import Replay
 from lmzfs.fsmodel.spool import Spool
@@ -95,6 +97,9 @@ class Filesystem:
         self._xattrs = Xattrs(self._sync, self._ns)
         self._reclaimer = Reclaimer(self._sync, self._stored, floor=reclaim_floor)
         self._committer.after_commit = self.reclaim
+        self._recoder = TextRecoder(self._sync, self._stored)
+        self._committer.on_text_chunks = self._recoder.add
+        self._recoder.after_recode = self.reclaim
         # The calls made for nearly every request go straight to their part, as fast as before the
         # facade (the methods of the same names below say what they do, and serve type checkers).
         self.lookup, self.getattr = self._ns.lookup, self._ns.getattr
@@ -108,6 +113,7 @@ class Filesystem:
             raise
         if background_commits:
             self._committer.start_background()
+            self._recoder.start()
 
     # -- following the catalog -------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -250,6 +256,16 @@ class Filesystem:
         """Commit files unchanged for idle_seconds; how many were committed."""
         return self._committer.commit_idle(idle_seconds)
 
+    def recode_text(self) -> int:
+        """Code the text chunks commits stored at zstd's default level again, as `lmz add` would,
+        where smaller (recodetext.py; in the background once the mount is idle): one batch; how
+        many chunks were switched."""
+        return self._recoder.run_once()
+
+    def text_chunks_pending(self) -> int:
+        """Chunks commits named for recode_text that it has not looked at yet."""
+        return self._recoder.pending()
+
     def reclaim(self) -> GcResult | None:
         """After commits: drop what no file references and rewrite the packs mostly dead, if the
         dead bytes pass the floor and a fraction of the packs (fsmodel/reclaim.py); None if not run."""
@@ -260,6 +276,7 @@ class Filesystem:
         """Commit what is uncommitted (what cannot be is kept in the spool), and release the store."""
         if self._sync.closed:
             return
+        self._recoder.stop()
         nodes = self._ns.nodes_with_data()
         self._committer.commit_all(nodes)
         self._sync.set_closed()

@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from lmzfs.chunker import CHUNK_SIZE
-from lmzfs.store.catalog.fsrows import EntryMeta, model_id, put_entry, record_spool_commit, replace_file_row
+from lmzfs.store.catalog.fsrows import (EntryMeta, model_id, note_text_chunks, put_entry, record_spool_commit,
+                                       replace_file_row)
 from lmzfs.store.catalog.modelrows import NewFile
 from lmzfs.store.add import DEFAULT_CHAIN_DEPTH
 from lmzfs.store.chains.plan import choose_base
@@ -47,6 +48,7 @@ class CommittedFile:
     recoded_chunks: int = 0            # chunks of the base model now coded as deltas against this file
     extents: tuple[tuple[int, bytes], ...] = ()          # (offset, chunk id), for a later commit's Unchanged
     hashes: dict[int, object] = field(default_factory=dict)   # offset -> SHA-256 state of the bytes before
+    text_chunks: tuple[bytes, ...] = ()    # chunks it appended that zstd's slow level may make smaller
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
 
         def record(tx: sqlite3.Connection) -> list[int]:
             insert_new_chunks(tx, [p for _, p, _ in plans], encoder.new)
+            note_text_chunks(tx, text_chunks(encoder.new, policy))
             ids = []
             for f, plan, _ in plans:
                 ids.append(_publish_file(tx, f.model, f.path, plan, f.meta, f.replaces))
@@ -90,20 +93,22 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
 
         ids = _committed(session, record, f"{len(plans)} files", "their")
     t = encoder.totals
+    text = text_chunks(encoder.new, policy)
     ends = [b for _, _, b in plans[1:]] + [(t.new_chunks, t.reused_chunks + t.repeated_chunks, t.new_payload_bytes,
                                              len(t.warnings))]
     done = iter(CommittedFile(file_id, plan.size, plan.sha256, end[0] - before[0], end[1] - before[1],
-                              end[2] - before[2], tuple(t.warnings[before[3]:end[3]]))
+                              end[2] - before[2], tuple(t.warnings[before[3]:end[3]]),
+                              text_chunks=tuple(dict.fromkeys(c for _, c in plan.extents if c in text)))
                 for file_id, (_, plan, before), end in zip(ids, plans, ends))
     picked = {id(f) for f, _, _ in plans}
     return [next(done) if id(f) in picked else None for f in files]
 
 
-def pre_encode_files(pool: ThreadPoolExecutor, files: list[FileToCommit], chunk_size: int = CHUNK_SIZE) -> PreEncoded:
-    """The chunks of `files` coded before the store's lock is taken (commit_files then only looks
-    them up): the policy to pass it."""
-    policy = EncodePolicy()
-    return PreEncoded(policy.fast, policy.segments,
+def pre_encode_files(pool: ThreadPoolExecutor, files: list[FileToCommit], chunk_size: int = CHUNK_SIZE,
+                     policy: EncodePolicy = EncodePolicy()) -> PreEncoded:
+    """The chunks of `files` coded by `policy` before the store's lock is taken (commit_files then
+    only looks them up): the policy to pass it."""
+    return PreEncoded(policy.fast, policy.segments, policy.slow_text,
                       pre_encode(policy, pool, [(f.content, f"{f.model}/{f.path}") for f in files], chunk_size))
 
 
@@ -141,6 +146,7 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
             refs: dict[bytes, int] = {}
             record_recoded(tx, recoded, before, refs)
             add_refs(tx, refs)
+            note_text_chunks(tx, text_chunks(encoder.new, policy))
             if spool_id is not None:
                 record_spool_commit(tx, spool_id)
             return file_id
@@ -148,7 +154,16 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
         file_id = _committed(session, record, f"{model}/{path}", "its")
     t = encoder.totals
     return CommittedFile(file_id, plan.size, plan.sha256, t.new_chunks, t.reused_chunks + t.repeated_chunks,
-                         t.new_payload_bytes, tuple(t.warnings), len(recoded), tuple(plan.extents), plan.hashes)
+                         t.new_payload_bytes, tuple(t.warnings), len(recoded), tuple(plan.extents), plan.hashes,
+                         tuple(text_chunks(encoder.new, policy)))
+
+
+def text_chunks(new: dict[bytes, NewChunk], policy: EncodePolicy) -> set[bytes]:
+    """Of the chunks a commit appended, those zstd's slow level may make smaller: coded by zstd
+    at its default level to half their size or less (text), by a policy that left the slow level
+    out (COMMIT_POLICY). The commit names them in fs_text_chunks; a writable mount tries the slow
+    level on them once it is idle (fsmodel/recodetext.py)."""
+    return {cid for cid, n in new.items() if n.base is None and policy.left_for_slow_text(n.codec, n.length, n.size)}
 
 
 def _publish(db: sqlite3.Connection, model: str, path: str, plan: FilePlan, new: dict[bytes, NewChunk],

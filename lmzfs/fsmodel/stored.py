@@ -14,7 +14,7 @@ from lmzfs.fsmodel.nodes import fs_error
 from lmzfs.store.catalog.chunkrows import referenced_payload
 from lmzfs.store.catalog.fsrows import small_coded_extents
 from lmzfs.reader.filereader import FileReader
-from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog import Catalog, Extent
 from lmzfs.store.packbackend import LocalPacks
 from lmzfs.store.read.chunksource import ChunkSource
 from lmzfs.store.layout import StorePaths
@@ -55,6 +55,19 @@ class StoredFiles:
                 raise fs_error(errno.ENOENT, "the file was removed from the store")
             extents = self._reads.extents(file_id)
         return FileReader(self.source, None, f"{row.model}/{row.path}", row.size, extents)
+
+    def chunk_extents(self, chunk_ids: list[bytes]) -> dict[bytes, Extent]:
+        """The named chunks the store holds now (as committed), their references resolved."""
+        with self._lock:
+            return self._reads.chunk_extents(chunk_ids)
+
+    def chunk_bytes(self, extent: Extent) -> bytes:
+        """A chunk's plain bytes, checked as every read is (CorruptChunk if damaged)."""
+        hold = self.source.hold([extent])
+        try:
+            return bytes(self.source.read(extent, 0, extent.size))
+        finally:
+            self.source.release(hold)
 
     def close(self) -> None:
         self.source.close()

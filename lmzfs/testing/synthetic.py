@@ -24,6 +24,30 @@ def int8_columns(rows: int, cols: int, seed: int, zeros: float = 0.4) -> bytes:
     return v.tobytes()
 
 
+def log_text(lines: int, seed: int = 7) -> bytes:
+    """Log-like text: zstd's default level halves it, its slow level does better still (what a
+    writable mount's commit leaves for its idle recode, fsmodel/recodetext.py)."""
+    import random
+    rng = random.Random(seed)
+    words = [f"{w}{i}" for i, w in enumerate(["model", "layer", "epoch", "loss", "grad", "step", "shard"] * 40)]
+    return b"".join(f"{n:06d} {' '.join(rng.choices(words, k=rng.randint(4, 12)))}\n".encode() for n in range(lines))
+
+
+def payload_sizes(data: bytes) -> tuple[int, int]:
+    """(payload a writable mount's commit codes `data` to as one chunk, payload `lmz add` codes it to)."""
+    from lmzfs.codecs import encode_chunk
+    return len(encode_chunk(data, thorough=False).payload), len(encode_chunk(data).payload)
+
+
+def live_payload_bytes(store: Path) -> int:
+    """Payload bytes of the chunks something references, as the catalog records them."""
+    catalog = Catalog(StorePaths(store).catalog, readonly=True)
+    try:
+        return catalog.db.execute("SELECT COALESCE(SUM(length), 0) FROM chunks WHERE refs > 0").fetchone()[0]
+    finally:
+        catalog.close()
+
+
 def small_model(d: Path, seed: int = 0, mib: int = 3) -> Path:
     """A synthetic safetensors model (weights are random normal FP32) plus a config file."""
     from safetensors.numpy import save_file

@@ -21,7 +21,7 @@ from lmzfs.store.remove import remove_models
 from lmzfs.admin.verify import verify_store
 from lmzfs.testing.fspaths import PathDriver
 from lmzfs.testing.spool import spool_listing, the_record
-from lmzfs.testing.synthetic import small_model
+from lmzfs.testing.synthetic import live_payload_bytes, log_text, payload_sizes, small_model
 
 
 def open_fs(store: Path) -> Filesystem:
@@ -559,7 +559,7 @@ def test_a_checkpoint_written_through_the_mount_recodes_its_predecessor_as_delta
     from lmzfs.testing.checkpoints import bf16_checkpoints
     step0, step1 = bf16_checkpoints(tmp_path / "run", 2, rows=512, cols=512)
     add_model(StorePaths(store_dir), step0, "step-0")
-    payload_before = payload_bytes(store_dir)
+    payload_before = live_payload_bytes(store_dir)
     fs = open_fs(store_dir)
     try:
         p = PathDriver(fs)
@@ -577,16 +577,107 @@ def test_a_checkpoint_written_through_the_mount_recodes_its_predecessor_as_delta
         catalog.close()
     assert based, "no chunk of step-0 was recoded against step-1"
     # the new checkpoint costs less than a second whole copy of the model would
-    assert payload_bytes(store_dir) - payload_before < 0.8 * payload_before
+    assert live_payload_bytes(store_dir) - payload_before < 0.8 * payload_before
     assert verify_store(StorePaths(store_dir)).ok
 
 
-def payload_bytes(store: Path) -> int:
-    catalog = Catalog(StorePaths(store).catalog, readonly=True)
+def text_sizes(text: bytes) -> tuple[int, int]:
+    """(payload a commit codes the text to, payload `lmz add` codes it to)."""
+    quick, smallest = payload_sizes(text)
+    assert smallest < quick < len(text) // 2
+    return quick, smallest
+
+
+def with_a_log_written(fs: Filesystem, text: bytes) -> PathDriver:
+    p = PathDriver(fs)
+    p.mkdir("logs")
+    p.write_file("logs/train.log", text)
+    return p
+
+
+def test_a_commit_codes_text_quickly_and_an_idle_pass_codes_it_as_lmz_add_would(store_dir):
+    text = log_text(3000)
+    quick, smallest = text_sizes(text)
+    fs = open_fs(store_dir)
     try:
-        return catalog.db.execute("SELECT SUM(length) FROM chunks WHERE refs > 0").fetchone()[0]
+        p = with_a_log_written(fs, text)
+        assert live_payload_bytes(store_dir) == quick
+        assert fs.text_chunks_pending() == 1
+        assert fs.recode_text() == 1
+        assert fs.text_chunks_pending() == 0
+        assert live_payload_bytes(store_dir) == smallest
+        assert p.read_file("logs/train.log") == text
+    finally:
+        fs.close()
+    assert PathDriver(reopened := open_fs(store_dir)).read_file("logs/train.log") == text
+    reopened.close()
+    assert verify_store(StorePaths(store_dir)).ok
+
+
+def test_text_chunks_left_coded_quickly_at_unmount_are_named_to_the_next_mount_and_rewrite_recode_codes_them(
+        store_dir):
+    from lmzfs.store.rewrite.recode import recode_store
+    text = log_text(3000)
+    quick, smallest = text_sizes(text)
+    fs = open_fs(store_dir)
+    try:
+        with_a_log_written(fs, text)
+    finally:
+        fs.close()
+    assert live_payload_bytes(store_dir) == quick
+    fs = open_fs(store_dir)
+    try:
+        assert fs.text_chunks_pending() == 1            # fs_text_chunks: the commit named it
+    finally:
+        fs.close()
+    recode_store(StorePaths(store_dir))
+    assert live_payload_bytes(store_dir) == smallest
+    fs = open_fs(store_dir)
+    try:
+        assert fs.recode_text() == 0                    # nothing smaller left to find
+        assert fs.text_chunks_pending() == 0
+        assert PathDriver(fs).read_file("logs/train.log") == text
+    finally:
+        fs.close()
+    fs = open_fs(store_dir)
+    try:
+        assert fs.text_chunks_pending() == 0
+    finally:
+        fs.close()
+
+
+def set_fs_version(store: Path, version: str, *, drop_text_chunks: bool = False) -> None:
+    import sqlite3
+    db = sqlite3.connect(StorePaths(store).catalog)
+    with db:
+        if drop_text_chunks:
+            db.execute("DROP TABLE fs_text_chunks")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'fs_version'", (version,))
+        # a change as another lmzfs would make it: a new generation (the copy beside is an older one)
+        db.execute("UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) WHERE key = 'generation'")
+    db.close()
+
+
+def test_a_store_with_writable_tables_of_version_1_gets_version_2_and_one_of_version_3_is_refused(store_dir):
+    fs = open_fs(store_dir)
+    PathDriver(fs).mkdir("m")
+    fs.close()
+    set_fs_version(store_dir, "1", drop_text_chunks=True)
+    fs = open_fs(store_dir)
+    try:
+        assert PathDriver(fs).listdir("") == ["m"]
+        assert fs.text_chunks_pending() == 0
+    finally:
+        fs.close()
+    catalog = Catalog(StorePaths(store_dir).catalog, readonly=True)
+    try:
+        assert catalog.db.execute("SELECT value FROM meta WHERE key = 'fs_version'").fetchone() == ("2",)
+        assert catalog.db.execute("SELECT COUNT(*) FROM fs_text_chunks").fetchone() == (0,)
     finally:
         catalog.close()
+    set_fs_version(store_dir, "3")
+    with pytest.raises(StoreError, match="writable-mount tables are version 3; this lmzfs knows versions 1, 2"):
+        open_fs(store_dir)
 
 
 def test_a_small_write_into_a_paired_checkpoint_appends_one_chunk_not_the_recoded_ones_again(tmp_path, store_dir):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from lmzfs.store.catalog.modelrows import NewFile, insert_file
 from lmzfs.store.layout import StoreError
 
-FS_VERSION = 1
-READABLE_FS_VERSIONS = ("1",)
+FS_VERSION = 2
+READABLE_FS_VERSIONS = ("1", "2")     # 1: without fs_text_chunks (a writable mount adds it)
 
 FS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS fs_entries (
@@ -52,6 +52,9 @@ CREATE TABLE IF NOT EXISTS fs_xattrs (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS fs_spool_commits (
     spool TEXT PRIMARY KEY        -- a spool record whose file this catalog holds committed
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fs_text_chunks (
+    id BLOB PRIMARY KEY           -- a chunk a commit coded without zstd's slow level (recodetext.py)
 ) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS fs_rows_of_removed_model AFTER DELETE ON models BEGIN
     DELETE FROM fs_entries WHERE model = OLD.id;
@@ -94,18 +97,19 @@ class XattrRow(EntryRow):
 
 
 def ensure_fs_schema(db: sqlite3.Connection) -> None:
-    """Create the tables (a catalog without them gets them, marked fs_version 1); refuse an
-    fs_version this code does not know. Call outside a transaction, under the writer lock."""
+    """Create the tables (a catalog without them gets them, marked fs_version 2; one of version 1
+    gets the table version 2 adds); refuse an fs_version this code does not know. Call outside a
+    transaction, under the writer lock."""
     row = db.execute("SELECT value FROM meta WHERE key = 'fs_version'").fetchone()
     if row is not None and row[0] not in READABLE_FS_VERSIONS:
         raise StoreError(f"the store's writable-mount tables are version {row[0]}; this lmzfs knows "
                          f"versions {', '.join(READABLE_FS_VERSIONS)}")
-    if row is None:
+    if row is None or row[0] != str(FS_VERSION):
         db.execute("BEGIN IMMEDIATE")     # not executescript, which commits on its own
         try:
             for statement in _statements(FS_SCHEMA):
                 db.execute(statement)
-            db.execute("INSERT OR IGNORE INTO meta VALUES ('fs_version', ?)", (str(FS_VERSION),))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('fs_version', ?)", (str(FS_VERSION),))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -161,6 +165,19 @@ def put_entry(db: sqlite3.Connection, model: int, path: str, meta: EntryMeta) ->
     db.execute("INSERT OR REPLACE INTO fs_entries VALUES (?,?,?,?,?,?,?,?,?,?)",
                (model, path, meta.kind, meta.mode, meta.uid, meta.gid, meta.atime_ns, meta.mtime_ns,
                 meta.ctime_ns, meta.target))
+
+
+def note_text_chunks(db: sqlite3.Connection, chunk_ids) -> None:
+    """Inside a commit's transaction: chunks it coded without zstd's slow level (fs_text_chunks)."""
+    db.executemany("INSERT OR IGNORE INTO fs_text_chunks VALUES (?)", [(c,) for c in chunk_ids])
+
+
+def forget_text_chunks(db: sqlite3.Connection, chunk_ids) -> None:
+    db.executemany("DELETE FROM fs_text_chunks WHERE id = ?", [(c,) for c in chunk_ids])
+
+
+def text_chunks(db: sqlite3.Connection) -> list[bytes]:
+    return [bytes(r[0]) for r in db.execute("SELECT id FROM fs_text_chunks")]
 
 
 def delete_entry(db: sqlite3.Connection, model: int, path: str) -> None:

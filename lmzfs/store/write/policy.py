@@ -14,6 +14,7 @@ from typing import Mapping
 
 from lmzfs.codecs import EncodedChunk, encode_chunk, encode_delta_chunk
 from lmzfs.codecs.base import ChunkHint
+from lmzfs.codecs.zstd import ZstdCodec
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,18 @@ class Coded:
 class EncodePolicy:
     fast: bool = False          # zstd and byte grouping only: a little larger, decodes faster
     segments: bool = True       # float chunks in separately decodable segments (floatseg)
+    # zstd's slow level (codecs/selection.TEXT_LEVEL) tried where the default level halves a chunk
+    # (text, metadata): a few percent smaller, at many times the CPU. A writable mount's commits
+    # leave it out (COMMIT_POLICY); `lmz rewrite recode` tries it on what they stored.
+    slow_text: bool = True
 
     def options(self, hostile: bool = False) -> dict:
-        return dict(fast=self.fast or hostile, segments=self.segments, thorough=not hostile)
+        return dict(fast=self.fast or hostile, segments=self.segments, thorough=self.slow_text and not hostile)
+
+    def left_for_slow_text(self, codec: str, length: int, size: int) -> bool:
+        """Whether a chunk this policy coded with `codec` to `length` bytes of payload (`size`
+        plain) is one the slow zstd level it left out may make smaller: zstd halved it."""
+        return not self.slow_text and codec == ZstdCodec.name and 2 * length <= size
 
     def alone(self, data, hint: ChunkHint, hostile: bool = False) -> EncodedChunk:
         return encode_chunk(data, hint, **self.options(hostile))
@@ -65,3 +75,8 @@ class PreEncoded(EncodePolicy):
     def alone(self, data, hint: ChunkHint, hostile: bool = False) -> EncodedChunk:
         coded = self.coded.get((hashlib.sha256(data).digest(), hint, hostile)) if self.coded else None
         return coded if coded is not None else super().alone(data, hint, hostile)
+
+
+# How a writable mount's commits code (fsmodel/commit.py): as `lmz add` does, but for the slow
+# zstd level on text (docs/writable.md, "How commits code").
+COMMIT_POLICY = EncodePolicy(slow_text=False)
