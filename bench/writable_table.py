@@ -6,7 +6,10 @@ store, and `cp -r DIR/. MNT/MODEL/` into a fresh writable mount of another fresh
 (the commits follow each file's last close, which does not wait for them: the spool holds no
 record), so its time includes the encoding. Stored bytes: the payload bytes of the chunks the
 catalog references (what both ways wrote for the model; dead bytes `lmz gc` would reclaim are not
-counted). The bytes served back are checked against the source on the first run.
+counted), once the idle mount has also recoded the text chunks its commits coded without zstd's
+slow level (fs_text_chunks empty: docs/writable.md, "Costs"); the bytes as committed, and the
+seconds that recode took, are kept beside. The bytes served back are checked against the source
+on the first run.
 
 Then, on the first run's mount: a 4 KiB write into the middle of the model's largest file (open
 O_RDWR, pwrite, close, then until committed); the chunks and payload bytes it added to the
@@ -71,6 +74,28 @@ def _committed(store: Path, timeout: float = 3600.0) -> None:
         time.sleep(0.01)
 
 
+def text_chunks_pending(store: Path) -> int:
+    """Chunks a writable mount's commits coded without zstd's slow level and its idle recode has
+    not tried it on yet: the rows of `fs_text_chunks` (docs/format.md; none before fs version 2)."""
+    db = sqlite3.connect(f"file:{store / 'catalog.sqlite'}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT COUNT(*) FROM fs_text_chunks").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        db.close()
+
+
+def _recoded(store: Path, timeout: float = 3600.0) -> float:
+    """Seconds until the mount of `store`, idle, has recoded the text chunks its commits named."""
+    t0 = time.monotonic()
+    while text_chunks_pending(store):
+        if time.monotonic() - t0 > timeout:
+            raise ToolError(f"the mount of {store} did not recode its text chunks within {timeout:.0f} s")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
 def _timed(argv: list, committed: Path | None = None) -> float:
     """Seconds `argv` took, and then (`committed`: a writable mount's store) its commits."""
     t0 = time.monotonic()
@@ -127,6 +152,8 @@ def measure_model(name: str, src: Path, runs: int, work: Path) -> dict:
         with _writable(mnt_store, mnt, work) as m:
             (m.path / name).mkdir()
             row["cp_s"].append(_timed(["cp", "-r", f"{src}/.", m.path / name], mnt_store))
+            row.setdefault("cp_committed_bytes", []).append(stored_chunks(mnt_store).live_payload_bytes)
+            row.setdefault("recode_s", []).append(_recoded(mnt_store))
             row["cp_stored_bytes"].append(stored_chunks(mnt_store).live_payload_bytes)
             if i == 0:
                 _same_bytes(src, m.path / name)
@@ -216,6 +243,9 @@ def measure_mixed(model: Path, work: Path) -> dict:
     with _writable(store, mnt, work) as m:
         (m.path / "mixed").mkdir()
         row["cp_s"] = _timed(["cp", "-r", f"{src}/.", m.path / "mixed"], store)
+        row["committed_stored_bytes"] = _stored_by_part(store, "mixed")
+        row["committed_total_bytes"] = stored_chunks(store).live_payload_bytes
+        row["recode_s"] = _recoded(store)
         _same_bytes(src, m.path / "mixed")
     row["stored_bytes"] = _stored_by_part(store, "mixed")
     row["stored_total_bytes"] = stored_chunks(store).live_payload_bytes
