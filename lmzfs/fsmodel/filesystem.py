@@ -97,7 +97,7 @@ class Filesystem:
         self._xattrs = Xattrs(self._sync, self._ns)
         self._reclaimer = Reclaimer(self._sync, self._stored, floor=reclaim_floor)
         self._committer.after_commit = self.reclaim
-        self._recoder = TextRecoder(self._sync, self._stored)
+        self._recoder = TextRecoder(self._sync, self._stored, last_read=lambda: self._handles.last_read)
         self._committer.on_text_chunks = self._recoder.add
         self._recoder.after_recode = self.reclaim
         # The calls made for nearly every request go straight to their part, as fast as before the

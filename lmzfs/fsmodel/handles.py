@@ -39,6 +39,7 @@ class Handles:
         self._ns, self._stored, self._records, self._committer = ns, stored, records, committer
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
+        self.last_read = 0.0            # when a file was last read (monotonic): the idle recode waits
 
     def create(self, parent: int, name: str, mode: int, uid: int, gid: int, flags: int) -> tuple[int, Attributes]:
         ns = self._ns
@@ -95,6 +96,7 @@ class Handles:
 
     def read(self, fh: int, offset: int, length: int) -> bytes:
         handle = self._handle(fh)
+        self.last_read = time.monotonic()
         return handle.node.data.read(offset, length)
 
     def write(self, fh: int, offset: int, data: bytes) -> int:

@@ -5,7 +5,7 @@ the trial of zstd's slow level on a chunk that the default level already halves 
 source code), which would cost a commit of a tree of text files several times its other work.
 The commit names those chunks in the catalog, in its own transaction (fs_text_chunks), and
 here (CommittedFile.text_chunks); a mount starts with the ones earlier mounts left. Once no
-change was made for IDLE_SECONDS, a thread codes them again as `lmz add` would (the slow level
+change was made for IDLE_SECONDS (nor a file read), a thread codes them again as `lmz add` would (the slow level
 where it may win), at most BATCH_BYTES of plain bytes at a time, outside the store's lock. Each
 new payload is decoded and checked against the chunk's SHA-256 id; then, under the lock, in one
 transaction, the chunks whose payloads came out smaller are switched to them (appended and made
@@ -14,7 +14,7 @@ fs_text_chunks are deleted: as `lmz rewrite recode` switches payloads (store/rew
 a kill at any point leaves the old payloads and their rows, or the new ones and none. A chunk
 moved meanwhile (by a reclaim, or another process) keeps its row for a later batch; one no
 longer stored loses it. The old payloads are dead bytes the mount reclaims (reclaim.py). A
-change made while a batch is coded stops it: its chunks wait for the next lull.
+change or a read made while a batch is coded stops it: its chunks wait for the next lull.
 """
 from __future__ import annotations
 
@@ -49,8 +49,12 @@ _POLICY = EncodePolicy()        # what `lmz add` would have coded them with
 
 
 class TextRecoder:
-    def __init__(self, sync: CatalogSync, stored: StoredFiles, *, idle_seconds: float = IDLE_SECONDS):
+    def __init__(self, sync: CatalogSync, stored: StoredFiles, *, idle_seconds: float = IDLE_SECONDS,
+                 last_read: Callable[[], float] = lambda: 0.0):
+        """`last_read`: when a file was last read (monotonic): reads, too, keep the recode waiting
+        (a mount serving a model is not slowed by it)."""
         self._sync, self._stored = sync, stored
+        self._last_read = last_read
         self.idle_seconds = idle_seconds
         with sync.lock:                             # named by commits of earlier mounts too
             self._pending: dict[bytes, None] = dict.fromkeys(text_chunks(sync.catalog.db))
@@ -82,7 +86,7 @@ class TextRecoder:
         out smaller; how many were switched. A change made meanwhile stops the batch (the chunks
         it did not code wait for the next one)."""
         with self._busy:
-            started = self._sync.last_change
+            started = self._last_activity()
             with self._cv:
                 ids = list(itertools.islice(self._pending, LOOK_AT))
             extents = self._stored.chunk_extents(ids)
@@ -98,7 +102,7 @@ class TextRecoder:
                 size += e.size
             coded: list[tuple[Extent, bytes, str]] = []
             for e in batch:
-                if self._sync.last_change != started or self._stopping:
+                if self._last_activity() != started or self._stopping:
                     break
                 settled.append(e.chunk_id)
                 got = self._smaller(e)
@@ -191,11 +195,15 @@ class TextRecoder:
                 with self._cv:
                     self._cv.wait(self.idle_seconds)
 
+    def _last_activity(self) -> float:
+        """When the mount was last used: a change (create, write, rename, metadata) or a read."""
+        return max(self._sync.last_change, self._last_read())
+
     def _wait_idle(self) -> bool:
         """Until no change was made for idle_seconds (True), or stop() (False)."""
         with self._cv:
             while not self._stopping:
-                left = self._sync.last_change + self.idle_seconds - time.monotonic()
+                left = self._last_activity() + self.idle_seconds - time.monotonic()
                 if left <= 0:
                     return True
                 self._cv.wait(left)

@@ -614,6 +614,26 @@ def test_a_commit_codes_text_quickly_and_an_idle_pass_codes_it_as_lmz_add_would(
     assert verify_store(StorePaths(store_dir)).ok
 
 
+def test_the_idle_recode_waits_while_files_are_read_and_runs_once_they_are_not(store_dir):
+    import time
+    from lmzfs.testing.mount import wait_for
+    text = log_text(3000)
+    quick, smallest = text_sizes(text)
+    fs = Filesystem(store_dir, cache_bytes=16 << 20, workers=2, background_commits=True)
+    try:
+        p = with_a_log_written(fs, text)
+        wait_for(lambda: live_payload_bytes(store_dir) == quick, 30, "the commit")
+        end = time.monotonic() + 4.0                # twice the idle time, reading all along
+        while time.monotonic() < end:
+            assert p.read_file("logs/train.log") == text
+            time.sleep(0.1)
+        assert live_payload_bytes(store_dir) == quick
+        wait_for(lambda: live_payload_bytes(store_dir) == smallest, 30, "the idle recode")
+        assert fs.text_chunks_pending() == 0
+    finally:
+        fs.close()
+
+
 def test_text_chunks_left_coded_quickly_at_unmount_are_named_to_the_next_mount_and_rewrite_recode_codes_them(
         store_dir):
     from lmzfs.store.rewrite.recode import recode_store
