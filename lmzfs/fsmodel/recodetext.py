@@ -33,7 +33,7 @@ from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.store.catalog import Extent
 from lmzfs.store.catalog.chunkrows import RowChange
-from lmzfs.store.catalog.fsrows import forget_text_chunks, text_chunks
+from lmzfs.store.catalog.fsrows import forget_text_chunks, named_text_chunks
 from lmzfs.store.layout import StoreError
 from lmzfs.store.rewrite.run import switch_rows
 from lmzfs.store.write.policy import EncodePolicy
@@ -57,7 +57,7 @@ class TextRecoder:
         self._last_read = last_read
         self.idle_seconds = idle_seconds
         with sync.lock:                             # named by commits of earlier mounts too
-            self._pending: dict[bytes, None] = dict.fromkeys(text_chunks(sync.catalog.db))
+            self._pending: dict[bytes, None] = dict.fromkeys(named_text_chunks(sync.catalog.db))
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False

@@ -83,7 +83,7 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
 
         def record(tx: sqlite3.Connection) -> list[int]:
             insert_new_chunks(tx, [p for _, p, _ in plans], encoder.new)
-            note_text_chunks(tx, text_chunks(encoder.new, policy))
+            note_text_chunks(tx, left_for_slow_text(encoder.new, policy))
             ids = []
             for f, plan, _ in plans:
                 ids.append(_publish_file(tx, f.model, f.path, plan, f.meta, f.replaces))
@@ -93,7 +93,7 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
 
         ids = _committed(session, record, f"{len(plans)} files", "their")
     t = encoder.totals
-    text = text_chunks(encoder.new, policy)
+    text = left_for_slow_text(encoder.new, policy)
     ends = [b for _, _, b in plans[1:]] + [(t.new_chunks, t.reused_chunks + t.repeated_chunks, t.new_payload_bytes,
                                              len(t.warnings))]
     done = iter(CommittedFile(file_id, plan.size, plan.sha256, end[0] - before[0], end[1] - before[1],
@@ -146,7 +146,7 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
             refs: dict[bytes, int] = {}
             record_recoded(tx, recoded, before, refs)
             add_refs(tx, refs)
-            note_text_chunks(tx, text_chunks(encoder.new, policy))
+            note_text_chunks(tx, left_for_slow_text(encoder.new, policy))
             if spool_id is not None:
                 record_spool_commit(tx, spool_id)
             return file_id
@@ -155,10 +155,10 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
     t = encoder.totals
     return CommittedFile(file_id, plan.size, plan.sha256, t.new_chunks, t.reused_chunks + t.repeated_chunks,
                          t.new_payload_bytes, tuple(t.warnings), len(recoded), tuple(plan.extents), plan.hashes,
-                         tuple(text_chunks(encoder.new, policy)))
+                         tuple(left_for_slow_text(encoder.new, policy)))
 
 
-def text_chunks(new: dict[bytes, NewChunk], policy: EncodePolicy) -> set[bytes]:
+def left_for_slow_text(new: dict[bytes, NewChunk], policy: EncodePolicy) -> set[bytes]:
     """Of the chunks a commit appended, those zstd's slow level may make smaller: coded by zstd
     at its default level to half their size or less (text), by a policy that left the slow level
     out (COMMIT_POLICY). The commit names them in fs_text_chunks; a writable mount tries the slow

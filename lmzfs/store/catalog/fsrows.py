@@ -176,7 +176,8 @@ def forget_text_chunks(db: sqlite3.Connection, chunk_ids) -> None:
     db.executemany("DELETE FROM fs_text_chunks WHERE id = ?", [(c,) for c in chunk_ids])
 
 
-def text_chunks(db: sqlite3.Connection) -> list[bytes]:
+def named_text_chunks(db: sqlite3.Connection) -> list[bytes]:
+    """The chunks fs_text_chunks names (a commit coded them without zstd's slow level)."""
     return [bytes(r[0]) for r in db.execute("SELECT id FROM fs_text_chunks")]
 
 
