@@ -654,8 +654,8 @@ def test_text_chunks_left_coded_quickly_at_unmount_are_named_to_the_next_mount_a
     assert live_payload_bytes(store_dir) == smallest
     fs = open_fs(store_dir)
     try:
-        assert fs.recode_text() == 0                    # nothing smaller left to find
-        assert fs.text_chunks_pending() == 0
+        assert fs.text_chunks_pending() == 0            # the pass tried it: no longer named
+        assert fs.recode_text() == 0
         assert PathDriver(fs).read_file("logs/train.log") == text
     finally:
         fs.close()

@@ -7,6 +7,9 @@ chunk boundaries stay (a chunk's id is its plain bytes), so `--chunk-size` has n
 --segments`) is coded in segments again, as its add asked for random reads. A file whose header
 was malformed keeps the quick codecs its add gave it.
 
+The chunks a writable mount's commits left for its idle recode (`fs_text_chunks`) that the pass
+tried are no longer named there.
+
 A delta chunk is coded both alone and against its reference, and keeps the smaller; it never
 gains a reference it did not have (`lmz rewrite delta` does that), so no chain grows or loops.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import time
 
 from lmzfs.codecs.floatsplit import FloatSplitCodec
+from lmzfs.store.catalog.fsrows import forget_text_chunks, has_fs_tables, named_text_chunks
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.rewrite.run import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
                                  store_reader, writing)
@@ -60,6 +64,11 @@ def recode_store(store: StorePaths, model: str | None = None, *, progress: Progr
                 chunks = with_references(chunks)
             jobs = [RecodeJob(c, c.extent.base) for c in chunks.values() if c.extent.size]
             recode_chunks(store, catalog, source, jobs, smallest, result, progress, workers)
+        named = set(named_text_chunks(catalog.db)) if has_fs_tables(catalog.db) else set()
+        tried = [c for c in chunks if c in named]
+        if tried:           # a writable mount's idle recode need not try these again (fsmodel/recodetext.py)
+            with catalog.transaction() as tx:
+                forget_text_chunks(tx, tried)
         result.after = measure(store, catalog)
     result.seconds = time.monotonic() - started
     return result
