@@ -176,14 +176,11 @@ def forget_text_chunks(db: sqlite3.Connection, chunk_ids) -> None:
     db.executemany("DELETE FROM fs_text_chunks WHERE id = ?", [(c,) for c in chunk_ids])
 
 
-def has_fs_tables(db: sqlite3.Connection, version: int = FS_VERSION) -> bool:
-    """Whether a writable mount made its tables of `version` (or later) in this catalog."""
-    row = db.execute("SELECT value FROM meta WHERE key = 'fs_version'").fetchone()
-    return row is not None and row[0].isdigit() and int(row[0]) >= version
-
-
 def named_text_chunks(db: sqlite3.Connection) -> list[bytes]:
-    """The chunks fs_text_chunks names (a commit coded them without zstd's slow level)."""
+    """The chunks fs_text_chunks names (a commit coded them without zstd's slow level); none in a
+    catalog without the table (no writable mount of fs version 2 opened it)."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fs_text_chunks'").fetchone() is None:
+        return []
     return [bytes(r[0]) for r in db.execute("SELECT id FROM fs_text_chunks")]
 
 

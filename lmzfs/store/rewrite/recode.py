@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 from lmzfs.codecs.floatsplit import FloatSplitCodec
-from lmzfs.store.catalog.fsrows import forget_text_chunks, has_fs_tables, named_text_chunks
+from lmzfs.store.catalog.fsrows import forget_text_chunks, named_text_chunks
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.rewrite.run import (Progress, Recoding, RecodeJob, RewriteResult, measure, recode_chunks,
                                  store_reader, writing)
@@ -64,7 +64,7 @@ def recode_store(store: StorePaths, model: str | None = None, *, progress: Progr
                 chunks = with_references(chunks)
             jobs = [RecodeJob(c, c.extent.base) for c in chunks.values() if c.extent.size]
             recode_chunks(store, catalog, source, jobs, smallest, result, progress, workers)
-        named = set(named_text_chunks(catalog.db)) if has_fs_tables(catalog.db) else set()
+        named = set(named_text_chunks(catalog.db))
         tried = [c for c in chunks if c in named]
         if tried:           # a writable mount's idle recode need not try these again (fsmodel/recodetext.py)
             with catalog.transaction() as tx:
