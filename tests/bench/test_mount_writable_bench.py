@@ -19,14 +19,16 @@ def section(cp_stored: int = 1_005_000, cp_s: float = 8.0, chunks_added: int = 2
     def model(name: str) -> dict:
         return {"model": name, "files": [f"{name}.safetensors"], "logical_bytes": 235_000_000,
                 "add_s": [5.0, 5.0], "cp_s": [cp_s, cp_s], "add_stored_bytes": [1_000_000] * 2,
-                "cp_stored_bytes": [cp_stored] * 2,
+                "cp_stored_bytes": [cp_stored] * 2, "cp_committed_bytes": [cp_stored + 300] * 2, "recode_s": [0.25] * 2,
                 "write": {"file": f"{name}.safetensors", "file_bytes": 235_000_000, "offset": 117_500_000,
                           "close_s": 1.5, "chunks_added": chunks_added, "payload_bytes_added": 700_000}}
     mixed = {"model": "m.safetensors", "stdlib": "/usr/lib/python3.11", "py_files": 10, "json_files": 1,
              "logical_bytes": {"model": 600, "stdlib": 300, "json": 100},
              "file_counts": {"model": 1, "stdlib": 10, "json": 1},
              "zstd_bytes": {"model": 400, "stdlib": 80, "json": 20},
-             "stored_bytes": {"model": 300, "stdlib": 80, "json": 20}, "stored_total_bytes": 400, "cp_s": 2.0}
+             "stored_bytes": {"model": 300, "stdlib": 80, "json": 20}, "stored_total_bytes": 400, "cp_s": 2.0,
+             "committed_stored_bytes": {"model": 300, "stdlib": 95, "json": 25}, "committed_total_bytes": 420,
+             "recode_s": 3.5}
     return {"runs": 2, "models": [model("minilm"), model("astra")], "mixed": mixed}
 
 
@@ -65,10 +67,23 @@ def test_a_model_that_failed_leaves_its_goals_not_measured_and_its_row_says_why(
 
 def test_the_report_renders_the_goal_table_the_model_rows_and_the_mixed_tree_total():
     page = report.writable_md(section())
-    assert "| astra | 235,000,000 | 1,000,000 | 1,005,000 | +0.500% | 5.00 (5.00) | 8.00 (8.00) | 0.62 (0.62) |" in page
+    assert ("| astra | 235,000,000 | 1,000,000 | 1,005,000 | +0.500% | 1,005,300 | 0.25 (0.25) | 5.00 (5.00) "
+            "| 8.00 (8.00) | 0.62 (0.62) |") in page
     assert "| astra | 235,000,000 | 117,500,000 | 2 | 700,000 | 1.50 |" in page
-    assert "| **all** | 12 | 1,000 | 400 | 60.0% | 500 | 50.0% |" in page
-    assert "| model | 1 | 600 | 300 | 50.0% | 400 | 33.3% |" in page
+    assert "| **all** | 12 | 1,000 | 420 | 400 | 60.0% | 500 | 50.0% |" in page
+    assert "| stdlib | 10 | 300 | 95 | 80 | 73.3% | 80 | 73.3% |" in page
+    assert any("cp took 2.0 s, and the idle mount's recode of the text chunks 3.5 s more." in line for line in page)
+
+
+def test_a_run_from_before_the_idle_recode_renders_its_rows_with_what_it_lacks_as_n_a():
+    w = section()
+    for m in w["models"]:
+        del m["cp_committed_bytes"], m["recode_s"]
+    for key in ("committed_stored_bytes", "committed_total_bytes", "recode_s"):
+        del w["mixed"][key]
+    page = report.writable_md(w)
+    assert "| astra | 235,000,000 | 1,000,000 | 1,005,000 | +0.500% | n/a | n/a | 5.00 (5.00) | 8.00 (8.00) | 0.62 (0.62) |" in page
+    assert "| **all** | 12 | 1,000 | n/a | 400 | 60.0% | 500 | 50.0% |" in page
 
 
 def test_the_everyday_section_judges_issue_47s_goals_from_its_own_numbers():
