@@ -24,7 +24,8 @@ the chunks it touched. The first commit of a file after the mount started reads 
 
 Chunks are coded by COMMIT_POLICY: as `lmz add` codes them, but for zstd's slow level on text,
 which costs a commit of a tree of text files (a source tree, rsync'd documents) several times
-its other work for a few percent of its bytes; `lmz rewrite recode` tries it later."""
+its other work for a few percent of its bytes; the mount tries it on those chunks once it is
+idle (recodetext.py)."""
 from __future__ import annotations
 
 import logging
