@@ -81,9 +81,11 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
         if not plans:
             return [None] * len(files)
 
+        text = left_for_slow_text(encoder.new, policy)
+
         def record(tx: sqlite3.Connection) -> list[int]:
             insert_new_chunks(tx, [p for _, p, _ in plans], encoder.new)
-            note_text_chunks(tx, left_for_slow_text(encoder.new, policy))
+            note_text_chunks(tx, text)
             ids = []
             for f, plan, _ in plans:
                 ids.append(_publish_file(tx, f.model, f.path, plan, f.meta, f.replaces))
@@ -93,7 +95,6 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
 
         ids = _committed(session, record, f"{len(plans)} files", "their")
     t = encoder.totals
-    text = left_for_slow_text(encoder.new, policy)
     ends = [b for _, _, b in plans[1:]] + [(t.new_chunks, t.reused_chunks + t.repeated_chunks, t.new_payload_bytes,
                                              len(t.warnings))]
     done = iter(CommittedFile(file_id, plan.size, plan.sha256, end[0] - before[0], end[1] - before[1],
@@ -140,13 +141,14 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
             if recoder is not None:
                 recoder.close()
         before = RecodedBefore.of(catalog, recoded)
+        text = left_for_slow_text(encoder.new, policy)
 
         def record(tx: sqlite3.Connection) -> int:
             file_id = _publish(tx, model, path, plan, encoder.new, meta, replaces)
             refs: dict[bytes, int] = {}
             record_recoded(tx, recoded, before, refs)
             add_refs(tx, refs)
-            note_text_chunks(tx, left_for_slow_text(encoder.new, policy))
+            note_text_chunks(tx, text)
             if spool_id is not None:
                 record_spool_commit(tx, spool_id)
             return file_id
@@ -155,7 +157,7 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
     t = encoder.totals
     return CommittedFile(file_id, plan.size, plan.sha256, t.new_chunks, t.reused_chunks + t.repeated_chunks,
                          t.new_payload_bytes, tuple(t.warnings), len(recoded), tuple(plan.extents), plan.hashes,
-                         tuple(left_for_slow_text(encoder.new, policy)))
+                         tuple(text))
 
 
 def left_for_slow_text(new: dict[bytes, NewChunk], policy: EncodePolicy) -> set[bytes]:
