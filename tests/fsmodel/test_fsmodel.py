@@ -666,6 +666,31 @@ def test_text_chunks_left_coded_quickly_at_unmount_are_named_to_the_next_mount_a
         fs.close()
 
 
+def test_text_files_committed_together_at_unmount_are_each_named_and_recoded_by_the_next_mount(store_dir):
+    texts = [log_text(800, seed) for seed in (1, 2, 3)]
+    sizes = [text_sizes(t) for t in texts]
+    fs = Filesystem(store_dir, cache_bytes=16 << 20, workers=2, background_commits=True)
+    try:
+        p = PathDriver(fs)
+        p.mkdir("logs")
+        for i, text in enumerate(texts):
+            fh = p.open(f"logs/{i}.log", os.O_WRONLY | os.O_CREAT)
+            fs.write(fh, 0, text)
+            fs.flush(fh)
+        # the files stay open: the unmount commits them, together (one pack session, one transaction)
+    finally:
+        fs.close()
+    assert live_payload_bytes(store_dir) == sum(quick for quick, _ in sizes)
+    fs = open_fs(store_dir)
+    try:
+        assert fs.text_chunks_pending() == 3
+        assert fs.recode_text() == 3
+        assert live_payload_bytes(store_dir) == sum(smallest for _, smallest in sizes)
+        assert [PathDriver(fs).read_file(f"logs/{i}.log") for i in range(3)] == texts
+    finally:
+        fs.close()
+
+
 def set_fs_version(store: Path, version: str, *, drop_text_chunks: bool = False) -> None:
     import sqlite3
     db = sqlite3.connect(StorePaths(store).catalog)
