@@ -18,7 +18,6 @@ change or a read made while a batch is coded stops it: its chunks wait for the n
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import sqlite3
@@ -26,7 +25,6 @@ import threading
 import time
 from typing import Callable
 
-from lmzfs.codecs import CodecError, decode_chunk
 from lmzfs.codecs.base import ChunkHint
 from lmzfs.errors import CorruptChunk
 from lmzfs.fsmodel.catalogsync import CatalogSync
@@ -35,7 +33,7 @@ from lmzfs.store.catalog import Extent
 from lmzfs.store.catalog.chunkrows import RowChange
 from lmzfs.store.catalog.fsrows import forget_text_chunks, named_text_chunks
 from lmzfs.store.layout import StoreError
-from lmzfs.store.rewrite.run import switch_rows
+from lmzfs.store.rewrite.run import decode_fault, switch_rows
 from lmzfs.store.write.policy import EncodePolicy
 from lmzfs.store.write.session import PackSession
 
@@ -120,22 +118,16 @@ class TextRecoder:
         """(payload, codec) of the chunk coded as `lmz add` codes it, if smaller than its payload
         now and checked to decode to its bytes; None otherwise (a damaged chunk is logged)."""
         try:
-            plain = self._stored.chunk_bytes(e)
+            plain = self._stored.source.chunk_bytes(e)
         except (CorruptChunk, OSError) as exc:
             log.error("recoding chunk %s: %s", e.chunk_id.hex()[:16], exc)
             return None
         got = _POLICY.alone(plain, ChunkHint())
         if len(got.payload) >= e.location.length:
             return None
-        try:
-            back = decode_chunk(got.payload, e.size)
-        except CodecError as exc:
-            log.error("recoding chunk %s: %s does not decode (%s); it is left as it is", e.chunk_id.hex()[:16],
-                      got.codec, exc)
-            return None
-        if hashlib.sha256(back).digest() != e.chunk_id:
-            log.error("recoding chunk %s: %s does not decode to its bytes; it is left as it is",
-                      e.chunk_id.hex()[:16], got.codec)
+        fault = decode_fault(got.payload, e)
+        if fault is not None:
+            log.error("recoding chunk %s: %s %s; it is left as it is", e.chunk_id.hex()[:16], got.codec, fault)
             return None
         return got.payload, got.codec
 

@@ -61,14 +61,6 @@ class StoredFiles:
         with self._lock:
             return self._reads.chunk_extents(chunk_ids)
 
-    def chunk_bytes(self, extent: Extent) -> bytes:
-        """A chunk's plain bytes, checked as every read is (CorruptChunk if damaged)."""
-        hold = self.source.hold([extent])
-        try:
-            return bytes(self.source.read(extent, 0, extent.size))
-        finally:
-            self.source.release(hold)
-
     def close(self) -> None:
         self.source.close()
         self._reads.close()

@@ -111,11 +111,7 @@ class ChainRecoder:
 
     # -- on the pool ------------------------------------------------------------------------------
     def _plain(self, e: Extent) -> bytes:
-        hold = self._source.hold([e])
-        try:
-            return bytes(self._source.read(e, 0, e.size))
-        finally:
-            self._source.release(hold)
+        return self._source.chunk_bytes(e)
 
     def _measure(self, paired: Extent, reanchor: list[Extent], data: bytes, hint: ChunkHint) -> _Outcome:
         try:

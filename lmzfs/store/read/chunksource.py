@@ -89,6 +89,15 @@ class ChunkSource:
     def release(self, hold: PackHold) -> None:
         self._packs.release(hold.fds)
 
+    def chunk_bytes(self, e: Extent) -> bytes:
+        """A whole chunk's plain bytes, its packs held while they are read; checked as every read
+        is (CorruptChunk if damaged)."""
+        hold = self.hold([e])
+        try:
+            return bytes(self.read(e, 0, e.size))
+        finally:
+            self.release(hold)
+
     def open_packs(self) -> int:
         """How many pack descriptors are open now (each shared by every file that needs it)."""
         return len(self._packs)

@@ -101,11 +101,7 @@ def store_reader(store: StorePaths) -> Iterator[ChunkSource]:
 def plain_bytes(source: ChunkSource, extent: Extent) -> bytes:
     """A chunk's plain bytes, checked as every read is; a damaged chunk stops the pass."""
     try:
-        hold = source.hold([extent])
-        try:
-            return bytes(source.read(extent, 0, extent.size))
-        finally:
-            source.release(hold)
+        return source.chunk_bytes(extent)
     except CorruptChunk as exc:
         raise StoreError(f"the rewrite stopped and nothing changed: {exc.strerror}; run `lmz verify`") from exc
 
@@ -137,16 +133,24 @@ def _checked(job: RecodeJob, encode: Encode, source: ChunkSource) -> tuple[Recod
     if got is not None:
         if got.base is not None and got.base is not job.reference:
             raise AssertionError("a pass coded a chunk against a reference its job does not name")
-        uses = ref if got.base is not None else None
-        try:
-            back = decode_chunk(got.payload, e.size, ref=uses)
-        except CodecError as exc:
-            raise StoreError(f"the rewrite stopped and nothing changed: chunk {e.chunk_id.hex()[:16]} recoded "
-                             f"with {got.codec} does not decode ({exc})") from exc
-        if hashlib.sha256(back).digest() != e.chunk_id:
+        fault = decode_fault(got.payload, e, ref if got.base is not None else None)
+        if fault is not None:
             raise StoreError(f"the rewrite stopped and nothing changed: chunk {e.chunk_id.hex()[:16]} "
-                             f"recoded with {got.codec} does not decode to its bytes")
+                             f"recoded with {got.codec} {fault}")
     return job, got
+
+
+def decode_fault(payload: bytes, e: Extent, ref: bytes | None = None) -> str | None:
+    """Why a new payload for chunk `e` (coded against the plain bytes `ref`, if given) must not
+    replace its old one: it does not decode, or not to the bytes of the chunk's SHA-256 id; None
+    if it is sound. Every payload a rewrite or a writable mount's recode switches to passes it."""
+    try:
+        back = decode_chunk(payload, e.size, ref=ref)
+    except CodecError as exc:
+        return f"does not decode ({exc})"
+    if hashlib.sha256(back).digest() != e.chunk_id:
+        return "does not decode to its bytes"
+    return None
 
 
 def recode_chunks(store: StorePaths, catalog: Catalog, source: ChunkSource, jobs: list[RecodeJob],
