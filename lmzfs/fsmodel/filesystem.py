@@ -49,6 +49,7 @@ from lmzfs.fsmodel.commit import Committer
 from lmzfs.fsmodel.entries import Entries
 from lmzfs.fsmodel.handles import Handles
 from lmzfs.fsmodel.namespace import Namespace
+from lmzfs.fsmodel.nowait import WouldBlock, may_wait
 from lmzfs.fsmodel.nodes import (NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, Node,
                                  StatFs)
 from lmzfs.fsmodel.reclaim import RECLAIM_FLOOR, Reclaimer
@@ -60,6 +61,8 @@ from lmzfs.fsmodel.stored import StoredFiles
 from lmzfs.fsmodel.xattrs import XATTR_NAMESPACE, XATTR_VALUE_MAX, Xattrs
 from lmzfs.store.gc import GcResult
 from lmzfs.store.layout import StorePaths
+
+DESCRIPTOR_WAIT_SECONDS = 10.0      # a create waits at most this long for commits to free descriptors
 
 __all__ = ["Attributes", "Filesystem", "NAME_MAX", "Node", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "ROOT_INODE",
            "StatFs", "XATTR_NAMESPACE", "XATTR_VALUE_MAX"]
@@ -210,6 +213,14 @@ class Filesystem:
 
     # -- files -----------------------------------------------------------------------------------
     def create(self, parent: int, name: str, mode: int, uid: int, gid: int, flags: int) -> tuple[int, Attributes]:
+        """A new file (or an existing one opened). While the files written and not yet committed
+        hold half the process's descriptors (spool.descriptors_short), it waits (in a thread:
+        WouldBlock on the event loop) up to DESCRIPTOR_WAIT_SECONDS for commits to close theirs,
+        so that a burst of files slows down rather than failing with EMFILE."""
+        if self.spool.descriptors_short():
+            if not may_wait():
+                raise WouldBlock
+            self.spool.wait_for_descriptors(DESCRIPTOR_WAIT_SECONDS)
         self._sync.busy()
         return self._handles.create(parent, name, mode, uid, gid, flags)
 

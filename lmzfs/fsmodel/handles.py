@@ -67,6 +67,9 @@ class Handles:
         if existing is None:
             with node.data.lock:                      # its record: the new name survives a kill
                 node.data.ensure_spool_file()
+            # a new file has nothing to truncate: without O_TRUNC (which open(2) of mode "w" or a
+            # shell's ">" passes) its open never waits, so the create is answered where it ran
+            flags &= ~os.O_TRUNC
         fh = self.open(node.inode, flags & ~os.O_CREAT & ~os.O_EXCL)
         return fh, ns.getattr(node.inode)
 

@@ -33,6 +33,7 @@ import errno
 import fcntl
 import logging
 import os
+import threading
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,6 +48,7 @@ from lmzfs.fsmodel.ranges import ByteRanges
 from lmzfs.fsmodel.spoolsums import (BLOCK, block_sum, check_block, cut_sums, held, read_blocks, settle, sums_of,
                                      with_range)
 from lmzfs.store.catalog.fsrows import EntryMeta
+from lmzfs.hostresources import open_files_limit
 from lmzfs.store.layout import DIR_MODE, FILE_MODE, StoreError, fsync_dir
 
 SPOOL_DIR = "spool"
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 
 MOUNT_LOCK = "mount.lock"
 UNTRUSTED_SUFFIX = ".json-untrusted"
+DESCRIPTOR_SHARE_SHORT = 2             # descriptors are short once spool files hold 1/this of the limit
 IN_PLACE_MAX = 4096                    # a record never durable, this small, is rewritten in place
 
 
@@ -232,6 +235,7 @@ class SpoolFile(InlineBytes):
         if self.inline is None:
             os.close(self.fd)
             os.close(self.journal.fd)
+            self.spool.closed_files()
 
     def release(self) -> None:
         """Close, keeping the spool's files for the next mount to commit."""
@@ -266,6 +270,8 @@ class Spool:
         self.restarted: bool | None = None     # the machine restarted since the last mount (None: unknown)
         self.slots = RecordSlots(self.dir / SLOTS_FILE)
         self.pairs = RecordPairs(self.dir / PAIRS_FILE)
+        self._open_files = 0                   # spool files holding their descriptors (ID.data, ID.log)
+        self._room = threading.Condition()
 
     # -- the one writable mount ----------------------------------------------------------------
     def lock_for_mount(self) -> None:
@@ -294,6 +300,28 @@ class Spool:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    # -- descriptors ---------------------------------------------------------------------------
+    def _opened_files(self) -> None:
+        with self._room:
+            self._open_files += 1
+
+    def closed_files(self) -> None:
+        """A spool file closed its two descriptors."""
+        with self._room:
+            self._open_files -= 1
+            self._room.notify_all()
+
+    def descriptors_short(self) -> bool:
+        """Spool files hold 1/DESCRIPTOR_SHARE_SHORT of the process's descriptor limit or more
+        (two each: a file written and not yet committed keeps its ID.data and ID.log open)."""
+        return 2 * self._open_files * DESCRIPTOR_SHARE_SHORT >= open_files_limit()
+
+    def wait_for_descriptors(self, timeout: float) -> bool:
+        """Until descriptors are no longer short (commits close their files' spool files), for at
+        most `timeout` seconds; False if they still are."""
+        with self._room:
+            return self._room.wait_for(lambda: not self.descriptors_short(), timeout)
 
     # -- files ---------------------------------------------------------------------------------
     def new_file(self, *, inline: bool = False) -> SpoolFile:
@@ -326,6 +354,7 @@ class Spool:
             self._data(spool_id).unlink(missing_ok=True)
             self._log(spool_id).unlink(missing_ok=True)
             raise
+        self._opened_files()
         return fd, journal
 
     def read_journal(self, record: SpoolRecord) -> JournalRead:
@@ -372,6 +401,7 @@ class Spool:
             state, kept, bad = settle(fd, recorded, applied, dropped)
             sums, entries = state.sums, record.journal_entries + kept
             journal = JournalWriter.reopen(log_fd, record.spool_id, entries, record.journal_generation)
+        self._opened_files()
         spool_file = SpoolFile(self, record.spool_id, fd, journal, recorded=True, durable=record.durable,
                                ranges=ByteRanges(state.ranges), sums=sums)
         return Reopened(spool_file, state, bad, refold=recorded.sums is None)

@@ -67,4 +67,5 @@ class InlineBytes:
     def _drop_spilled(self, fd: int, journal: JournalWriter) -> None:
         os.close(fd)
         os.close(journal.fd)
+        self.spool.closed_files()
         self.spool.remove(self.spool_id, files_only=True)
