@@ -239,10 +239,6 @@ class Filesystem:
         self._sync.busy()
         return self._handles.try_write(fh, offset, data)
 
-    def flush(self, fh: int) -> None:
-        """A close of one of a handle's descriptors (close(2) waits for it): it waits for nothing."""
-        self._handles.flush(fh)
-
     def release(self, fh: int) -> None:
         """A handle's last descriptor is closed: what changed through it is committed (a failure is
         logged, the bytes stay in the spool); the file's last release lets its data go."""

@@ -125,11 +125,6 @@ class Handles:
         finally:
             lock.release()
 
-    def flush(self, fh: int) -> None:
-        """A close of one of the handle's descriptors: nothing to wait for (writes are in the spool,
-        as durable as write() made them; the handle's release commits them)."""
-        self._handle(fh)
-
     def release(self, fh: int) -> None:
         """The handle's last descriptor is closed: what changed through it is committed (a commit
         that fails is logged and its bytes stay in the spool, to be committed later). On the

@@ -183,6 +183,20 @@ def test_release_closes_readers_and_shutdown_closes_everything():
     run(main)
 
 
+def test_flush_is_answered_enosys_so_the_kernel_sends_no_more_and_reads_go_on():
+    archive = make_archive()
+
+    async def main():
+        ops = LmzOperations(archive, workers=2)
+        config = await resolve(ops, "run1/step-1000/config.json")
+        info = await ops.open(config.st_ino, os.O_RDONLY)
+        await expect_errno(errno.ENOSYS, ops.flush(info.fh))
+        assert await ops.read(info.fh, 0, 100) == CONFIG
+        await ops.release(info.fh)
+        ops.close_all()
+    run(main)
+
+
 def test_everything_that_writes_is_refused_with_erofs():
     async def main():
         ops = LmzOperations(make_archive())

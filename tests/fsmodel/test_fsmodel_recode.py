@@ -115,7 +115,6 @@ def test_text_files_committed_together_at_unmount_are_each_named_and_recoded_by_
         for i, text in enumerate(texts):
             fh = p.open(f"logs/{i}.log", os.O_WRONLY | os.O_CREAT)
             fs.write(fh, 0, text)
-            fs.flush(fh)
         # the files stay open: the unmount commits them, together (one pack session, one transaction)
     finally:
         fs.close()
