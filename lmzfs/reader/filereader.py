@@ -222,7 +222,7 @@ class FileReader:
         while i < len(self._extents) and self._extents[i].offset < min(stop, self.size):
             e = self._extents[i]
             if i not in self._released and not self._source.is_cached(e):
-                prefetcher.submit(lambda i=i, e=e: self._prefetch(i, e))
+                prefetcher.submit(lambda i=i, e=e: self._prefetch(i, e), ready=lambda e=e: self._source.at_hand(e))
             i += 1
         return released
 

@@ -7,11 +7,19 @@ order, hence the slack) grows the window once START_AFTER such reads came in a r
 read resets it; the window never outgrows what the stream has read since it began. Prefetches go through the shared chunk cache, so a chunk being decoded is
 awaited, never decoded twice, and the cache's byte budget bounds everything read ahead. With
 many active streams each one's window shrinks so that together they stay within half the cache.
+
+A free decode thread takes the oldest queued chunk whose payload is at hand (a remote store's
+ranged GETs, several in flight, deliver blocks out of order), and the oldest chunk only when none
+of the first SCAN_JOBS is: decoding follows the bytes as they arrive instead of waiting, in file
+order, on the one GET that is still on the wire while the others' blocks sit decoded by nobody.
+A local store's chunks are always at hand: they are decoded in file order.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -23,6 +31,7 @@ START_AFTER = 2
 MIN_WINDOW = 2 << 20            # bytes read ahead once a stream is recognised
 MAX_WINDOW = 32 << 20           # bytes read ahead by one stream at full speed
 ACTIVE_SECONDS = 1.0            # a stream with no read for this long no longer counts as active
+SCAN_JOBS = 32                  # queued read-ahead jobs a free decode thread looks through for one at hand
 
 
 @dataclass
@@ -44,7 +53,13 @@ class Prefetcher:
     """One pool of decode threads shared by every open file of an archive."""
 
     def __init__(self, workers: int, cache_capacity: int):
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="lmz-readahead")
+        self._jobs: deque[tuple[Callable[[], object], Callable[[], bool] | None]] = deque()
+        self._jobs_ready = threading.Condition()
+        self._closed = False
+        self._decoders = [threading.Thread(target=self._decode_jobs, name=f"lmz-readahead_{k}", daemon=True)
+                          for k in range(max(1, workers))]
+        for thread in self._decoders:
+            thread.start()
         # Beside a reader's own thread, these decode the other pieces of a read that misses more
         # than one piece (FileReader.pread), so that a read nothing was read ahead for (a loader's
         # scattered touch, the start of a stream) is decoded on every CPU: a pool of its own, so
@@ -55,7 +70,6 @@ class Prefetcher:
         self._cache_capacity = cache_capacity
         self._lock = threading.Lock()
         self._streams: dict[int, StreamState] = {}
-        self._closed = False
 
     def register(self, key: int) -> StreamState:
         state = StreamState()
@@ -107,9 +121,32 @@ class Prefetcher:
         state.prefetched_upto = stop
         return start, stop
 
-    def submit(self, load: Callable[[], object]) -> None:
-        if not self._closed:
-            self._pool.submit(_quietly, load)
+    def submit(self, load: Callable[[], object], ready: Callable[[], bool] | None = None) -> None:
+        """Queue `load` for a decode thread; `ready`: whether its input is at hand now (None: it
+        always is). Called with no lock of the reader's or the store's held."""
+        with self._jobs_ready:
+            if self._closed:
+                return
+            self._jobs.append((load, ready))
+            self._jobs_ready.notify()
+
+    def _next_job(self) -> Callable[[], object]:
+        """The oldest of the first SCAN_JOBS queued jobs whose input is at hand, else the oldest."""
+        for k, (load, ready) in enumerate(itertools.islice(self._jobs, SCAN_JOBS)):
+            if ready is None or ready():
+                del self._jobs[k]
+                return load
+        return self._jobs.popleft()[0]
+
+    def _decode_jobs(self) -> None:
+        while True:
+            with self._jobs_ready:
+                while not self._jobs and not self._closed:
+                    self._jobs_ready.wait()
+                if self._closed:
+                    return
+                load = self._next_job()
+            _quietly(load)
 
     def beside(self, load: Callable[[], object]) -> Future | None:
         """Run load on a helper thread; its Future, or None if there is none (then the caller
@@ -122,8 +159,13 @@ class Prefetcher:
             return None
 
     def close(self) -> None:
-        self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Queued jobs are dropped; the ones running are waited for."""
+        with self._jobs_ready:
+            self._closed = True
+            self._jobs.clear()
+            self._jobs_ready.notify_all()
+        for thread in self._decoders:
+            thread.join()
         if self._helper_pool is not None:
             self._helper_pool.shutdown(wait=True)
 

@@ -109,6 +109,27 @@ def test_read_ahead_starts_only_after_two_sequential_reads_in_a_row():
         p.close()
 
 
+def test_a_free_decode_thread_takes_the_oldest_chunk_at_hand_and_one_still_on_the_wire_last():
+    from lmzfs.reader.readahead import Prefetcher
+    p = Prefetcher(1, 256 << 20)
+    order, started, go = [], threading.Event(), threading.Event()
+    try:
+        p.submit(lambda: (started.set(), go.wait(10)))          # holds the one decode thread
+        assert started.wait(10)
+        arrived = {"a": False, "b": True, "c": True, "d": None}
+        for name, ready in arrived.items():
+            p.submit(lambda name=name: order.append(name), None if ready is None else lambda r=ready: r)
+        done = threading.Event()
+        p.submit(lambda: done.set(), lambda: False)
+        go.set()
+        assert done.wait(10)
+        # b and c (at hand) and d (always at hand: a local store's chunk) before a, whose bytes
+        # are still on their way; then a and the last job, oldest first, once none is at hand
+        assert order == ["b", "c", "d", "a"]
+    finally:
+        p.close()
+
+
 def test_random_reads_do_not_read_ahead_and_keep_the_chunks_they_decoded(eight_files):
     store, originals = eight_files
     archive = Archive(store, cache_bytes=32 << 20, workers=2)

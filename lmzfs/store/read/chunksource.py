@@ -260,11 +260,11 @@ class ChunkSource:
         need = e.size if found is None else len(found[0]) * found[1]
         if e.base is not None and self.cache.peek(e.base.chunk_id) is None:
             codec = None                    # its base is to be decoded first: never cheap
-        if ((codec is not None and need <= codec.cheap_bytes) or (idle and lone)) and self._at_hand(e):
+        if ((codec is not None and need <= codec.cheap_bytes) or (idle and lone)) and self.at_hand(e):
             return self.read(e, lo, hi, lone=lone)
         return None
 
-    def _at_hand(self, e: Extent) -> bool:
+    def at_hand(self, e: Extent) -> bool:
         """Whether the payloads of the chunk and of the chunks it is coded against can be read
         without waiting on a network (a remote store's packs: fetched already); never for a read
         that must not wait."""
