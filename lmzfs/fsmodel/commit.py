@@ -83,6 +83,7 @@ class Committer:
         self._queued_at: dict[int, float] = {}      # when each was queued (monotonic)
         self._first_queued = 0.0
         self._urgent = False                # a large file is queued: no window to wait for
+        self._committing = 0                # files of the batch being committed in the background
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -295,6 +296,7 @@ class Committer:
                     self._cv.wait(wait)
                 else:
                     self._cv.wait()
+            self._committing = len(taken)
             for node in taken:
                 del self._queue[node.inode]
                 self._queued_at.pop(node.inode, None)
@@ -332,6 +334,15 @@ class Committer:
                 self._commit_batch(nodes)
             except Exception:                       # a bug must not stop every later commit
                 log.exception("background commit")
+            finally:
+                with self._cv:
+                    self._committing = 0
+
+    def catching_up(self) -> bool:
+        """Files are queued for a background commit or being committed: commits that will close
+        their spool files (and free their descriptors)."""
+        with self._cv:
+            return bool(self._queue) or self._committing > 0
 
     def _commit_batch(self, nodes: list[Node]) -> None:
         self._commit_grouped(nodes)

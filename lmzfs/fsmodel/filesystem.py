@@ -63,6 +63,7 @@ from lmzfs.store.gc import GcResult
 from lmzfs.store.layout import StorePaths
 
 DESCRIPTOR_WAIT_SECONDS = 10.0      # a create waits at most this long for commits to free descriptors
+DESCRIPTOR_RECHECK_SECONDS = 0.05   # ... looking again this often whether commits are still on their way
 
 __all__ = ["Attributes", "Filesystem", "NAME_MAX", "Node", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "ROOT_INODE",
            "StatFs", "XATTR_NAMESPACE", "XATTR_VALUE_MAX"]
@@ -214,13 +215,17 @@ class Filesystem:
     # -- files -----------------------------------------------------------------------------------
     def create(self, parent: int, name: str, mode: int, uid: int, gid: int, flags: int) -> tuple[int, Attributes]:
         """A new file (or an existing one opened). While the files written and not yet committed
-        hold half the process's descriptors (spool.descriptors_short), it waits (in a thread:
-        WouldBlock on the event loop) up to DESCRIPTOR_WAIT_SECONDS for commits to close theirs,
-        so that a burst of files slows down rather than failing with EMFILE."""
-        if self.spool.descriptors_short():
+        hold half the process's descriptors (spool.descriptors_short) and commits are on their way
+        that will close some, it waits for them (in a thread: WouldBlock on the event loop), up to
+        DESCRIPTOR_WAIT_SECONDS, so that a burst of files slows down rather than failing with
+        EMFILE. Files a program keeps open hold theirs until it closes them: nothing to wait for."""
+        if self.spool.descriptors_short() and self._committer.catching_up():
             if not may_wait():
                 raise WouldBlock
-            self.spool.wait_for_descriptors(DESCRIPTOR_WAIT_SECONDS)
+            deadline = time.monotonic() + DESCRIPTOR_WAIT_SECONDS
+            while (self.spool.descriptors_short() and self._committer.catching_up()
+                   and time.monotonic() < deadline):
+                self.spool.wait_for_descriptors(DESCRIPTOR_RECHECK_SECONDS)
         self._sync.busy()
         return self._handles.create(parent, name, mode, uid, gid, flags)
 
