@@ -86,16 +86,26 @@ def test_a_run_from_before_the_idle_recode_renders_its_rows_with_what_it_lacks_a
     assert "| **all** | 12 | 1,000 | n/a | 400 | 60.0% | 500 | 50.0% |" in page
 
 
-def test_the_everyday_section_judges_issue_47s_goals_from_its_own_numbers():
+def _report_everyday():
     sys.path.insert(0, str(BENCH))
     try:
         import report_everyday
     finally:
         sys.path.remove(str(BENCH))
-    side = {"rsync_s": 1.0, "rsync_then_committed_s": 0.0, "small_files_s": 1.0, "small_files_then_committed_s": 0.0,
+    return report_everyday
+
+
+def _everyday_side() -> dict:
+    """One side's every row of the everyday section, each second (and read latency) as given."""
+    return {"rsync_s": 1.0, "rsync_then_committed_s": 0.0, "small_files_s": 1.0, "small_files_then_committed_s": 0.0,
             "appends_s": 0.1, "appends_then_committed_s": 0.0, "subprocess_writes_s": 0.01,
             "subprocess_writes_then_committed_s": 0.0,
             "read_during_commit": {"reads": 10, "p50_ms": 1.0, "p99_ms": 2.0, "max_ms": 3.0}}
+
+
+def test_the_everyday_section_judges_issue_47s_goals_from_its_own_numbers():
+    report_everyday = _report_everyday()
+    side = _everyday_side()
     mount = dict(side, rsync_s=4.0, small_files_s=6.0, appends_s=0.4, subprocess_writes_s=0.3,
                  read_during_commit={"reads": 10, "p50_ms": 1.0, "p99_ms": 25.0, "max_ms": 30.0})
     res = {"tree": "/usr/share/doc", "tree_files": 4000, "ext4": side, "mount": mount,
@@ -110,15 +120,8 @@ def test_the_everyday_section_judges_issue_47s_goals_from_its_own_numbers():
 
 
 def test_the_everyday_section_judges_many_file_rows_by_each_sides_quickest_run_beside_the_pyfuse3_floor():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import report_everyday
-    finally:
-        sys.path.remove(str(BENCH))
-    side = {"rsync_s": 1.0, "rsync_then_committed_s": 0.0, "small_files_s": 1.0, "small_files_then_committed_s": 0.0,
-            "appends_s": 0.1, "appends_then_committed_s": 0.0, "subprocess_writes_s": 0.01,
-            "subprocess_writes_then_committed_s": 0.0,
-            "read_during_commit": {"reads": 10, "p50_ms": 1.0, "p99_ms": 2.0, "max_ms": 3.0}}
+    report_everyday = _report_everyday()
+    side = _everyday_side()
     mount = dict(side, rsync_s=12.0, small_files_s=6.0)
 
     def many(ext4, mnt, floor):
