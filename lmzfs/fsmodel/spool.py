@@ -47,8 +47,8 @@ from lmzfs.fsmodel.spoolrecord import INLINE_MAX, RECORD_VERSION, SpoolRecord, b
 from lmzfs.fsmodel.ranges import ByteRanges
 from lmzfs.fsmodel.spoolsums import (BLOCK, block_sum, check_block, cut_sums, held, read_blocks, settle, sums_of,
                                      with_range)
-from lmzfs.store.catalog.fsrows import EntryMeta
 from lmzfs.hostresources import open_files_limit
+from lmzfs.store.catalog.fsrows import EntryMeta
 from lmzfs.store.layout import DIR_MODE, FILE_MODE, StoreError, fsync_dir
 
 SPOOL_DIR = "spool"

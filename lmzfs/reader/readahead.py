@@ -133,7 +133,11 @@ class Prefetcher:
     def _next_job(self) -> Callable[[], object]:
         """The oldest of the first SCAN_JOBS queued jobs whose input is at hand, else the oldest."""
         for k, (load, ready) in enumerate(itertools.islice(self._jobs, SCAN_JOBS)):
-            if ready is None or ready():
+            try:
+                at_hand = ready is None or ready()
+            except Exception:           # a decode thread must outlive a question it cannot answer
+                at_hand = False
+            if at_hand:
                 del self._jobs[k]
                 return load
         return self._jobs.popleft()[0]

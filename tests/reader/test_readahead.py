@@ -130,6 +130,25 @@ def test_a_free_decode_thread_takes_the_oldest_chunk_at_hand_and_one_still_on_th
         p.close()
 
 
+def test_a_question_of_at_hand_that_raises_counts_as_not_at_hand_and_the_decode_thread_goes_on():
+    from lmzfs.reader.readahead import Prefetcher
+    p = Prefetcher(1, 256 << 20)
+    ran, started, go, done = [], threading.Event(), threading.Event(), threading.Event()
+    try:
+        def broken() -> bool:
+            raise OSError("a pack closed meanwhile")
+        p.submit(lambda: (started.set(), go.wait(10)))          # holds the one decode thread
+        assert started.wait(10)
+        p.submit(lambda: ran.append("asked"), broken)
+        p.submit(lambda: ran.append("next"))
+        p.submit(lambda: done.set(), lambda: False)
+        go.set()
+        assert done.wait(10)
+        assert ran == ["next", "asked"]
+    finally:
+        p.close()
+
+
 def test_random_reads_do_not_read_ahead_and_keep_the_chunks_they_decoded(eight_files):
     store, originals = eight_files
     archive = Archive(store, cache_bytes=32 << 20, workers=2)
