@@ -11,6 +11,11 @@ def _x(mount: float, plain: float) -> float | None:
     return mount / plain if plain > 0 else None
 
 
+def _x_cell(mount: float, plain: float) -> str:
+    x = _x(mount, plain)
+    return f"{x:.1f}×" if x is not None else "n/a"
+
+
 def everyday_md(e: dict) -> list[str]:
     out = ["## Writable mount for everyday work (issue 47)", "",
            "`bench/everyday_table.py` (`bench/run.py --only everyday`): each program run into a fresh "
@@ -42,12 +47,11 @@ def everyday_md(e: dict) -> list[str]:
         then = key[:-2] + '_then_committed_s'
         if floor and key in rounds[0]["mount"]:
             cells = {side: sorted(r[side][key] for r in rounds) for side in ("ext4", "mount", "floor")}
-            x, mv = _x(cells["mount"][0], cells["ext4"][0]), cells["mount"][0]
-            fx = _x(cells["mount"][0], cells["floor"][0])
+            (e4, *_), (mv, *_), (fl, *_) = cells.values()        # each side's quickest run
+            x = _x(mv, e4)
             rows.append([label] + [f"{v[0]:.3f} ({statistics.median(v):.3f}, {v[-1]:.3f})" for v in cells.values()]
                         + [f"{statistics.median([r['mount'][then] for r in rounds]):.2f}",
-                           f"{x:.1f}×" if x is not None else "n/a",
-                           f"{_x(cells['floor'][0], cells['ext4'][0]):.1f}×", f"{fx:.1f}×" if fx else "n/a"])
+                           _x_cell(mv, e4), _x_cell(fl, e4), _x_cell(mv, fl)])
         elif len(rounds) > 1 and key in rounds[0]["mount"]:
             ps, ms = [r["ext4"][key] for r in rounds], [r["mount"][key] for r in rounds]
             xs = [x for x in (_x(a, b) for a, b in zip(ms, ps)) if x is not None]
@@ -59,7 +63,7 @@ def everyday_md(e: dict) -> list[str]:
                          f"{x:.1f}× ({min(xs):.1f}-{max(xs):.1f})" if x is not None else "n/a"])
         else:
             x, mv = _x(m[key], p[key]), m[key]
-            row = [label, f"{p[key]:.3f}", f"{m[key]:.3f}", f"{m[then]:.2f}", f"{x:.1f}×" if x is not None else "n/a"]
+            row = [label, f"{p[key]:.3f}", f"{m[key]:.3f}", f"{m[then]:.2f}", _x_cell(m[key], p[key])]
             rows.append(row[:3] + [""] + row[3:] + ["", ""] if floor else row)
         goal = goals.get(goal_key)
         if goal is None:
