@@ -326,10 +326,14 @@ def decode_tans_section(sec, n: int, S: int, ctx: np.ndarray | None = None, K: i
 # encode_stream leaves out trials that cannot decide on streams at least this long (shorter ones
 # try every coding: they are cheap, and there the codings' sizes are often close).
 ESTIMATE_BYTES = 8192
-# tANS codes no stream without contexts in fewer bytes than its order-0 entropy, so it is not
-# tried where that entropy is within this fraction of the best coding so far: what that can miss
-# is bounded by the fraction, and there the stored or zstd coding decodes faster anyway.
-TANS_SLACK = 0.0005
+# A coded stream (zstd or tANS) is kept only where it is at least 1/2**MIN_GAIN_SHIFT of the
+# stored bytes, plus MIN_GAIN_BYTES, smaller than them (zstd's own rule for its literals): a
+# stream that codes barely smaller than stored costs a whole tANS or zstd decode for a sliver of
+# its bytes. On the corpus only K-quant GGUF files have such streams (the low quant bits of Q5_0
+# and Q6_K blocks): storing them makes the Q4_K_M file a little larger and much quicker to
+# decode (docs/results.md).
+MIN_GAIN_SHIFT = 6
+MIN_GAIN_BYTES = 2
 # zstd at level 9 is tried only where level 1, many times quicker, comes within this factor of
 # the best coding so far: on near-order-0 streams (every stream of the float and block codecs)
 # level 9 finds no matches that level 1 misses by more than that (measured on the corpus).
@@ -378,8 +382,9 @@ def trying_every() -> bool:
 def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K: int = 1, *,
                   exhaustive: bool = False) -> bytes:
     """The smallest of: mode 0 + stored bytes (S <= 256), mode 1 + zstd frame, mode 2 + tANS section
-    (ties in that order). On streams of ESTIMATE_BYTES or more the zstd and tANS trials that an
-    estimate rules out are left out (see TANS_SLACK, ZSTD_PROBE) unless ``exhaustive``."""
+    (ties in that order), but the stored bytes wherever the smallest coding does not gain enough
+    over them (worth_coding). On streams of ESTIMATE_BYTES or more the zstd and tANS trials that
+    an estimate rules out are left out (see worth_coding, ZSTD_PROBE) unless ``exhaustive``."""
     a = np.asarray(a)
     estimate = not (exhaustive or _EVERY_TRIAL.get()) and len(a) >= ESTIMATE_BYTES
     raw = z = t = None
@@ -387,9 +392,11 @@ def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K:
     if S <= 256:
         b = a.astype(np.uint8).tobytes()
         raw = bytes((RAW,)) + b
-    flat = False    # the stream is as long as its order-0 entropy: tANS is not tried
+    # tANS codes no stream without contexts in fewer bytes than its order-0 entropy: where that is
+    # no gain worth coding for, it is not tried
+    flat = False
     if len(a) >= 64 or S > 256:
-        flat = estimate and raw is not None and ctx is None and order0_bytes(a, S) >= len(raw) * (1 - TANS_SLACK)
+        flat = estimate and raw is not None and ctx is None and order0_bytes(a, S) >= worth_coding(len(raw))
         if not flat:
             t = bytes((TANS,)) + tans_section(a, S, ctx, K)
     if b is not None and len(b) > 16:
@@ -409,7 +416,15 @@ def encode_stream(a: np.ndarray, S: int = 256, ctx: np.ndarray | None = None, K:
     for c in (raw, z, t):
         if c is not None and (not best or len(c) < len(best)):
             best = c
+    if raw is not None and best is not raw and len(best) >= worth_coding(len(raw)):
+        return raw
     return best
+
+
+def worth_coding(stored: int) -> int:
+    """The length a coded stream must come in under to be kept instead of ``stored`` bytes stored
+    (mode byte included in both): see MIN_GAIN_SHIFT."""
+    return stored - (stored >> MIN_GAIN_SHIFT) - MIN_GAIN_BYTES
 
 
 def order0_bytes(a: np.ndarray, S: int) -> float:

@@ -80,7 +80,8 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     """Add SOURCE as model NAME.
 
     By default every chunk gets the smallest of all codecs, the entropy-coded ones (floatsplit,
-    ggufblocks, entropy) included: the smallest store. ``fast`` keeps to zstd and byte grouping:
+    ggufblocks, entropy) included: the smallest store, but for streams not worth coding
+    (entropy.worth_coding), which are stored. ``fast`` keeps to zstd and byte grouping:
     a store a few points larger whose chunks decode faster (docs/results.md).
 
     ``chunk_size``: plain bytes per chunk, MIN_CHUNK_SIZE to MAX_CHUNK_SIZE (default CHUNK_SIZE).

@@ -203,6 +203,28 @@ def test_encode_chunk_picks_ggufblocks_for_q4_1_and_entropy_for_int8():
     assert enc.codec == "entropy" and len(enc.payload) < len(encode_with("zstd", i8))
 
 
+def skewed_bytes(low_weight: float, n: int = 65536) -> np.ndarray:
+    """n bytes, each of the 128 low values low_weight times as likely as each high one."""
+    p = np.where(np.arange(256) < 128, low_weight, 1.0)
+    return np.random.default_rng(7).choice(256, size=n, p=p / p.sum()).astype(np.uint8)
+
+
+@pytest.mark.parametrize("exhaustive", [False, True])
+def test_a_stream_that_codes_less_than_a_sixty_fourth_smaller_than_stored_is_stored(exhaustive):
+    a = skewed_bytes(2.5)            # tANS codes it 1.5% smaller: not worth a tANS decode
+    stored = bytes((entropy.RAW,)) + a.tobytes()
+    assert len(stored) > 1 + len(entropy.tans_section(a, 256)) >= entropy.worth_coding(len(stored))
+    assert entropy.encode_stream(a, exhaustive=exhaustive) == stored
+
+
+@pytest.mark.parametrize("exhaustive", [False, True])
+def test_a_stream_that_codes_a_sixty_fourth_or_more_smaller_than_stored_is_coded(exhaustive):
+    a = skewed_bytes(3.0)            # tANS codes it 2.1% smaller
+    coded = entropy.encode_stream(a, exhaustive=exhaustive)
+    assert coded[0] == entropy.TANS and len(coded) < entropy.worth_coding(len(a) + 1)
+    assert np.array_equal(entropy.decode_stream(coded, len(a)), a)
+
+
 def int8_columns(rows: int, cols: int, seed: int = 0) -> bytes:
     rng = np.random.default_rng(seed)
     spread = np.exp(rng.normal(1.0, 1.0, cols))
