@@ -26,6 +26,11 @@ reports its seconds and a SHA-256 of its output, which must be the same for ever
   cold      the file read front to back in 1 MiB reads
   mmap      the file mmap'd, one byte of every 4 KiB page touched in file order
 
+Beside them, the pyfuse3 floor: the model's files copied into bench/pyfuse_floor.py (an in-memory
+file system on pyfuse3 + trio, as our daemon is, whose read handler only slices its bytes;
+read_ahead_kb as ours), page cache dropped: the quickest any pyfuse3 + trio daemon serves that
+loader here, with nothing to decode and no disk to read.
+
 Each row is measured through every target back to back, their order rotating from row to row
 and run to run; ratios are taken within a run (lmzip's
 seconds over ours: above 1, ours is faster; ours over the plain file's) and their median reported.
@@ -58,6 +63,8 @@ BERT_SEED = 20261206
 SENTENCES = ["A lossless store serves model files back byte for byte.",
              "Real loaders judge a model mount by how long they take."]
 PLAIN, OURS, LMZIP, EARLIER = "plain files", "lmzfs mount", "lmzip mount", "lmzfs mount, earlier"
+FLOOR = "pyfuse3 floor"
+READ_AHEAD_KB = 1024        # what `lmz mount` sets its mounts' read_ahead_kb to (lmzfs/daemon/kernel_readahead.py)
 PAGE = 4096
 
 
@@ -155,6 +162,20 @@ def drop_page_cache() -> bool:
         return False
 
 
+def set_read_ahead(mnt: Path, kb: int) -> bool:
+    """The read_ahead_kb of the FUSE mount at mnt (its bdi, from mountinfo), where root may."""
+    target = str(mnt.resolve())
+    devices = [f[2] for f in (line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines())
+               if len(f) > 4 and f[4] == target]
+    if not devices:
+        return False
+    try:
+        Path(f"/sys/class/bdi/{devices[-1]}/read_ahead_kb").write_text(f"{kb}\n")
+        return True
+    except OSError:
+        return False
+
+
 def minilm_directory() -> Path:
     code = "from lmzfs.testing.hfcache import minilm_directory; print(minilm_directory())"
     return Path(run([common.LMZFS_PY, "-c", code], timeout=1800).strip().splitlines()[-1])
@@ -204,7 +225,8 @@ class LoadersBench:
                 self.res["earlier_commit"] = commit
             except Exception as exc:
                 self.res["errors"].append(f"--against {against}: {describe(exc)}")
-        self.res["targets"] = list(self.tools)
+        self.labels = [*self.tools, FLOOR]     # the floor is served from memory: no store
+        self.res["targets"] = self.labels
         self.models: dict[str, Path] = {}      # model name -> directory of its files
         self.stores: dict[str, Path] = {}
         self._n = 0
@@ -229,11 +251,16 @@ class LoadersBench:
             self.stores[label] = store
 
     @contextlib.contextmanager
-    def served(self, label: str):
-        """(model -> its directory) through a fresh mount of the target's store, or the plain one."""
+    def served(self, label: str, model: str):
+        """The model's directory through a fresh mount of the target's store, the plain one, or a
+        copy in a fresh mount of the pyfuse3 floor; the page cache dropped last."""
+        if label == FLOOR:
+            with self.floor(model) as d:
+                yield d
+            return
         tool = self.tools[label]
         if tool is None:
-            yield lambda model: self.models[model]
+            yield self.models[model]
             return
         self._n += 1
         mnt = self.work / f"mnt-{self._n}"
@@ -242,7 +269,7 @@ class LoadersBench:
             with tool.mount(self.stores[label], mnt, self.work / "mount.log") as m:
                 if tool.ours:       # our server detaches from `lmz mount`: its pid is in the stats
                     pid = json.loads((m.path / ".lmzfs" / "stats.json").read_text())["pid"]
-                yield lambda model: m.path / model
+                yield m.path / model
         finally:
             with contextlib.suppress(OSError):
                 mnt.rmdir()
@@ -251,8 +278,27 @@ class LoadersBench:
             while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
                 time.sleep(0.02)
 
+    @contextlib.contextmanager
+    def floor(self, model: str):
+        """The model's files copied into a fresh mount of bench/pyfuse_floor.py (an in-memory file
+        system on pyfuse3 + trio whose read handler only slices its bytes; read_ahead_kb as ours),
+        then the page cache dropped: what any pyfuse3 + trio daemon costs a loader, with nothing
+        to decode and no disk to read."""
+        self._n += 1
+        mnt = self.work / f"mnt-{self._n}"
+        argv = [common.LMZFS_PY, HERE.with_name("pyfuse_floor.py"), mnt]
+        try:
+            with common.mounted(argv, ["fusermount3", "-u", mnt], mnt, self.work / "floor.log") as m:
+                set_read_ahead(mnt, READ_AHEAD_KB)
+                shutil.copytree(self.models[model], m.path / model)
+                drop_page_cache()
+                yield m.path / model
+        finally:
+            with contextlib.suppress(OSError):
+                mnt.rmdir()
+
     def measure(self, rows: list[dict]) -> dict:
-        labels = list(self.tools)
+        labels = self.labels
         for row in rows:
             row.update(seconds={t: [None] * self.runs for t in labels}, digests={}, errors={})
             if row["kind"] in ("st",):
@@ -268,8 +314,8 @@ class LoadersBench:
                         continue
                     self.res["dropped_page_cache"] &= drop_page_cache()
                     try:
-                        with self.served(label) as at:
-                            path = at(row["model"]) / row["file"] if row["file"] else at(row["model"])
+                        with self.served(label, row["model"]) as d:
+                            path = d / row["file"] if row["file"] else d
                             got = run_child(row["kind"], path)
                             if i == 0 and label != PLAIN and row["kind"] == "cold":
                                 got["digest"] = sha256_file(path)
@@ -291,6 +337,7 @@ class LoadersBench:
             digests = set(row["digests"].values())
             row["identical"] = len(digests) == 1 and len(row["digests"]) == len(labels) - len(row["errors"])
             row["speedup_vs_lmzip"] = _median_ratio(row["seconds"], LMZIP, OURS)
+            row["floor_vs_lmzip"] = _median_ratio(row["seconds"], LMZIP, FLOOR)
             row["times_plain"] = _median_ratio(row["seconds"], OURS, PLAIN)
             if EARLIER in labels:
                 row["earlier_speedup_vs_lmzip"] = _median_ratio(row["seconds"], LMZIP, EARLIER)

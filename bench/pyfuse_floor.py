@@ -104,7 +104,7 @@ class FloorFS(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=inode)
 
     async def read(self, fh, off, size):
-        return bytes(self.nodes[fh].data[off:off + size])
+        return bytes(memoryview(self.nodes[fh].data)[off:off + size])     # one copy
 
     async def write(self, fh, off, buf):
         data = self.nodes[fh].data
