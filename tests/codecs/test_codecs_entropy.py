@@ -18,7 +18,6 @@ from lmzfs.codecs.base import put_varint
 from lmzfs.codecs.floatsplit import FORMATS
 from lmzfs.codecs.ggufblocks import LAYOUTS
 from lmzfs.testing import hostile
-from lmzfs.testing.synthetic import int8_columns
 from lmzfs.testing.tanspaths import compiled_then_numpy, value_or_error
 
 
