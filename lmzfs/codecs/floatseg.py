@@ -57,8 +57,8 @@ class FloatSegCodec(Codec):
         width = fs.FORMATS[fmt][1] // 8
         if n == 0:
             raise ValueError("floatseg: a chunk needs at least one element")
-        fit, sym = fs.fit_model(u, n, fmt, hint)
         per = (1 << SEGMENT_LOG) // width
+        fit, sym = fs.fit_model(u, n, fmt, hint, part=per)
         records, bodies = [], []
         for a in range(0, n, per):
             b = min(n, a + per)

@@ -211,17 +211,28 @@ def numpy_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     return Fields(e, sym, emin, emax, cM, sg, H)
 
 
-def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint) -> tuple[Fit, np.ndarray]:
-    """The chunk's model and each element's tANS symbol."""
+def lane_starts(n: int, fmt: int, part: int | None = None) -> np.ndarray:
+    """The elements that start a lane when the chunk's n elements are coded as encode_part lays
+    them out, in parts of `part` elements each on lanes of their own (floatseg's segments; None:
+    the whole chunk as one part). Each takes context c0, not its previous element's."""
+    raw_bits = FORMATS[fmt][3] - FORMATS[fmt][4]
+    out = []
+    for a in range(0, n, part or max(n, 1)):
+        m = min(n, a + (part or n)) - a
+        steps, wp, _ = tans.contiguous_layout(m, tans.lanes_for(m, 32 if raw_bits else 256))
+        out.append(a + np.arange(wp) * steps)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint, part: int | None = None) -> tuple[Fit, np.ndarray]:
+    """The chunk's model and each element's tANS symbol; part: elements per part, for a chunk
+    coded in parts (floatseg), whose lane starts the model must count where they fall."""
     _, bits, eb, mb, k = FORMATS[fmt]
     width = bits // 8
-    raw_bits = mb - k
     fields = chunk_fields(u, n, fmt)
     emin, emax, e, sym = fields.emin, fields.emax, fields.e, fields.sym
     E, T2 = emax - emin + 1, 1 << (k + 1)
-    lanes = tans.lanes_for(n, 32 if raw_bits else 256)
-    steps, wp, _ = tans.contiguous_layout(n, lanes)
-    starts = np.arange(wp) * steps
+    starts = lane_starts(n, fmt, part)
     M = tans.scale_rows(fields.cM, M_LOG)
     S = tans.scale_rows(fields.sg[None, :], M_LOG)[0]
     B = _sign_mantissa(S, M)

@@ -2,6 +2,8 @@
 the smallest payload, leaving out trials that estimates say cannot win (docs/results.md)."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from ..chunker import ChunkHint
@@ -17,6 +19,8 @@ from .registry import REGISTRY, beats
 from .strings import DTYPE as STRINGS_DTYPE
 from .strings import StringsCodec
 from .zstd import DEFAULT_LEVEL, ZstdCodec
+
+log = logging.getLogger(__name__)
 
 # zstd at this level is also tried when level-DEFAULT already halves a chunk (text, metadata).
 TEXT_LEVEL = 19
@@ -150,7 +154,15 @@ def _encode_chunk(data: Buffer, hint: ChunkHint, level: int, fast: bool, segment
             continue    # order-0 coding cannot win (zstd found repeats): skip its time and memory
         if sampled and codec.id in _SAMPLED and not _may_win(codec, mv, hint, best_len):
             continue
-        params, body = codec.encode(mv, hint)
+        try:
+            params, body = codec.encode(mv, hint)
+        except ValueError as exc:
+            # A codec that cannot code this chunk (an encoder's own limit, or a fault in it) does
+            # not fail the add: zstd and raw code anything, and what they write is as lossless.
+            # Said once per chunk, as it costs compression and means an encoder to fix.
+            log.warning("%s could not code a %d-byte %s chunk (%s); it is stored with another codec",
+                        codec.name, size, hint.dtype or "untyped", exc)
+            continue
         n = len(header_bytes(codec.id, size, params)) + len(body)
         if beats(n, codec.id, best_len, best_id):
             best_id, best_params, best_body, best_len = codec.id, params, body, n

@@ -438,3 +438,24 @@ def test_a_delta_payload_decodes_only_with_its_reference_of_the_right_size():
         decode_chunk(plain, len(ref), ref=ref)
     with pytest.raises(ValueError, match="reference of"):
         encode_delta_chunk(bytes(new), ref[:-1], ChunkHint("I8", 1))
+
+
+@pytest.mark.allow_log_warnings
+def test_a_codec_that_cannot_code_a_chunk_leaves_it_to_another_and_says_so_once(monkeypatch, caplog):
+    # an encoder fault injected into the codec that would win: the chunk is still coded, losslessly,
+    # by the next best codec, and one warning line names the codec that failed
+    from lmzfs.codecs.floatsplit import FloatSplitCodec
+    rng = np.random.default_rng(4)
+    data = (rng.normal(0, 0.02, 1 << 15).astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    hint = ChunkHint("BF16", 2)
+    assert encode_chunk(data, hint).codec == "floatsplit"
+
+    def fails(self, mv, hint):
+        raise ValueError("tans: a symbol has zero frequency in its table")
+    monkeypatch.setattr(FloatSplitCodec, "encode", fails)
+    with caplog.at_level("WARNING", logger="lmzfs.codecs.selection"):
+        chosen = encode_chunk(data, hint)
+    assert chosen.codec not in ("floatsplit", "raw") and decode_chunk(chosen.payload, len(data)) == data
+    assert [r.getMessage() for r in caplog.records] == [
+        "floatsplit could not code a 65536-byte BF16 chunk (tans: a symbol has zero frequency in its table); "
+        "it is stored with another codec"]

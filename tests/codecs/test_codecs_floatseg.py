@@ -226,3 +226,24 @@ def test_chunks_over_a_segment_get_floatseg_unless_asked_not_to_and_cost_about_w
     assert len(enc.payload) <= len(whole) * 1.002
     assert encode_chunk(plain[:SEGMENT_BYTES], ChunkHint("BF16", 2), segments=True).codec == "floatsplit"
     assert decode_chunk_segments(encode_with("floatsplit", plain[:4096], ChunkHint("BF16", 2)), 4096, 0, 1) is None
+
+
+def test_a_chunk_of_more_than_a_mebibyte_codes_an_exponent_seen_only_at_a_segments_lane_start():
+    # 2 MiB of BF16 in runs of one magnitude (so the model keeps contexts of the previous
+    # exponent). As one part the chunk would start a lane every 64 elements; its 256 KiB segments
+    # each start one every 32. A tiny value that occurs once, at element 96, right after the
+    # largest one: the fit sees it in the largest exponent's context, but element 96 starts a lane
+    # of the first segment and is coded in the lane-start context: the model must have counted it
+    # there, or the chunk would not encode at all (`lmz add --chunk-size 4M` of real models did
+    # not, before).
+    rng = np.random.default_rng(1)
+    n = 1 << 20
+    w = (rng.normal(0, 1, n) * np.repeat(10.0 ** rng.uniform(-4, 0, n // 256), 256)).astype(np.float32)
+    w[95], w[96] = 1e4, 1e-30
+    data = (w.view(np.uint32) >> 16).astype("<u2").tobytes()
+    hint = ChunkHint("BF16", 2)
+    payload = encode_with("floatseg", data, hint)
+    assert decode_chunk(payload, len(data)) == data
+    assert decode_chunk_segment(payload, len(data), 96 * 2) == (0, data[:SEGMENT_BYTES])
+    chosen = encode_chunk(data, hint)
+    assert chosen.codec == "floatseg" and decode_chunk(chosen.payload, len(data)) == data
