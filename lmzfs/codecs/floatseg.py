@@ -128,16 +128,27 @@ class FloatSegCodec(Codec):
         return bytes(body[len(body) - lay.tail:]) if lay.tail else b""
 
     def decode(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> bytes:
+        return self._decode_array(params, body, size, check).tobytes()
+
+    def decode_buffer(self, params: Buffer, body: Buffer, size: int, *, check: bool = True) -> Buffer:
+        # the array the segments were decoded into, trailing bytes and all: no copy of the chunk
+        return memoryview(self._decode_array(params, body, size, check))
+
+    def _decode_array(self, params: Buffer, body: Buffer, size: int, check: bool) -> np.ndarray:
+        """The chunk's plain bytes as a uint8 array of its own: the elements decoded in place
+        into its front (a view of it as the element type), the trailing bytes copied after them."""
         body = memoryview(body)
         lay = self.layout(params, len(body), size)
-        u = np.empty(lay.n, dtype=lay.model.val.dtype)
-        self._decode_into(lay, body, 0, lay.segments, u)
-        out = u.tobytes() + self._tail(lay, body)
+        width = lay.model.val.itemsize
+        out = np.empty(size, dtype=np.uint8)
+        self._decode_into(lay, body, 0, lay.segments, out[:lay.n * width].view(lay.model.val.dtype))
+        if lay.tail:
+            out[lay.n * width:] = np.frombuffer(body[len(body) - lay.tail:], dtype=np.uint8)
         if check:
-            width = u.itemsize
+            view = memoryview(out)
             for s in lay.segments:
-                stop = len(out) if s.index == len(lay.segments) - 1 else (s.first + s.count) * width
-                if zlib.crc32(memoryview(out)[s.first * width:stop]) != s.crc:
+                stop = size if s.index == len(lay.segments) - 1 else (s.first + s.count) * width
+                if zlib.crc32(view[s.first * width:stop]) != s.crc:
                     raise CodecError(f"floatseg: checksum mismatch in segment {s.index}")
         return out
 
