@@ -36,9 +36,13 @@ def main() -> int:
         rows = [r for r in later[section] if isinstance(r, dict) and r.get("subject") == subject]
         if not rows:
             raise SystemExit(f"{args.later} has no {section} rows of {subject!r}")
-        kept = [r for r in base.get(section, []) if not (isinstance(r, dict) and r.get("subject") == subject)]
-        # single files come before the chains, as a full run orders them
-        at = next((i for i, r in enumerate(kept) if " chain" in str(r.get("subject", ""))), len(kept))
+        old = base.get(section, [])
+        mine = [i for i, r in enumerate(old) if isinstance(r, dict) and r.get("subject") == subject]
+        kept = [r for i, r in enumerate(old) if i not in mine]
+        if mine:            # where the subject's rows were: the table keeps its order
+            at = mine[0]
+        else:               # a new subject: single files come before the chains, as a full run orders them
+            at = next((i for i, r in enumerate(kept) if " chain" in str(r.get("subject", ""))), len(kept))
         base[section] = kept[:at] + rows + kept[at:]
         corpus = later.get("meta", {}).get("corpus", {})
         if subject in corpus:
