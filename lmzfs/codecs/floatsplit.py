@@ -211,17 +211,23 @@ def numpy_fields(u: np.ndarray, n: int, fmt: int) -> Fields:
     return Fields(e, sym, emin, emax, cM, sg, H)
 
 
+def part_lanes(n: int, fmt: int) -> int:
+    """Encoder choice: the lanes of a part of n elements (encode_part's, and what the model
+    fit counts their starts by)."""
+    return tans.lanes_for(n, 32 if FORMATS[fmt][3] > FORMATS[fmt][4] else 256)
+
+
 def lane_starts(n: int, fmt: int, part: int | None = None) -> np.ndarray:
-    """The elements that start a lane when the chunk's n elements are coded as encode_part lays
-    them out, in parts of `part` elements each on lanes of their own (floatseg's segments; None:
-    the whole chunk as one part). Each takes context c0, not its previous element's."""
-    raw_bits = FORMATS[fmt][3] - FORMATS[fmt][4]
+    """The elements that start a lane when the chunk's n elements (n >= 1) are coded as
+    encode_part lays them out, in parts of `part` elements each on lanes of their own (floatseg's
+    segments; None: the whole chunk as one part). Each takes context c0, not its previous element's."""
+    step = part or n
     out = []
-    for a in range(0, n, part or max(n, 1)):
-        m = min(n, a + (part or n)) - a
-        steps, wp, _ = tans.contiguous_layout(m, tans.lanes_for(m, 32 if raw_bits else 256))
+    for a in range(0, n, step):
+        m = min(n, a + step) - a
+        steps, wp, _ = tans.contiguous_layout(m, part_lanes(m, fmt))
         out.append(a + np.arange(wp) * steps)
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    return np.concatenate(out)
 
 
 def fit_model(u: np.ndarray, n: int, fmt: int, hint: ChunkHint, part: int | None = None) -> tuple[Fit, np.ndarray]:
@@ -292,7 +298,7 @@ def encode_part(fit: Fit, u: np.ndarray, sym: np.ndarray, ctx: np.ndarray | None
     _, bits, eb, mb, k = FORMATS[fit.fmt]
     raw_bits = mb - k
     n = len(sym)
-    lanes = tans.lanes_for(n, 32 if raw_bits else 256)
+    lanes = part_lanes(n, fit.fmt)
     wp = tans.layout(n, lanes, ctx is not None)[1]
     planes = _raw_planes(u, raw_bits)
     zb, zflags, z = _zero_blocks(planes, n)
