@@ -143,7 +143,7 @@ class FloatSegCodec(Codec):
         out = np.empty(size, dtype=np.uint8)
         self._decode_into(lay, body, 0, lay.segments, out[:lay.n * width].view(lay.model.val.dtype))
         if lay.tail:
-            out[lay.n * width:] = np.frombuffer(body[len(body) - lay.tail:], dtype=np.uint8)
+            out[lay.n * width:] = np.frombuffer(self._tail(lay, body), dtype=np.uint8)
         if check:
             view = memoryview(out)
             for s in lay.segments:
