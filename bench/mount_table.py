@@ -2,7 +2,7 @@
 
 Targets: the plain file in the page cache (the anchor of every ratio), our mount (`lmz --store S
 mount MNT --cache-size C`, on the default store and on the stores `lmz add --fast`, `lmz add
---chunk-size 256K`, `lmz add --chunk-size 4M`, `lmz add --no-segments` and `lmz add --fast
+--chunk-size 256K`, `lmz add --chunk-size 1M`, `lmz add --no-segments` and `lmz add --fast
 --chunk-size 256K` make), and lmzip's
 mount. Every timed cold read gets a fresh mount, with the store's own files read into the
 page cache just before, so what is measured is decoding and serving, not the disk. Runs are
@@ -53,7 +53,8 @@ from tools import CliStore, lmzfs_store, lmzip_store
 
 DEFAULT_CACHE = "256M"
 SMALL_CHUNKS = "256K"                  # `lmz add --chunk-size` of the third store of ours
-LARGE_CHUNKS = "4M"                     # and of the fourth: fewer, larger float chunks (each in segments)
+UNIFORM_CHUNKS = "1M"                   # and of the fourth: every segment at 1 MiB, as stores made before
+                                        # stores recorded their sizes cut (a new one cuts floats at 4 MiB)
 RSS_CACHE_SIZES = ("64M",)            # measured besides DEFAULT_CACHE
 VARIANTS = 8
 BLOCK = 4096
@@ -217,7 +218,7 @@ class MountBench:
         ours_small = lmzfs_store("--chunk-size", SMALL_CHUNKS)
         ours_fast_small = lmzfs_store("--fast", "--chunk-size", SMALL_CHUNKS)
         ours_whole = lmzfs_store("--no-segments")
-        ours_large = lmzfs_store("--chunk-size", LARGE_CHUNKS)
+        ours_uniform = lmzfs_store("--chunk-size", UNIFORM_CHUNKS)
         self.targets.append(Target("lmzfs mount", "ours", ours, ["--cache-size", DEFAULT_CACHE],
                                    cache_size=DEFAULT_CACHE))
         # the store `lmz add --fast` makes (zstd and byte grouping only)
@@ -226,9 +227,9 @@ class MountBench:
         # the default codecs with smaller chunks: what a cache miss (a random read) costs less
         self.targets.append(Target(f"lmzfs mount, `add --chunk-size {SMALL_CHUNKS}` store", "ours", ours_small,
                                    ["--cache-size", DEFAULT_CACHE], cache_size=DEFAULT_CACHE))
-        # larger chunks: a chunk's tables and per-chunk work spread over 4x the bytes, while a lone
-        # small read of a float chunk still decodes one 256 KiB segment
-        self.targets.append(Target(f"lmzfs mount, `add --chunk-size {LARGE_CHUNKS}` store", "ours", ours_large,
+        # float chunks at 1 MiB rather than the default 4 MiB (a store made before sizes were recorded):
+        # each chunk's tables and per-chunk work spread over a quarter of the bytes
+        self.targets.append(Target(f"lmzfs mount, `add --chunk-size {UNIFORM_CHUNKS}` store", "ours", ours_uniform,
                                    ["--cache-size", DEFAULT_CACHE], cache_size=DEFAULT_CACHE))
         # float chunks coded whole (floatsplit), not in segments that a lone small read decodes alone
         self.targets.append(Target("lmzfs mount, `add --no-segments` store", "ours", ours_whole,
@@ -238,7 +239,7 @@ class MountBench:
                                    ours_fast_small, ["--cache-size", DEFAULT_CACHE], cache_size=DEFAULT_CACHE))
         self.targets.append(Target("lmzip mount", "lmzip", theirs, [], cache_size="512 blocks x 64 KiB per model (default)"))
         stores: dict[str, Path | str] = {}
-        for tool in (ours, ours_fast, ours_small, ours_large, ours_whole, ours_fast_small, theirs):
+        for tool in (ours, ours_fast, ours_small, ours_uniform, ours_whole, ours_fast_small, theirs):
             store = self.work / ("store-" + "-".join(w.strip("-") for w in tool.name.split()))
             try:
                 start = time.perf_counter()

@@ -11,6 +11,12 @@ from lmzfs.formats.gguf import GGML_TYPES
 from lmzfs.formats.segments import FileLayout
 
 CHUNK_SIZE = 1 << 20     # plain bytes; a multiple of every element size, and small enough for random access
+# Float tensors (FLOAT_DTYPES) of a new store are cut at 4 MiB: their codec (floatseg) decodes
+# 256 KiB segments on their own, so a random read of a larger chunk costs about the same, while a
+# sequential read builds a quarter of the tables (docs/results.md, "Chunk sizes").
+FLOAT_CHUNK_SIZE = 4 << 20
+# The dtypes floatsplit and floatseg code (codecs/floatsplit.FORMAT_OF; a test keeps the two equal).
+FLOAT_DTYPES = frozenset({"BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E4M3FN", "F8E4M3", "F8_E5M2", "F8E5M2"})
 # `lmz add --chunk-size` bounds: below 64 KiB per-chunk costs (tables, catalog rows) dominate;
 # above 16 MiB a single miss would hold a reader (and the cache budget) for too long
 MIN_CHUNK_SIZE, MAX_CHUNK_SIZE = 64 << 10, 16 << 20
@@ -43,7 +49,31 @@ class ChunkPlan:
     hint: ChunkHint
 
 
-def plan_chunks(layout: FileLayout, chunk_size: int = CHUNK_SIZE) -> Iterator[ChunkPlan]:
+@dataclass(frozen=True)
+class ChunkSizes:
+    """Plain bytes per chunk: `floats` for tensors of FLOAT_DTYPES, `other` for every other
+    segment (tensors of other dtypes, headers, opaque bytes). A store records the sizes it was
+    created with and cuts every file it stores by them, so that the same tensor always makes
+    the same chunks (chunks cut at different sizes do not deduplicate)."""
+
+    other: int = CHUNK_SIZE
+    floats: int = FLOAT_CHUNK_SIZE
+
+    @classmethod
+    def uniform(cls, size: int) -> "ChunkSizes":
+        return cls(size, size)
+
+    def for_segment(self, kind: str, dtype: str | None) -> int:
+        return self.floats if kind == "tensor" and dtype in FLOAT_DTYPES else self.other
+
+
+# What a new store records (and `lmz pack`, `lmz inspect` cut by)
+NEW_STORE_SIZES = ChunkSizes()
+# What a store created before stores recorded their sizes cuts by: every segment at 1 MiB
+LEGACY_SIZES = ChunkSizes.uniform(CHUNK_SIZE)
+
+
+def plan_chunks(layout: FileLayout, sizes: ChunkSizes = NEW_STORE_SIZES) -> Iterator[ChunkPlan]:
     for seg in layout.segments:
         hint = ChunkHint()
         unit = 1
@@ -53,6 +83,7 @@ def plan_chunks(layout: FileLayout, chunk_size: int = CHUNK_SIZE) -> Iterator[Ch
             unit = block or seg.itemsize or 1
         elif seg.dtype:
             hint = ChunkHint(seg.dtype)     # a typed header segment: a run of strings
+        chunk_size = sizes.for_segment(seg.kind, seg.dtype)
         step = chunk_size
         if unit > 1 and chunk_size >= unit:
             step -= chunk_size % unit

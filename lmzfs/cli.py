@@ -530,9 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "the mount decode faster (docs/results.md)")
     sp.set_defaults(fast=False)
     sp.add_argument("--chunk-size", type=parse_size, metavar="SIZE",
-                    help="plain bytes per chunk, 64K to 16M (default 1M); smaller chunks make random "
-                         "4 KiB reads through the mount faster on a cache miss and sequential reads "
-                         "somewhat slower (docs/results.md)")
+                    help="plain bytes per chunk of every tensor and header, 64K to 16M (default: the "
+                         "sizes the store records; a new store cuts float tensors at 4M, the rest at 1M); "
+                         "smaller chunks make random 4 KiB reads through the mount faster on a cache miss "
+                         "and sequential reads slower; chunks cut at other sizes than the store's do not "
+                         "deduplicate with its own (docs/results.md)")
     sp.add_argument("--segments", action=argparse.BooleanOptionalAction, default=True,
                     help="code float chunks over 256 KiB in 256 KiB segments that a lone small read "
                          "decodes alone (default); --no-segments codes them whole: random 4 KiB "

@@ -216,6 +216,12 @@ def _check_catalog(catalog: Catalog, store: StorePaths, out: dict, problems: lis
     out["files"], out["logical_bytes"] = n.files, n.logical_bytes
     out["chunks"] = n.chunks
     out["catalog_version"] = catalog.version
+    try:
+        sizes = catalog.chunk_sizes()
+        out["chunk_sizes"] = {"floats": sizes.floats, "other": sizes.other}
+    except StoreError as exc:
+        out["chunk_sizes"] = None
+        problems.append(str(exc))
     out["chunks_checked_by_sha256"] = catalog.chunks_checked_by_id()
     out["unreferenced_chunks"], out["unreferenced_bytes"] = n.unreferenced_chunks, n.unreferenced_bytes
     packs = pack_use(db)
@@ -299,6 +305,12 @@ def render(doc: dict) -> list[str]:
         lines.append(f"  contents       {store['models']} model(s), {store['files']} file(s), {store['chunks']} chunk(s)"
                      + (f"; {store['unreferenced_chunks']} unreferenced ({human_bytes(store['unreferenced_bytes'])}, "
                         "`lmz gc` reclaims them)" if store["unreferenced_chunks"] else ""))
+        if store["chunk_sizes"]:
+            cut = store["chunk_sizes"]
+            lines.append("  chunk sizes    " + (f"every segment at {human_bytes(cut['other'])}"
+                                                 if cut["floats"] == cut["other"] else
+                                                 f"float tensors at {human_bytes(cut['floats'])}, the rest at "
+                                                 f"{human_bytes(cut['other'])}") + " (what adds cut new files by)")
         copies = store["catalog_copies"]
         lines.append(f"  catalog copies {copies['clean']} clean of {copies['found']} beside it; newest of generation "
                      f"{copies['newest_generation']}, the catalog's is {copies['generation']}")

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterator
 
+from lmzfs.chunker import ChunkSizes
 from lmzfs.fsmodel.catalogsync import CatalogSync
 from lmzfs.fsmodel.namespace import Namespace
 from lmzfs.fsmodel.nodes import Node
@@ -69,9 +70,9 @@ HASH_STATES = 512               # hash states kept per file at most
 
 class Committer:
     def __init__(self, sync: CatalogSync, ns: Namespace, stored: StoredFiles, records: SpoolRecords, *,
-                 workers: int | None, chunk_size: int):
+                 workers: int | None, sizes: ChunkSizes):
         self._sync, self._ns, self._stored, self._records = sync, ns, stored, records
-        self._chunk_size = chunk_size
+        self._sizes = sizes                 # what the store cuts files by (catalog/chunksizes.py)
         self._workers = workers or usable_cpus()
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="lmz-encode")
         self.commits = 0                    # how many commits this mount made (reclaim.py looks)
@@ -145,8 +146,8 @@ class Committer:
             unchanged = self._unchanged(what.replaces, data)
             done = commit_file(self._sync.store, self._sync.catalog, self._pool, self._workers, model=what.model,
                                path=what.path, content=what.content, meta=what.meta, replaces=what.replaces,
-                               spool_id=what.spool_id, chunk_size=self._chunk_size, unchanged=unchanged,
-                               hash_every=max(self._chunk_size, data.size // HASH_STATES), policy=policy)
+                               spool_id=what.spool_id, sizes=self._sizes, unchanged=unchanged,
+                               hash_every=max(self._sizes.other, data.size // HASH_STATES), policy=policy)
             self._remember(what.replaces, unchanged, done)
             self._done(node, data, what, done)
             return True
@@ -161,7 +162,7 @@ class Committer:
         what = self._what_now(node)
         if what is None:
             return COMMIT_POLICY
-        return pre_encode_files(self._pool, [what], self._chunk_size, COMMIT_POLICY)
+        return pre_encode_files(self._pool, [what], self._sizes, COMMIT_POLICY)
 
     def _what_now(self, node: Node) -> FileToCommit | None:
         """_what() of the node as it stands, its data's lock taken for it (a coding ahead)."""
@@ -376,7 +377,7 @@ class Committer:
         # meanwhile); the commit under the store's lock looks them up (a file written since is
         # coded again there)
         ahead = [what for what in map(self._what_now, nodes) if what is not None]
-        policy = pre_encode_files(self._pool, ahead, self._chunk_size, COMMIT_POLICY)
+        policy = pre_encode_files(self._pool, ahead, self._sizes, COMMIT_POLICY)
         # in parts, each a short hold of the store's lock: namespace changes waiting for it
         # (a directory's times set by rsync, a mkdir) go between the parts
         part, part_bytes = [], 0
@@ -405,7 +406,7 @@ class Committer:
             if not picked:
                 return
             done = commit_files(self._sync.store, self._sync.catalog, self._pool, self._workers,
-                                [w for _, _, w in picked], self._chunk_size, policy)
+                                [w for _, _, w in picked], self._sizes, policy)
             for (node, data, what), d in zip(picked, done):
                 if d is not None:
                     self._done(node, data, what, d)

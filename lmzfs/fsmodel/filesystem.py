@@ -71,7 +71,7 @@ __all__ = ["Attributes", "Filesystem", "NAME_MAX", "Node", "RENAME_EXCHANGE", "R
 
 class Filesystem:
     def __init__(self, store_dir: Path, *, cache_bytes: int = 64 << 20, workers: int | None = None,
-                 uid: int | None = None, gid: int | None = None, chunk_size: int | None = None,
+                 uid: int | None = None, gid: int | None = None,
                  reclaim_floor: int = RECLAIM_FLOOR, background_commits: bool = False):
         """`workers`: threads that encode a commit (None: one per CPU this process may use);
         `reclaim_floor`: dead pack bytes below which reclaim() leaves them (fsmodel/reclaim.py);
@@ -87,7 +87,6 @@ class Filesystem:
         except BaseException:
             self.spool.unlock()
             raise
-        from lmzfs.chunker import CHUNK_SIZE
         self._stored = StoredFiles(self.store, cache_bytes)
         self.source = self._stored.source
         self._ns = Namespace(os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
@@ -95,7 +94,7 @@ class Filesystem:
         self._sync = CatalogSync(self.store, self.catalog, self._ns)
         self._records = SpoolRecords(self.spool, self._ns, self._stored)
         self._committer = Committer(self._sync, self._ns, self._stored, self._records, workers=workers,
-                                    chunk_size=chunk_size or CHUNK_SIZE)
+                                    sizes=self.catalog.chunk_sizes())
         self._handles = Handles(self._ns, self._stored, self._records, self._committer)
         self._entries = Entries(self._sync, self._ns, self._records)
         self._xattrs = Xattrs(self._sync, self._ns)

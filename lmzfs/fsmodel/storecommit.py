@@ -18,7 +18,7 @@ import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from lmzfs.chunker import CHUNK_SIZE
+from lmzfs.chunker import ChunkSizes
 from lmzfs.store.catalog.fsrows import (EntryMeta, model_id, note_text_chunks, put_entry, record_spool_commit,
                                        replace_file_row)
 from lmzfs.store.catalog.modelrows import NewFile
@@ -62,14 +62,14 @@ class FileToCommit:
 
 
 def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, workers: int,
-                 files: list[FileToCommit], chunk_size: int = CHUNK_SIZE,
+                 files: list[FileToCommit], sizes: ChunkSizes,
                  policy: EncodePolicy = EncodePolicy()) -> list[CommittedFile | None]:
     """Store many (small) files in one pack session and ONE catalog transaction (group commit):
     each as commit_file would, but a file whose tensors pair it with a stored model (chain
     recoding) is left out (None: the caller commits it alone). `policy`: a PreEncoded one holds
     chunks the caller coded before it took the store's lock (pre_encode)."""
     with PackSession(store, catalog, policy=policy, pool=pool, workers=workers) as session:
-        encoder = FileEncoder(session, chunk_size)
+        encoder = FileEncoder(session, sizes)
         plans: list[tuple[FileToCommit, FilePlan, tuple]] = []
         for f in files:
             shown = f"{f.model}/{f.path}"
@@ -105,17 +105,17 @@ def commit_files(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, 
     return [next(done) if id(f) in picked else None for f in files]
 
 
-def pre_encode_files(pool: ThreadPoolExecutor, files: list[FileToCommit], chunk_size: int = CHUNK_SIZE,
+def pre_encode_files(pool: ThreadPoolExecutor, files: list[FileToCommit], sizes: ChunkSizes,
                      policy: EncodePolicy = EncodePolicy()) -> PreEncoded:
     """The chunks of `files` coded by `policy` before the store's lock is taken (commit_files then
     only looks them up): the policy to pass it."""
     return PreEncoded(policy.fast, policy.segments, policy.slow_text,
-                      pre_encode(policy, pool, [(f.content, f"{f.model}/{f.path}") for f in files], chunk_size))
+                      pre_encode(policy, pool, [(f.content, f"{f.model}/{f.path}") for f in files], sizes))
 
 
 def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, workers: int, *, model: str, path: str,
                 content: FileContent, meta: EntryMeta, replaces: int | None, spool_id: str | None,
-                chunk_size: int = CHUNK_SIZE, chain_depth: int = DEFAULT_CHAIN_DEPTH,
+                sizes: ChunkSizes, chain_depth: int = DEFAULT_CHAIN_DEPTH,
                 unchanged: Unchanged | None = None, hash_every: int = 0,
                 policy: EncodePolicy = EncodePolicy()) -> CommittedFile:
     """Store `content` as `model`/`path` (replacing stored file `replaces`, if given) and its
@@ -127,7 +127,7 @@ def commit_file(store: StorePaths, catalog: Catalog, pool: ThreadPoolExecutor, w
     shown = f"{model}/{path}"
     index = choose_base(catalog, model, file_tensors(path, shown, content.file, content.size), None)
     with PackSession(store, catalog, policy=policy, pool=pool, workers=workers) as session:
-        encoder = FileEncoder(session, chunk_size)
+        encoder = FileEncoder(session, sizes)
         recoder = ChainRecoder(session, chain_depth) if index is not None else None
         try:
             plan = encoder.encode(content, shown, chain=FileChain(index, recoder, path) if recoder is not None else None,

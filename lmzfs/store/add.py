@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from lmzfs.chunker import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from lmzfs.chunker import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, ChunkSizes
 from lmzfs.formats import ExternalRef, FormatError, external_refs
 from lmzfs.store.catalog import Catalog, failure_words
 from lmzfs.store.catalog.modelrows import NewFile, insert_file, insert_model
@@ -84,9 +84,11 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     (entropy.worth_coding), which are stored. ``fast`` keeps to zstd and byte grouping:
     a store a few points larger whose chunks decode faster (docs/results.md).
 
-    ``chunk_size``: plain bytes per chunk, MIN_CHUNK_SIZE to MAX_CHUNK_SIZE (default CHUNK_SIZE).
-    Smaller chunks make a cache miss cheaper (a 4 KiB random read decodes a whole chunk) and
-    sequential reads a little slower; chunks cut at different sizes do not deduplicate.
+    ``chunk_size``: plain bytes per chunk of every segment, MIN_CHUNK_SIZE to MAX_CHUNK_SIZE;
+    None (the default) cuts by the sizes the store records (catalog/chunksizes.py: a new store
+    cuts float tensors at 4 MiB, everything else at 1 MiB). Smaller chunks make a cache miss
+    cheaper (a 4 KiB random read decodes a whole chunk, or a float chunk's segment) and
+    sequential reads slower; chunks cut at different sizes do not deduplicate.
 
     ``segments``: float chunks over 256 KiB are coded in segments (floatseg) that a lone small
     read decodes alone, so a random read's miss costs a quarter of a chunk's decode; False codes
@@ -99,14 +101,14 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     ``link_roots``: directories outside SOURCE that its symlinks may lead into (a Hugging Face
     cache snapshot's blobs/); ``also_record(tx, model_id)`` writes more rows about the model
     inside the add's one transaction (its Hugging Face origin)."""
-    chunk_size = CHUNK_SIZE if chunk_size is None else chunk_size
-    if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
+    if chunk_size is not None and not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
         raise StoreError(f"chunk size {chunk_size} is outside {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE} bytes")
+    sizes = ChunkSizes.uniform(chunk_size) if chunk_size is not None else None
     if base is not None and not delta:
         raise StoreError("--base and --no-delta contradict each other")
     name = validate_model_name(default_model_name(source) if name is None else name)
     with SourceTree(source, link_roots) as tree:
-        return _add_tree(store, tree, name, progress, workers, EncodePolicy(fast, segments), chunk_size,
+        return _add_tree(store, tree, name, progress, workers, EncodePolicy(fast, segments), sizes,
                          _Chains(base, delta, chain_depth), also_record)
 
 
@@ -151,7 +153,7 @@ def _new_tensors(tree: SourceTree, named: dict[str, list[ExternalRef]]) -> list[
 
 
 def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress | None, workers: int | None,
-              policy: EncodePolicy, chunk_size: int, chains: _Chains,
+              policy: EncodePolicy, sizes: ChunkSizes | None, chains: _Chains,
               also_record: Callable[[sqlite3.Connection, int], None] | None = None) -> AddResult:
     sources = tree.files
     store.create()
@@ -169,7 +171,7 @@ def _add_tree(store: StorePaths, tree: SourceTree, name: str, progress: Progress
             result.base = index.choice if index is not None else None
             total = sum(s.size for s in sources)
             with PackSession(store, catalog, policy=policy, workers=workers) as session:
-                encoder = FileEncoder(session, chunk_size, result)
+                encoder = FileEncoder(session, sizes or catalog.chunk_sizes(), result)
                 plans: list[FilePlan] = []
                 done = 0
                 siblings = SiblingIndex(chains.depth) if chains.delta else None

@@ -458,7 +458,7 @@ def test_doctor_names_a_deleted_pack_and_exits_1(fresh_store, capsys, no_other_m
     status, out = doctor(capsys, fresh_store.root)
     assert status == 1
     assert [line for line in out.splitlines() if line.startswith("problem:")] == \
-        [f"problem: pack {pack} is missing (6 chunk(s) in the catalog are stored in it)"]
+        [f"problem: pack {pack} is missing (4 chunk(s) in the catalog are stored in it)"]
 
 
 def test_doctor_names_a_damaged_pack_header_and_exits_1(fresh_store, capsys, no_other_mounts):

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from lmzfs.formats import FileLayout, FormatError, Segment, parse_file
-from lmzfs.chunker import plan_chunks
+from lmzfs.chunker import ChunkSizes, plan_chunks
 from lmzfs.codecs import ChunkHint
 from lmzfs.formats.gguf import STRINGS_CUT_SPACING, parse_gguf
 from lmzfs.formats.segments import STRINGS
@@ -215,7 +215,7 @@ def test_chunks_of_a_run_of_strings_end_where_a_string_starts(smollm2_path):
     layout = parse_file(smollm2_path)
     seg = next(s for s in layout.segments if s.dtype == STRINGS)
     for size in (64 << 10, 100_000, 1 << 20):
-        plans = [c for c in plan_chunks(layout, size) if seg.offset <= c.offset < seg.end]
+        plans = [c for c in plan_chunks(layout, ChunkSizes.uniform(size)) if seg.offset <= c.offset < seg.end]
         assert plans[0].offset == seg.offset and plans[-1].offset + plans[-1].length == seg.end
         assert all(c.hint == ChunkHint(STRINGS) for c in plans)
         assert all(c.offset + c.length in seg.cuts for c in plans[:-1])
@@ -235,7 +235,7 @@ def test_a_string_longer_than_a_chunk_is_cut_through_and_every_chunk_still_round
     layout.check_tiling()
     runs = [s for s in layout.segments if s.dtype == STRINGS]
     assert len(runs) == 1 and raw[runs[0].offset:runs[0].end] == b"".join(gstr(x) for x in strings)
-    plans = [c for c in plan_chunks(layout, 64 << 10) if runs[0].offset <= c.offset < runs[0].end]
+    plans = [c for c in plan_chunks(layout, ChunkSizes.uniform(64 << 10)) if runs[0].offset <= c.offset < runs[0].end]
     assert sum(c.length for c in plans) == runs[0].length and max(c.length for c in plans) <= 64 << 10
     for c in plans:
         data = raw[c.offset:c.offset + c.length]
@@ -250,7 +250,7 @@ def test_two_files_with_one_vocabulary_after_different_metadata_cut_it_into_the_
     for name in ("Q4_1 build", "a much longer name of a Q4_K_M build"):
         raw = gguf_bytes(gstr("general.name") + struct.pack("<I", 8) + gstr(name) + array, 2)
         layout = parse_gguf("t.gguf", io.BytesIO(raw), len(raw))
-        chunks.append([raw[c.offset:c.offset + c.length] for c in plan_chunks(layout, 64 << 10)
+        chunks.append([raw[c.offset:c.offset + c.length] for c in plan_chunks(layout, ChunkSizes.uniform(64 << 10))
                        if c.hint.dtype == STRINGS])
     assert len(chunks[0]) > 2 and chunks[0] == chunks[1]
 

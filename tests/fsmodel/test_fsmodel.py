@@ -233,7 +233,7 @@ def test_rmdir_of_an_emptied_model_removes_it_like_lmz_rm(fs, p, store_dir):
 def test_a_model_added_by_lmz_add_is_served_and_a_write_into_it_encodes_only_the_chunk_it_touches(
         fs, store_dir, tmp_path):
     fs.close()
-    source = small_model(tmp_path / "src", mib=6)
+    source = small_model(tmp_path / "src", mib=12)
     add_model(StorePaths(store_dir), source, "small")
     original = (source / "model.safetensors").read_bytes()
     fs2 = open_fs(store_dir)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from lmzfs.chunker import NEW_STORE_SIZES
 from lmzfs.fsmodel.filesystem import Filesystem
 from lmzfs.fsmodel.spoolslots import SLOT_BYTES, SLOTS_FILE
 from lmzfs.fsmodel.storecommit import FileContent, FileToCommit, commit_files, pre_encode_files
@@ -150,14 +151,15 @@ def test_a_file_changed_after_its_chunks_were_coded_ahead_is_stored_as_it_stands
 
     meta = EntryMeta("file", 0o644, os.getuid(), os.getgid(), 1, 1, 1)
     with ThreadPoolExecutor(2) as pool:
-        policy = pre_encode_files(pool, [FileToCommit("m", n, content(n), meta, None, None) for n in held])
+        policy = pre_encode_files(pool, [FileToCommit("m", n, content(n), meta, None, None) for n in held],
+                                  NEW_STORE_SIZES)
         assert len(policy.coded) == 2
         held["a"][:3] = b"THE"                                       # written after the coding
         catalog = Catalog(store.catalog)
         try:
             with WriterLock(store.lock):
                 done = commit_files(store, catalog, pool, 2, [FileToCommit("m", n, content(n), meta, None, None)
-                                                            for n in held], policy=policy)
+                                                            for n in held], catalog.chunk_sizes(), policy=policy)
         finally:
             catalog.close()
     assert [d.sha256 for d in done] == [hashlib.sha256(bytes(held[n])).hexdigest() for n in held]

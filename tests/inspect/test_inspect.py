@@ -16,11 +16,12 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from lmzfs.chunker import plan_chunks
+from lmzfs.chunker import FLOAT_CHUNK_SIZE, plan_chunks
 from lmzfs.cli import main as lmz
 from lmzfs.codecs import encode_chunk
 from lmzfs.formats import parse_file
 from lmzfs.inspect import inspect_file, scan_pickle
+from lmzfs.inspect.saving import SAMPLE_BYTES
 from lmzfs.singlefile import pack_file
 from lmzfs.testing.corpus import CORPUS
 
@@ -219,7 +220,7 @@ def test_json_output_is_one_object_with_sha256_and_prediction(minilm_path, capsy
     assert out["format"] == "safetensors" and out["size"] == minilm_path.stat().st_size
     pred = out["prediction"]
     assert set(pred["groups"]) == {"F32", "I64", "header"}
-    assert pred["groups"]["F32"]["sampled_bytes"] <= 9 << 20
+    assert pred["groups"]["F32"]["sampled_bytes"] <= SAMPLE_BYTES + FLOAT_CHUNK_SIZE     # give or take a chunk
     assert pred["stored_bytes"] == sum(g["predicted_stored_bytes"] for g in pred["groups"].values())
 
 
@@ -251,7 +252,7 @@ def test_the_prediction_is_exact_when_every_group_fits_in_the_sample(tmp_path):
 
 def test_the_minilm_prediction_is_within_2_points_of_the_real_saving(minilm_path, tmp_path):
     r = inspect_file(minilm_path)
-    assert sum(g.sampled_bytes for g in r.groups) < 10 << 20      # a sample, not the whole file
+    assert sum(g.sampled_bytes for g in r.groups) < 16 << 20      # a sample, not the whole 91 MB file
     packed = pack_file(minilm_path, tmp_path / "m.lmz")
     predicted_pack_pct = 100 * (1 - r.to_json()["prediction"]["pack_archive_bytes"] / r.size)
     assert abs(predicted_pack_pct - packed.saved_pct) < 2.0

@@ -136,7 +136,7 @@ def float_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("lend")
     src = small_model(root / "src")
     store = StorePaths(root / "store")
-    add_model(store, src, "m", segments=False)
+    add_model(store, src, "m", segments=False, chunk_size=1 << 20)
     return store, src
 
 

@@ -50,7 +50,7 @@ def test_a_default_add_codes_float_chunks_over_256k_in_segments_and_no_segments_
 @pytest.fixture(scope="module")
 def segmented(model, tmp_path_factory):
     store = StorePaths(tmp_path_factory.mktemp("segmented") / "store")
-    add_model(store, model, "m")
+    add_model(store, model, "m", chunk_size=1 << 20)
     return store, (model / "model.safetensors").read_bytes()
 
 

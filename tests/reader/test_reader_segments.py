@@ -41,7 +41,7 @@ def bf16_store(tmp_path_factory) -> tuple[StorePaths, bytes]:
     root = tmp_path_factory.mktemp("seg")
     src = bf16_model(root / "src", seed=4)
     store = StorePaths(root / "store")
-    add_model(store, src, "m", segments=True)
+    add_model(store, src, "m", segments=True, chunk_size=1 << 20)  # four segments a chunk
     return store, (src / "model.safetensors").read_bytes()
 
 
@@ -80,6 +80,21 @@ def test_a_random_4k_read_decodes_one_segment_not_its_chunk(bf16_store):
         assert archive.counters.segments_decoded == 3 and archive.counters.chunks_decoded == 1
 
 
+def test_a_random_4k_read_of_a_new_stores_4_mib_float_chunk_decodes_one_segment(tmp_path):
+    src = bf16_model(tmp_path / "src", seed=5, mib=8)
+    plain = (src / "model.safetensors").read_bytes()
+    store = StorePaths(tmp_path / "store")
+    add_model(store, src, "m")                  # the store's own sizes: float tensors at 4 MiB
+    with reading(store.root, workers=0) as (archive, r, chunks):
+        assert [e.size for e in chunks] == [4 << 20, 4 << 20]
+        e = chunks[1]
+        at = e.offset + 13 * SEGMENT_BYTES + 777
+        assert r.pread(at, 4096) == plain[at:at + 4096]
+        assert archive.counters.segments_decoded == 1 and archive.counters.chunks_decoded == 0
+        assert r.pread(chunks[0].offset, chunks[0].size) == plain[chunks[0].offset:chunks[0].offset + (4 << 20)]
+        assert archive.counters.segments_decoded == 1 and archive.counters.chunks_decoded == 1
+
+
 def test_a_sequential_reader_decodes_whole_chunks(bf16_store):
     store, plain = bf16_store
     with reading(store.root, workers=0) as (archive, r, chunks):
@@ -104,7 +119,7 @@ def test_a_damaged_segment_is_eio_and_the_others_of_its_chunk_still_read_exactly
     src = bf16_model(tmp_path / "src", seed=6)
     plain = (src / "model.safetensors").read_bytes()
     store = StorePaths(tmp_path / "store")
-    add_model(store, src, "m", segments=True)
+    add_model(store, src, "m", segments=True, chunk_size=1 << 20)  # four segments a chunk
     bad = flip_byte_in_chunk_of(store, "m", "model.safetensors")
     with reading(store.root, workers=0) as (archive, r, chunks):
         e = next(x for x in chunks if x.offset <= bad < x.offset + x.size)

@@ -37,7 +37,7 @@ def store(tmp_path_factory) -> tuple[StorePaths, bytes]:
     root = tmp_path_factory.mktemp("split")
     src = bf16_model(root / "src", seed=11)
     store = StorePaths(root / "store")
-    add_model(store, src, "m", segments=True)
+    add_model(store, src, "m", segments=True, chunk_size=1 << 20)  # four segments a chunk
     return store, (src / "model.safetensors").read_bytes()
 
 
@@ -105,7 +105,7 @@ def test_a_damaged_segment_in_a_read_split_across_threads_is_eio_and_the_rest_re
     src = bf16_model(tmp_path / "src", seed=12)
     plain = (src / "model.safetensors").read_bytes()
     store = StorePaths(tmp_path / "store")
-    add_model(store, src, "m", segments=True)
+    add_model(store, src, "m", segments=True, chunk_size=1 << 20)  # four segments a chunk
     bad = flip_byte_in_chunk_of(store, "m", "model.safetensors")
     with reading(store.root, workers=2) as (archive, r, chunks):
         e = next(x for x in chunks if x.offset <= bad < x.offset + x.size)

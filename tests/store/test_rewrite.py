@@ -447,7 +447,7 @@ def without_tensor_rows(store: StorePaths) -> None:
 
 
 def test_delta_pairs_by_the_tensors_table_exactly_as_by_parsing_the_stored_files(tmp_path):
-    steps = checkpoints(tmp_path / "src", 3, mib=2)
+    steps = checkpoints(tmp_path / "src", 3, mib=8)
     by_rows, by_parsing = StorePaths(tmp_path / "rows"), StorePaths(tmp_path / "parsed")
     for i, d in enumerate(steps):
         add_model(by_rows, d, f"run/step{i}", delta=False)

@@ -21,6 +21,7 @@ from pathlib import Path
 from lmzfs.store.catalog import READABLE_VERSIONS, catalog_error, is_damage, readonly_uri, tables_of
 from lmzfs.store.catalog.db import header_problem
 from lmzfs.store.catalog.copies import DIGEST_KEY, CatalogCopy, content_digest, list_copies
+from lmzfs.store.catalog.chunksizes import sizes_problem
 from lmzfs.store.layout import StoreError, StorePaths
 from lmzfs.store.packs import PACK_HEADER, PACK_MAGIC, RECORD_HEADER, RECORD_MAGIC, ChunkLocation
 from lmzfs.store.catalog.uri import READ_ERRORS
@@ -150,6 +151,9 @@ def examine(path: Path, *, copy: bool = False) -> FileCheck:
         generation = meta.get("generation", "0")
         if not generation.isdigit():
             return FileCheck(path, f"the generation marker reads {generation!r}")
+        problem = sizes_problem(meta)
+        if problem is not None:
+            return FileCheck(path, problem)
         digest = content_digest(db)
         if copy and meta.get(DIGEST_KEY) != digest:
             return FileCheck(path, "its content differs from the digest recorded when it was written")

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from lmzfs.chunker import NEW_STORE_SIZES, ChunkSizes
+from lmzfs.store.catalog.chunksizes import record_statements, recorded_sizes
 from lmzfs.store.catalog.copies import (content_digest, generation_of, list_copies, mark_copy_due, recorded_digest,
                                        write_copy)
 from lmzfs.store.layout import FILE_MODE, StoreError
@@ -367,9 +369,10 @@ class Catalog:
             raise CatalogDamaged(self.path, "it is empty, and copies of it lie beside it")
         self.db.execute("PRAGMA journal_mode=WAL")      # writes to the file: only once it is known sound
         self.db.execute("PRAGMA synchronous=FULL")
-        if not tables:
-            self.db.executescript(SCHEMA + ";\n".join(SCHEMA_V3) + ";")
-            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('catalog_version', ?)", (str(CATALOG_VERSION),))
+        if not tables:      # a new store: its schema, version and chunk sizes in one transaction
+            self.db.executescript("BEGIN;\n" + SCHEMA + ";\n".join(SCHEMA_V3) + ";\n"
+                                  f"INSERT OR IGNORE INTO meta VALUES ('catalog_version', '{CATALOG_VERSION}');\n"
+                                  + record_statements(NEW_STORE_SIZES) + "COMMIT;")
             return
         required = tables_of(self._version())
         if not required <= tables:
@@ -488,6 +491,14 @@ class Catalog:
     def data_version(self) -> int:
         """Changes whenever another connection commits (SQLite's own counter); cheap to poll."""
         return self.db.execute("PRAGMA data_version").fetchone()[0]
+
+    @_guarded
+    def chunk_sizes(self) -> ChunkSizes:
+        """The sizes this store cuts files by (catalog/chunksizes.py)."""
+        try:
+            return recorded_sizes(self.db)
+        except ValueError as exc:
+            raise CatalogDamaged(self.path, str(exc)) from None
 
     # -- models and files -------------------------------------------------------------------
     @_guarded

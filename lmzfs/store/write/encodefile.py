@@ -16,7 +16,7 @@ from typing import BinaryIO, Callable
 
 import xxhash
 
-from lmzfs.chunker import plan_chunks
+from lmzfs.chunker import ChunkSizes, plan_chunks
 from lmzfs.formats import ExternalRef, parse_open_file
 from lmzfs.store.catalog import Catalog, TensorRow, chunkrows
 from lmzfs.store.catalog.chunkrows import NewChunk     # also named here by the mount's commit
@@ -110,7 +110,7 @@ def file_tensors(rel: str, shown: str, f: BinaryIO, size: int,
 
 
 def pre_encode(policy: EncodePolicy, pool: Executor, files: list[tuple[FileContent, str]],
-               chunk_size: int) -> dict[tuple, EncodedChunk]:
+               sizes: ChunkSizes) -> dict[tuple, EncodedChunk]:
     """Each chunk of `files` ((content, shown) pairs) coded alone by `policy`, on `pool`, keyed as
     PreEncoded looks them up: what a commit may do before it takes the store's lock (it touches
     no catalog and no pack). A file that cannot be read is left out: its commit finds out."""
@@ -119,7 +119,7 @@ def pre_encode(policy: EncodePolicy, pool: Executor, files: list[tuple[FileConte
         try:
             layout = parse_open_file(shown, content.file, content.size)
             hostile = layout.error is not None
-            for cp in plan_chunks(layout, chunk_size):
+            for cp in plan_chunks(layout, sizes):
                 data = content.pread(cp.length, cp.offset)
                 if len(data) != cp.length:
                     break
@@ -134,9 +134,9 @@ def pre_encode(policy: EncodePolicy, pool: Executor, files: list[tuple[FileConte
 class FileEncoder:
     """Encodes files into one session; `new` holds the chunks it appended, for the commit."""
 
-    def __init__(self, session: PackSession, chunk_size: int, totals: EncodeTotals | None = None):
+    def __init__(self, session: PackSession, sizes: ChunkSizes, totals: EncodeTotals | None = None):
         self.session = session
-        self.chunk_size = chunk_size
+        self.sizes = sizes
         self.totals = totals if totals is not None else EncodeTotals()
         self.new: dict[bytes, NewChunk] = {}
 
@@ -198,7 +198,7 @@ class FileEncoder:
         window = session.window(land)
         pending: set[bytes] = set()
         try:
-            for cp in plan_chunks(layout, self.chunk_size):
+            for cp in plan_chunks(layout, self.sizes):
                 known = unchanged.chunks.get(cp.offset) if unchanged is not None else None
                 if known is not None and known[0] == cp.length and catalog.has_chunk(known[1]):
                     hash_to(cp.offset + cp.length, None, 0)      # reads only what the hash has not seen
