@@ -13,7 +13,7 @@ from lmzfs.formats.segments import FileLayout
 CHUNK_SIZE = 1 << 20     # plain bytes; a multiple of every element size, and small enough for random access
 # Float tensors (FLOAT_DTYPES) of a new store are cut at 4 MiB: their codec (floatseg) decodes
 # 256 KiB segments on their own, so a random read of a larger chunk costs about the same, while a
-# sequential read builds a quarter of the tables (docs/results.md, "Chunk sizes").
+# sequential read builds a quarter of the tables (docs/operations.md, "Stores and reads").
 FLOAT_CHUNK_SIZE = 4 << 20
 # The dtypes floatsplit and floatseg code (codecs/floatsplit.FORMAT_OF; a test keeps the two equal).
 FLOAT_DTYPES = frozenset({"BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E4M3FN", "F8E4M3", "F8_E5M2", "F8E5M2"})

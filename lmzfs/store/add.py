@@ -91,7 +91,7 @@ def add_model(store: StorePaths, source: Path, name: str | None = None, *,
     sequential reads slower; chunks cut at different sizes do not deduplicate.
 
     ``segments``: float chunks over 256 KiB are coded in segments (floatseg) that a lone small
-    read decodes alone, so a random read's miss costs a quarter of a chunk's decode; False codes
+    read decodes alone, so a random read's miss costs one segment's decode, not its chunk's; False codes
     them whole (floatsplit), which decodes a little faster front to back.
 
     ``base``: the stored model to pair with (else one is chosen, if any qualifies); ``delta``

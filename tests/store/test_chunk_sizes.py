@@ -131,6 +131,11 @@ def test_a_damaged_recorded_size_is_one_line_and_verify_repair_restores_it(tmp_p
             assert "(meta's float_chunk_size reads '4194305x', not a chunk size of 65536 to 16777216 bytes)" in err
     assert lmz(["--store", str(store.root), "doctor"]) == 1
     assert "float_chunk_size reads '4194305x'" in capsys.readouterr().out
+    with sqlite3.connect(store.catalog) as db:       # a value of another type than text
+        db.execute("UPDATE meta SET value = X'34313934333034' WHERE key = 'float_chunk_size'")
+    assert lmz(["--store", str(store.root), "doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "is damaged: run lmz verify --repair" in out and "1 problem(s) found" in out
     assert lmz(["--store", str(store.root), "verify", "--repair"]) == 0
     assert lmz(["--store", str(store.root), "add", str(src), "--name", "n"]) == 0
     assert chunk_lengths(store, "n") == chunk_lengths(store, "m")

@@ -31,7 +31,8 @@ def sizes_problem(meta: dict[str, str]) -> str | None:
         return f"meta has {present[0]} without {({OTHER_KEY, FLOAT_KEY} - set(present)).pop()}"
     for key in present:
         value = meta[key]
-        if not (value.isascii() and value.isdigit() and MIN_CHUNK_SIZE <= int(value) <= MAX_CHUNK_SIZE):
+        if not (isinstance(value, str) and value.isascii() and value.isdigit()
+                and MIN_CHUNK_SIZE <= int(value) <= MAX_CHUNK_SIZE):
             return f"meta's {key} reads {value!r}, not a chunk size of {MIN_CHUNK_SIZE} to {MAX_CHUNK_SIZE} bytes"
     return None
 
