@@ -140,3 +140,17 @@ def test_a_damaged_recorded_size_is_one_line_and_verify_repair_restores_it(tmp_p
     assert lmz(["--store", str(store.root), "add", str(src), "--name", "n"]) == 0
     assert chunk_lengths(store, "n") == chunk_lengths(store, "m")
     assert served(store, "n") == (src / "model.safetensors").read_bytes()
+
+
+def test_recorded_sizes_refuse_a_value_that_is_not_text_and_read_a_catalog_without_them_as_1_mib():
+    import pytest
+    from lmzfs.chunker import LEGACY_SIZES
+    from lmzfs.store.catalog.chunksizes import recorded_sizes
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    assert recorded_sizes(db) == LEGACY_SIZES == ChunkSizes(MiB, MiB)
+    db.execute("INSERT INTO meta VALUES ('chunk_size', '1048576'), ('float_chunk_size', X'34313934333034')")
+    with pytest.raises(ValueError, match=r"float_chunk_size reads b'4194304'"):
+        recorded_sizes(db)
+    db.execute("UPDATE meta SET value = '4194304' WHERE key = 'float_chunk_size'")
+    assert recorded_sizes(db) == ChunkSizes(other=MiB, floats=4 * MiB)
