@@ -8,15 +8,17 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
 
-from lmzfs.chunker import FLOAT_DTYPES, ChunkSizes
+from lmzfs.chunker import FLOAT_DTYPES, LEGACY_SIZES, ChunkSizes
 from lmzfs.cli import main as lmz
 from lmzfs.codecs.floatsplit import FORMAT_OF
 from lmzfs.fsmodel.filesystem import Filesystem
 from lmzfs.reader import Archive
 from lmzfs.store.add import add_model
 from lmzfs.store.catalog import Catalog
+from lmzfs.store.catalog.chunksizes import recorded_sizes
 from lmzfs.store.layout import StorePaths
 from lmzfs.testing.fspaths import PathDriver
 
@@ -143,9 +145,6 @@ def test_a_damaged_recorded_size_is_one_line_and_verify_repair_restores_it(tmp_p
 
 
 def test_recorded_sizes_refuse_a_value_that_is_not_text_and_read_a_catalog_without_them_as_1_mib():
-    import pytest
-    from lmzfs.chunker import LEGACY_SIZES
-    from lmzfs.store.catalog.chunksizes import recorded_sizes
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     assert recorded_sizes(db) == LEGACY_SIZES == ChunkSizes(MiB, MiB)
