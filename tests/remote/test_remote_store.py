@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -469,3 +470,46 @@ def test_a_read_of_many_blocks_after_the_fetcher_closed_fails_and_leaves_nothing
         assert bytes(got) == bytes(objects.get_range(pack.key, MAX_GET_BYTES, MAX_GET_BYTES + BLOCK_BYTES))
     finally:
         fetcher.cache.close()
+
+
+class _CacheLookedEarly(BlockCache):
+    """A real disk cache on which one thread's lookup is held until a fetch has landed: the read
+    looked (and missed) before the block was cached, and takes its lock only after that fetch is
+    over, the interleaving two readers of one block meet on a slow link."""
+
+    def __init__(self, root, capacity):
+        super().__init__(root, capacity)
+        self.late_reader: int | None = None
+        self.looked = threading.Event()
+        self.fetcher: RangeFetcher | None = None
+
+    def get(self, key: str, block: int, length: int):
+        found = super().get(key, block, length)
+        if threading.get_ident() == self.late_reader and found is None:
+            self.looked.set()
+            deadline = time.monotonic() + 30
+            while self.fetcher.stats.requests < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return found
+
+
+def test_a_block_that_lands_while_a_second_reader_looks_for_it_is_fetched_once(tmp_path, remote_url, models):
+    objects, pack = pushed_pack(tmp_path, remote_url, models)
+    want = bytes(objects.get_range(pack.key, 0, 1000))
+    cache = _CacheLookedEarly(tmp_path / "cache", 1 << 30)
+    fetcher = cache.fetcher = RangeFetcher(objects, cache)
+
+    def late_read():
+        cache.late_reader = threading.get_ident()
+        return bytes(fetcher.read(pack.key, pack.size, 0, 1000))
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            late = pool.submit(late_read)
+            assert cache.looked.wait(30)
+            assert bytes(fetcher.read(pack.key, pack.size, 0, 1000)) == want      # fetches the block
+            assert late.result(timeout=30) == want
+        assert (fetcher.stats.requests, fetcher.stats.bytes_fetched) == (1, BLOCK_BYTES)
+    finally:
+        fetcher.close()
+        cache.close()

@@ -117,38 +117,51 @@ class RangeFetcher:
 
     def _blocks(self, key: str, size: int, wanted: range) -> dict[int, bytes]:
         got: dict[int, bytes] = {}
-        waits: list[tuple[int, Future]] = []
-        mine: list[int] = []
-        for b in wanted:
-            data = self._remembered(key, b)
-            if data is None:
-                data = self.cache.get(key, b, self._block_len(size, b))
+        todo = list(wanted)
+        while todo:
+            for b in todo:
+                data = self._at_rest(key, size, b)
                 if data is not None:
-                    self._remember(key, b, data)
-            if data is not None:
-                got[b] = data
-        with self._lock:
-            for b in wanted:
-                if b in got:
-                    continue
-                fut = self._inflight.get((key, b))
-                if fut is not None:
-                    waits.append((b, fut))
-                else:
-                    mine.append(b)
-            runs = _runs(mine)
-            claimed = [self._claim(key, run) for run in runs]
-        # the first run here, the others on the pool, so a read of many blocks fetches in parallel
-        for run, futs in list(zip(runs, claimed))[1:]:
-            self._start(self._fetch_run, key, size, run, futs)
-        if runs:
-            self._fetch_run(key, size, runs[0], claimed[0])
-        for run, futs in zip(runs, claimed):
-            for b, fut in zip(run, futs):
+                    got[b] = data
+            waits: list[tuple[int, Future]] = []
+            mine: list[int] = []
+            landed: list[int] = []
+            with self._lock:
+                for b in todo:
+                    if b in got:
+                        continue
+                    fut = self._inflight.get((key, b))
+                    if fut is not None:
+                        waits.append((b, fut))
+                    elif (key, b) in self._recent or self.cache.contains(key, b):
+                        # a fetch settled it after it was looked for above (a block leaves the
+                        # in-flight set only once it is cached): read it, never fetch it again
+                        landed.append(b)
+                    else:
+                        mine.append(b)
+                runs = _runs(mine)
+                claimed = [self._claim(key, run) for run in runs]
+            # the first run here, the others on the pool, so a read of many blocks fetches in parallel
+            for run, futs in list(zip(runs, claimed))[1:]:
+                self._start(self._fetch_run, key, size, run, futs)
+            if runs:
+                self._fetch_run(key, size, runs[0], claimed[0])
+            for run, futs in zip(runs, claimed):
+                for b, fut in zip(run, futs):
+                    got[b] = fut.result()
+            for b, fut in waits:
                 got[b] = fut.result()
-        for b, fut in waits:
-            got[b] = fut.result()
+            todo = landed       # read where they rest; one found damaged there is dropped, then fetched
         return got
+
+    def _at_rest(self, key: str, size: int, block: int) -> bytes | None:
+        """The block from memory or the disk cache (remembered then), or None."""
+        data = self._remembered(key, block)
+        if data is None:
+            data = self.cache.get(key, block, self._block_len(size, block))
+            if data is not None:
+                self._remember(key, block, data)
+        return data
 
     def _remembered(self, key: str, block: int) -> bytes | None:
         with self._lock:
