@@ -67,15 +67,16 @@ if [[ -x "$project_py" ]] && ! "$project_py" -c 'import torch' 2>/dev/null; then
 fi
 
 # The real loaders of the loaders section (bench/loaders_table.py), after torch so that pip keeps
-# the CPU-only build. llama-cpp-python has no wheel for every host and its source build takes a
-# long while: try it only where LMZ_BENCH_LLAMA=1, built without AVX-512 (some hosts' CPUs fault
-# on it); without it the section says why its llama.cpp rows are missing.
+# the CPU-only build. llama-cpp-python has no wheel for every host: it is built from source once
+# (about 4 minutes on 2 CPUs, then kept in the venv), without AVX-512 (some hosts' CPUs fault on
+# it); LMZ_BENCH_LLAMA=0 skips it. If it does not build (no C++ compiler), the section says why
+# its llama.cpp rows are missing.
 loader_pins=(transformers==5.25.0 sentence-transformers==6.3.0 tokenizers==0.23.3)
 echo "setup: installing ${loader_pins[*]} into $venv" >&2
 pip_install "${loader_pins[@]}"
-if [[ "${LMZ_BENCH_LLAMA:-0}" == 1 ]] && ! "$py" -c 'import llama_cpp' 2>/dev/null; then
+if [[ "${LMZ_BENCH_LLAMA:-1}" == 1 ]] && ! "$py" -c 'import llama_cpp' 2>/dev/null; then
   echo "setup: building llama-cpp-python (no AVX-512); this takes a while" >&2
-  CMAKE_ARGS="-DGGML_AVX512=OFF -DGGML_NATIVE=OFF" pip_install llama-cpp-python || \
+  CMAKE_ARGS="-DGGML_AVX512=OFF -DGGML_NATIVE=OFF" pip_install llama-cpp-python==0.3.36 || \
     echo "setup: llama-cpp-python did not build; the loaders section leaves its rows out" >&2
 fi
 
