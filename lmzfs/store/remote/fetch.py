@@ -110,7 +110,7 @@ class RangeFetcher:
             return True
         with self._lock:
             blocks = range(offset // BLOCK_BYTES, (end - 1) // BLOCK_BYTES + 1)
-            return all((key, b) in self._recent or self.cache.contains(key, b) for b in blocks)
+            return all(self._resting(key, b) for b in blocks)
 
     def _block_len(self, size: int, block: int) -> int:
         return min(BLOCK_BYTES, size - block * BLOCK_BYTES)
@@ -133,7 +133,7 @@ class RangeFetcher:
                     fut = self._inflight.get((key, b))
                     if fut is not None:
                         waits.append((b, fut))
-                    elif (key, b) in self._recent or self.cache.contains(key, b):
+                    elif self._resting(key, b):
                         # a fetch settled it after it was looked for above (a block leaves the
                         # in-flight set only once it is cached): read it, never fetch it again
                         landed.append(b)
@@ -153,6 +153,10 @@ class RangeFetcher:
                 got[b] = fut.result()
             todo = landed       # read where they rest; one found damaged there is dropped, then fetched
         return got
+
+    def _resting(self, key: str, block: int) -> bool:
+        """Under the lock: the block is in memory or the disk cache (fetched and settled)."""
+        return (key, block) in self._recent or self.cache.contains(key, block)
 
     def _at_rest(self, key: str, size: int, block: int) -> bytes | None:
         """The block from memory or the disk cache (remembered then), or None."""
@@ -259,7 +263,7 @@ class RangeFetcher:
             s = self._streams.get(key)
             if s is None or not s.next_block - 1 <= first <= s.next_block:
                 if s is not None and last < s.next_block - 1 and all(
-                        (key, b) in self._recent or self.cache.contains(key, b) for b in range(first, last + 1)):
+                        self._resting(key, b) for b in range(first, last + 1)):
                     return      # a look back at what this stream read (a chunk stored once, read twice)
                 self._streams.pop(key, None)
                 self._streams[key] = _Stream(last + 1, min(READAHEAD_MIN, self._ahead_max))     # a new stream: no read-ahead yet
