@@ -105,22 +105,36 @@ class MountLifecycle:
 
     def __init__(self) -> None:
         self._mounted = False               # kernel notifications only make sense when mounted
+        self._initialised: trio.Event | None = None
         self._opens_held: trio.Event | None = None
 
     def init(self) -> None:
+        # pyfuse3 calls this inside libfuse's handling of INIT, which writes the reply as soon as
+        # it returns, before the request loop yields to trio: whoever wakes on the event runs
+        # after the kernel has taken the reply (and reset the read-ahead window from it)
         self._mounted = True
+        if self._initialised is not None:
+            self._initialised.set()
 
     @property
     def mounted(self) -> bool:
         """True once the kernel's INIT request has been answered (pyfuse3 calls init() then)."""
         return self._mounted
 
+    async def wait_initialised(self) -> None:
+        """Return once the kernel's INIT request has been answered."""
+        if self._mounted:
+            return
+        if self._initialised is None:
+            self._initialised = trio.Event()
+        await self._initialised.wait()
+
     def hold_opens_until(self, event: trio.Event) -> None:
         """Answer no open() before *event* is set.
 
         The kernel gives a file the mount's read-ahead window as it is when the open is answered,
         and keeps it while the file stays open; the mountpoint appears before the daemon has
-        widened that window (mount.py's _when_initialised), so a reader that opens at once would
+        widened that window (mount.py's when_initialised), so a reader that opens at once would
         otherwise read in 128 KiB requests, and mmap faults fetch as little, until it reopens."""
         self._opens_held = event
 

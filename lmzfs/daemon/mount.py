@@ -29,6 +29,7 @@ MOUNT_OPTIONS = frozenset({"fsname=lmzfs", "subtype=lmzfs", "ro", "default_permi
 WRITABLE_MOUNT_OPTIONS = frozenset({"fsname=lmzfs", "subtype=lmzfs", "default_permissions"})
 USAGE_ERROR = 2
 READY_TIMEOUT = 120.0            # opening a large store may take a while, but not forever
+INIT_WAIT_SECONDS = 5.0         # the kernel sends INIT as soon as the mount exists
 LOG_NAME = "mount.log"
 
 
@@ -246,14 +247,14 @@ async def _main_loop(ops, archive=None, notifier=None, store_dir=None, mountpoin
     async with trio.open_nursery() as nursery:
         nursery.start_soon(terminate_on_signal)
         nursery.start_soon(ops.refresh_periodically, 1.0)
-        nursery.start_soon(_when_initialised, ops, mountpoint, announce_ready, widened)
+        nursery.start_soon(when_initialised, ops, mountpoint, announce_ready, widened)
         if notifier is not None and notifier.enabled:
             nursery.start_soon(_report_changes, archive, notifier, store_dir, mountpoint)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()     # main returned: unmounted or terminated
 
 
-async def _when_initialised(ops, mountpoint, announce_ready, widened=None) -> None:
+async def when_initialised(ops, mountpoint, announce_ready, widened=None) -> None:
     """Once the kernel's INIT request has been answered: widen the mount's read-ahead window, then
     let opens through (*widened*) and tell the launcher and the service manager that the mount is
     ready.
@@ -265,12 +266,9 @@ async def _when_initialised(ops, mountpoint, announce_ready, widened=None) -> No
     import trio
 
     try:
-        for _ in range(500):              # INIT comes with the first turn of the loop; wait <= 5 s
-            if ops.mounted:
-                break
-            await trio.sleep(0.01)
-        await trio.sleep(0.05)            # the reply goes out right after init() returns
-        if mountpoint is not None:
+        with trio.move_on_after(INIT_WAIT_SECONDS):     # INIT comes with the first turn of the loop
+            await ops.wait_initialised()
+        if mountpoint is not None and ops.mounted:
             raise_kernel_readahead(mountpoint)
     finally:
         if widened is not None:           # whatever happened, opens must not wait for ever

@@ -392,6 +392,25 @@ def test_a_quick_chunk_is_read_on_the_event_loop_and_its_damage_is_still_eio(cap
     run(main)
 
 
+def test_opens_are_let_through_the_moment_the_kernels_init_is_answered_with_no_fixed_wait():
+    # A fresh mount's first open waited for a fixed 50 ms (and a 10 ms poll) after INIT: a third of
+    # a cold read of a 100 MB file. The window can be widened as soon as init() has returned.
+    from lmzfs.daemon.mount import when_initialised
+    ops = LmzOperations(make_archive())
+    widened, ready_at = trio.Event(), []
+
+    async def main():
+        ops.hold_opens_until(widened)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(when_initialised, ops, None, lambda: ready_at.append(trio.current_time()), widened)
+            await trio.sleep(1.0)               # the kernel's INIT comes a second later
+            assert not widened.is_set() and ready_at == []
+            ops.init()
+        assert widened.is_set() and ready_at == [1.0]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 def test_opens_wait_until_the_read_ahead_window_is_widened_then_all_go_through():
     ops = LmzOperations(make_archive())
     widened = trio.Event()
