@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Issue 46: a Hugging Face hub cache taken in with one command, against the cache itself.
 
-    .venv/bin/python bench/hf_cache.py --json OUT.json [--lmz LMZFS_CLI] [--lmzip LMZIP_CLI] [--loaders]
+    .venv/bin/python bench/hf_cache.py --json OUT.json [--lmz LMZFS_CLI] [--lmzip LMZIP_CLI]
+        [--loaders-python PYTHON]
 
 Runs in the project's venv (it imports lmzfs.testing.hfcache and huggingface_hub); bench/run.py runs
 it as its `hf_cache` section. The cache is `lmzfs.testing.hfcache.build_cache`: huggingface_hub's
@@ -13,8 +14,9 @@ the quire tagger. Measures, in bytes allocated on disk (`du`):
 - `lmz add` of each snapshot alone, each into its own empty store, beside that snapshot's blobs;
 - lmzip's archive of the cache directory (`lmz compress` of lmzip's own CLI, bench/.venv), when
   --lmzip names it; n/a otherwise;
-- with --loaders (torch, transformers and sentence-transformers in this venv): bench/hf_load.py
-  on the cache and on the mount's .hf/hub view, --runs times: outputs compared, load seconds.
+- with --loaders-python (a Python with torch, transformers and sentence-transformers: bench/run.py
+  passes bench/.venv's, which has them for the real-loaders section): bench/hf_load.py on the
+  cache and on the mount's .hf/hub view, --runs times: outputs compared, load seconds.
 """
 from __future__ import annotations
 
@@ -74,8 +76,8 @@ def lmzip_archive(lmzip: Path | None, cache: Path, work: Path) -> dict:
             "version": run([lmzip, "--version"], timeout=60).strip()}
 
 
-def loads(cache: Path, store: Path, work: Path, runs: int) -> dict:
-    """bench/hf_load.py, RUNS times: the cache, then the mount's .hf/hub view, each load in a fresh process."""
+def loads(python: Path, cache: Path, store: Path, work: Path, runs: int) -> dict:
+    """bench/hf_load.py under PYTHON, RUNS times: the cache, then the mount's .hf/hub view, each load in a fresh process."""
     from lmzfs.testing.hfcache import MINILM
     from lmzfs.testing.mount import mounted
     mnt = work / "mnt"
@@ -84,7 +86,7 @@ def loads(cache: Path, store: Path, work: Path, runs: int) -> dict:
     with mounted(mnt, store):
         for i in range(runs):
             out = work / f"load-{i}.json"
-            run([sys.executable, HERE / "hf_load.py", "--original", cache, "--view", mnt / ".hf" / "hub",
+            run([python, HERE / "hf_load.py", "--original", cache, "--view", mnt / ".hf" / "hub",
                  "--repo", MINILM, "--json", out], timeout=1800)
             said.append(json.loads(out.read_text()))
     res: dict = {"runs": runs, "dropped_page_cache": all(s["dropped_page_cache"] for s in said),
@@ -109,12 +111,13 @@ def lmzip_cli() -> Path | None:
     return None
 
 
-def loaders_present() -> bool:
-    return subprocess.run([sys.executable, "-c", "import torch, transformers, sentence_transformers"],
+def loaders_present(python: Path) -> bool:
+    return subprocess.run([python, "-c", "import torch, transformers, sentence_transformers"],
                           capture_output=True).returncode == 0
 
 
-def measure(work: Path, lmz: list[str], lmzip: Path | None, loaders: bool, runs: int) -> dict:
+def measure(work: Path, lmz: list[str], lmzip: Path | None, loaders: Path | None, runs: int) -> dict:
+    """loaders: the Python that runs bench/hf_load.py (None: the loads are n/a)."""
     import huggingface_hub
 
     from lmzfs.testing.hfcache import build_cache
@@ -128,12 +131,14 @@ def measure(work: Path, lmz: list[str], lmzip: Path | None, loaders: bool, runs:
         res["lmzip"] = lmzip_archive(lmzip, built.root, work)
     except Exception as exc:
         res["lmzip"] = {"error": describe(exc)}
-    if not loaders:
-        res["loads"] = {"error": "torch, transformers or sentence-transformers is not in the project's venv"}
+    if loaders is None:
+        res["loads"] = {"error": "no Python with torch, transformers and sentence-transformers was given"}
+    elif not loaders_present(loaders):
+        res["loads"] = {"error": f"torch, transformers or sentence-transformers is missing from {loaders}"}
     else:
         log("hf cache: transformers and sentence-transformers by name, the cache and the view")
         try:
-            res["loads"] = loads(built.root, work / "store", work, runs)
+            res["loads"] = loads(loaders, built.root, work / "store", work, runs)
         except Exception as exc:
             res["loads"] = {"error": describe(exc)}
     return res
@@ -144,13 +149,14 @@ def main() -> int:
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--lmz", type=Path, help="our CLI (default: this Python's `-m lmzfs`)")
     ap.add_argument("--lmzip", type=Path, help="lmzip's CLI (its `lmz`); without it the lmzip row is n/a")
-    ap.add_argument("--loaders", action="store_true", help="time bench/hf_load.py (needs torch, transformers)")
+    ap.add_argument("--loaders-python", type=Path,
+                    help="time bench/hf_load.py under this Python (it needs torch, transformers, sentence-transformers)")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--tmpdir", type=Path)
     args = ap.parse_args()
     lmz = [str(args.lmz)] if args.lmz else [sys.executable, "-m", "lmzfs"]
     with tempfile.TemporaryDirectory(prefix="lmz-hf-", dir=args.tmpdir) as tmp:
-        res = measure(Path(tmp), lmz, args.lmzip, args.loaders and loaders_present(), args.runs)
+        res = measure(Path(tmp), lmz, args.lmzip, args.loaders_python, args.runs)
     args.json.write_text(json.dumps(res, indent=1) + "\n")
     return 0
 

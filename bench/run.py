@@ -26,8 +26,8 @@
    and loaded by gguf.GGUFReader through our mount, our `--fast` store's and lmzip's.
 8. Hugging Face cache (bench/hf_cache.py, in the project's venv): a hub cache of real files
    (lmzfs.testing.hfcache) taken in by `lmz add --hf-cache`, beside each snapshot added alone and
-   lmzip's archive of the cache, in bytes on disk; with torch, transformers and
-   sentence-transformers in the project's venv, bench/hf_load.py on the cache and the mount's view.
+   lmzip's archive of the cache, in bytes on disk; bench/hf_load.py, under bench/.venv's Python
+   (torch, transformers and sentence-transformers), on the cache and the mount's view.
 9. Remote store (bench/remote_table.py, in the project's venv): astra pushed to a SeaweedFS engine on
    loopback (lmzfs.testing.seaweed) and read back through `lmz mount --remote`, cold and warm, beside
    the local store's mount; bytes fetched, two mounts byte-identical, obstore against boto3, what
@@ -440,7 +440,8 @@ def hf_cache_section(frozen_dir: Path | None, runs: int, tmp: Path) -> dict:
     log("hugging face cache" + ("" if lmzip else " (no lmzip in bench/.venv: its row is n/a)"))
     try:
         common.run([*common.lmzfs_python(frozen_dir), str(HERE / "hf_cache.py"), "--json", str(out),
-                    "--lmz", str(common.LMZFS_CLI), *(["--lmzip", str(lmzip)] if lmzip else []), "--loaders",
+                    "--lmz", str(common.LMZFS_CLI), *(["--lmzip", str(lmzip)] if lmzip else []),
+                    "--loaders-python", sys.executable,
                     "--runs", str(runs), "--tmpdir", str(tmp)], timeout=3600)
         return json.loads(out.read_text())
     except Exception as exc:
