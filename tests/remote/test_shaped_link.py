@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.environ.get("LMZ_SHAPED_LINK") != "1",
-                                reason="long: set LMZ_SHAPED_LINK=1 to run the engine and a mount behind a shaped link")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.environ.get("LMZ_SHAPED_LINK") != "1",
+                                 reason="long: set LMZ_SHAPED_LINK=1 to run the engine and a mount behind a shaped link")]
 
 ROOT = Path(__file__).resolve().parents[2]
 LINK_BYTES_PER_S = 1e9 / 8
