@@ -32,6 +32,9 @@ def checkout_cli(rev: str, dest: Path) -> tuple[Path, str]:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     subprocess.run([str(LMZFS_PY), "setup.py", "-q", "build_ext", "--inplace"], cwd=dest, check=True,
                    capture_output=True, timeout=900)
+    # bytecode, as freeze_lmzfs writes it for this checkout: without it, where PYTHONDONTWRITEBYTECODE
+    # is set, every command of the earlier revision compiled lmzfs again, and its add was timed slower
+    run([LMZFS_PY, "-m", "compileall", "-q", str(dest / "lmzfs")], timeout=300)
     cli = dest / "lmz"
     cli.write_text("#!/bin/sh\n"
                    f"# lmzfs as it was at {commit}, for a bench run beside this checkout\n"
