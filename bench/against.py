@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import (LMZFS_PY, REPO, ToolError, link_dir, log, mounted, read_sequential, run, sha256_file, summary,
-                    warm_page_cache)
+from common import (LMZFS_PY, REPO, ToolError, compile_bytecode, link_dir, log, mounted, read_sequential, run,
+                    sha256_file, summary, warm_page_cache)
 
 SUBJECTS = ("astra", "minilm")
 
@@ -32,9 +32,7 @@ def checkout_cli(rev: str, dest: Path) -> tuple[Path, str]:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     subprocess.run([str(LMZFS_PY), "setup.py", "-q", "build_ext", "--inplace"], cwd=dest, check=True,
                    capture_output=True, timeout=900)
-    # bytecode, as freeze_lmzfs writes it for this checkout: without it, where PYTHONDONTWRITEBYTECODE
-    # is set, every command of the earlier revision compiled lmzfs again, and its add was timed slower
-    run([LMZFS_PY, "-m", "compileall", "-q", str(dest / "lmzfs")], timeout=300)
+    compile_bytecode(dest / "lmzfs")      # as freeze_lmzfs does for this checkout
     cli = dest / "lmz"
     cli.write_text("#!/bin/sh\n"
                    f"# lmzfs as it was at {commit}, for a bench run beside this checkout\n"

@@ -399,6 +399,13 @@ def lmzfs_python(frozen: Path | None) -> list[str]:
     return [*env, str(LMZFS_PY)]
 
 
+def compile_bytecode(package: Path) -> None:
+    """Write the bytecode of a copy of lmzfs, as `pip install` writes it (and lmzip's install in
+    bench/.venv has): without it every command run from the copy compiles it again, where
+    PYTHONDONTWRITEBYTECODE is set, and that compile is counted in whole-process times (start-up)."""
+    run([LMZFS_PY, "-m", "compileall", "-q", str(package)], timeout=300)
+
+
 def freeze_lmzfs(dest: Path) -> tuple[Path, dict]:
     """Copy the working tree's lmzfs/ to dest and write dest/lmz, a CLI that runs that copy with the
     project's venv (its dependencies): every command of the run, mount daemons and decoder processes
@@ -411,10 +418,7 @@ def freeze_lmzfs(dest: Path) -> tuple[Path, dict]:
     copied = code_state(dest)
     if copied["source_sha256"] != state["source_sha256"]:
         raise ToolError("lmzfs/ changed while it was being copied; run again")
-    # bytecode, as `pip install` writes it (and lmzip's install in bench/.venv has): without it
-    # every command of the run compiled lmzfs again, where PYTHONDONTWRITEBYTECODE is set, and
-    # that compile was counted in our whole-process times (start-up) but not in lmzip's
-    run([LMZFS_PY, "-m", "compileall", "-q", str(dest / "lmzfs")], timeout=300)
+    compile_bytecode(dest / "lmzfs")
     cli = dest / "lmz"
     cli.write_text("#!/bin/sh\n"
                    f"# lmzfs as it was in {REPO} (commit {state['commit']}, source {state['source_sha256']}), frozen for a bench run\n"
