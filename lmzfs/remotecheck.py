@@ -22,6 +22,7 @@ def credential_source() -> str:
 
 def check_remote(options, problems: list[str]) -> dict:
     from lmzfs.reader.remotearchive import default_cache_dir
+    from lmzfs.store.remote.blockcache import disk_bytes
     from lmzfs.store.remote.objects import ObjectStore, RemoteURL
     from lmzfs.store.remote.snapshots import read_pointer
     from lmzfs.store.layout import StoreError
@@ -30,8 +31,7 @@ def check_remote(options, problems: list[str]) -> dict:
                  "credentials": credential_source() if url.scheme == "s3" else "none (plain HTTP(S))",
                  "cache_dir": str(options.cache_dir or default_cache_dir(url)), "reachable": False}
     cache = options.cache_dir or default_cache_dir(url)
-    blocks = cache / "blocks"
-    out["cache_bytes"] = sum(p.stat().st_size for p in blocks.rglob("*") if p.is_file()) if blocks.is_dir() else 0
+    out["cache_bytes"] = disk_bytes(cache)
     out["cache_capacity_bytes"] = options.disk_cache_bytes
     t0 = time.monotonic()
     try:

@@ -20,7 +20,7 @@ import pytest
 
 from lmzfs.reader.remotearchive import RemoteArchive, RemoteOptions
 from lmzfs.store.layout import StoreError, StorePaths
-from lmzfs.store.remote.blockcache import BLOCK_BYTES, BlockCache
+from lmzfs.store.remote.blockcache import BLOCK_BYTES, BlockCache, cached_blocks
 from lmzfs.store.remote.fetch import MAX_GET_BYTES, RangeFetcher
 from lmzfs.store.remote.format import POINTER_KEY, Pointer, parse_pack_key
 from lmzfs.store.remote.objects import ObjectStore, RemoteConflict, RemoteURL
@@ -209,11 +209,7 @@ def test_the_disk_cache_stays_within_its_cap_while_a_model_three_times_larger_is
         archive.close()
 
 
-def _blocks(cache: Path) -> list[Path]:
-    return sorted(p for p in (cache / "blocks").rglob("*") if p.is_file())
-
-
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "zeroed"])
 def test_a_damaged_cached_block_is_fetched_again_never_served(tmp_path, remote_url, models, damage):
     store = StorePaths(tmp_path / "store")
     lmz("--store", str(store.root), "add", "--fast", str(models["minilm"]))
@@ -225,22 +221,34 @@ def test_a_damaged_cached_block_is_fetched_again_never_served(tmp_path, remote_u
     finally:
         archive.close()
     rng = random.Random(7)
-    victims = rng.sample(_blocks(cache), 5)
-    for block in victims:
-        raw = bytearray(block.read_bytes())
-        if damage == "flip":
-            i = rng.randrange(len(raw))
-            raw[i] ^= 1 << rng.randrange(8)
-        else:
-            raw = raw[:len(raw) // 2]
-        block.write_bytes(bytes(raw))
+    held = cached_blocks(cache)
+    if damage == "truncate":
+        # one object file cut in the middle of a block: that block and every one after it are damaged
+        victim = rng.choice([b for b in held if b.block > 0])
+        cut = victim.offset + victim.length // 2
+        os.truncate(victim.path, cut)
+        damaged = [b for b in held if b.path == victim.path and b.offset + b.length > cut]
+    else:
+        damaged = rng.sample(held, 5)
+        for b in damaged:
+            with open(b.path, "r+b") as f:
+                f.seek(b.offset)
+                raw = bytearray(f.read(b.length))
+                if damage == "flip":
+                    i = rng.randrange(len(raw))
+                    raw[i] ^= 1 << rng.randrange(8)
+                else:                       # its bytes lost (a power cut after its slot was written)
+                    raw = bytearray(len(raw))
+                f.seek(b.offset)
+                f.write(raw)
     archive = opened(remote_url, cache)
     try:
         assert read_all(archive) == expected(models, ["minilm"])
-        assert archive.blocks.stats.damaged == 5
-        assert archive.packs.fetcher.stats.requests >= 1
+        assert archive.blocks.stats.damaged == len(damaged)
+        assert archive.packs.fetcher.stats.bytes_fetched == sum(b.length for b in damaged)
     finally:
         archive.close()
+    assert [(b.path, b.block) for b in cached_blocks(cache)] == [(b.path, b.block) for b in held]
 
 
 def test_prune_deletes_what_no_recent_snapshot_names_and_the_current_one_keeps_reading(tmp_path, remote_url, models):
@@ -430,11 +438,11 @@ class _CacheThatBreaksOnce(BlockCache):
     """A real disk cache whose first write fails as no cache write should (a fault injected into it)."""
     broke = False
 
-    def put(self, key: str, block: int, data) -> None:
+    def put(self, key: str, size: int, block: int, data) -> None:
         if not self.broke:
             self.broke = True
             raise RuntimeError("the cache broke")
-        super().put(key, block, data)
+        super().put(key, size, block, data)
 
 
 def test_a_fetch_whose_cache_write_breaks_settles_every_waiting_read_and_the_next_read_is_exact(tmp_path, remote_url,
@@ -483,8 +491,8 @@ class _CacheLookedEarly(BlockCache):
         self.looked = threading.Event()
         self.fetcher: RangeFetcher | None = None
 
-    def get(self, key: str, block: int, length: int):
-        found = super().get(key, block, length)
+    def get(self, key: str, size: int, block: int):
+        found = super().get(key, size, block)
         if threading.get_ident() == self.late_reader and found is None:
             self.looked.set()
             deadline = time.monotonic() + 30

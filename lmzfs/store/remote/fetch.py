@@ -162,7 +162,7 @@ class RangeFetcher:
         """The block from memory or the disk cache (remembered then), or None."""
         data = self._remembered(key, block)
         if data is None:
-            data = self.cache.get(key, block, self._block_len(size, block))
+            data = self.cache.get(key, size, block)
             if data is not None:
                 self._remember(key, block, data)
         return data
@@ -210,7 +210,7 @@ class RangeFetcher:
                         break
                     piece = _take(pending, need)
                     have -= need
-                    self._arrived(key, run.start + done, piece, futs[done], ahead)
+                    self._arrived(key, size, run.start + done, piece, futs[done], ahead)
                     done += 1
             if done < len(run):
                 raise RemoteUnavailable(f"{self.objects.url}/{key}: the GET of bytes {lo}..{hi} ended early")
@@ -232,13 +232,13 @@ class RangeFetcher:
             self.stats.readahead_bytes += hi - lo
         self.last_ok, self.last_error = time.time(), None
 
-    def _arrived(self, key: str, block: int, data: bytes, fut: Future, ahead: bool) -> None:
+    def _arrived(self, key: str, size: int, block: int, data: bytes, fut: Future, ahead: bool) -> None:
         """Whoever waits gets the block first; then it is written to the disk cache, and only then
         is it no longer in flight (a read meanwhile finds the settled future, never a miss),
         whatever the cache does."""
         fut.set_result(data)
         try:
-            self.cache.put(key, block, data)
+            self.cache.put(key, size, block, data)
             if not ahead:
                 self._remember(key, block, data)
         finally:
