@@ -26,7 +26,7 @@ whatever happens; every mount is unmounted. Measures:
 - polling: a mount at --poll 1s behind a counting TCP proxy, idle for POLL_WINDOW_S: requests and
   bytes per poll, hence per host per hour at the default 30 s, and for fleets of 10, 100, 1000;
 - cache cap: a mount with --cache-size a third of astra's stored bytes reading astra (3x the cap):
-  the largest the cache dir's blocks reached (du, sampled), against the cap.
+  the largest the cache dir's object files reached (du: holes not counted; sampled), against the cap.
 """
 from __future__ import annotations
 
@@ -426,7 +426,7 @@ class Bench:
             def sample():
                 while not stop.wait(0.1):
                     with contextlib.suppress(OSError):
-                        peak["du"] = max(peak["du"], du_bytes(cache / "blocks"))
+                        peak["du"] = max(peak["du"], du_bytes(cache / "objects"))
             t = threading.Thread(target=sample, daemon=True)
             t.start()
             try:
@@ -435,7 +435,7 @@ class Bench:
                 stop.set()
                 t.join()
             st = stats_of(m.path)["remote"]
-        peak["du"] = max(peak["du"], du_bytes(cache / "blocks"))
+        peak["du"] = max(peak["du"], du_bytes(cache / "objects"))
         shutil.rmtree(cache, ignore_errors=True)
         self.out["cache_cap"] = {"cap_bytes": cap, "read_bytes": n, "fetched_bytes": st["fetch"]["bytes_fetched"],
                                  "peak_du_bytes": peak["du"], "end_accounted_bytes": st["disk_cache"]["bytes"],

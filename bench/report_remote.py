@@ -135,7 +135,7 @@ def remote_md(r: dict) -> list[str]:
         peak = cc["peak_du_bytes"] / cc["cap_bytes"]
         out += [f"Disk cache cap: `--cache-size {cc['cap_bytes']}` (a third of astra's stored bytes) while astra is "
                 f"read through an empty cache: the cache's blocks peaked at {cc['peak_du_bytes']:,} bytes on disk "
-                f"(`du` of its blocks, those being written included, sampled every 0.1 s), {peak:.3f}× the cap (goal ≤ {REMOTE_GOALS['cache_cap']}: "
+                f"(`du` of its object files, blocks being written included and holes punched for evicted ones not, sampled every 0.1 s), {peak:.3f}× the cap (goal ≤ {REMOTE_GOALS['cache_cap']}: "
                 f"{met(peak <= REMOTE_GOALS['cache_cap'])}); {cc['evicted']} blocks evicted; the read fetched "
                 f"{cc['fetched_bytes']:,} bytes"
                 + (f", {cc['fetched_bytes'] / stored:.2f}× the stored bytes (read-ahead evicted before it was read)"
