@@ -203,3 +203,32 @@ def test_an_object_file_is_laid_out_exactly_as_docs_format_md_writes_it_down(tmp
     assert raw[64:64 + 5 * 32] == bytes(5 * 32)                 # blocks 0-4: absent
     assert raw[4096 + 5 * (1 << 20):] == block(5)
     assert len(raw) == 4096 + 5 * (1 << 20) + 1000
+
+
+@pytest.fixture
+def full_disk(tmp_path) -> Path:
+    """A 3 MiB tmpfs: room for an object file's header and two 1 MiB blocks, and a bit."""
+    from lmzfs.testing.smalldisk import CannotMount, small_disk
+    try:
+        with small_disk(tmp_path / "disk", "3m") as disk:
+            yield disk
+    except CannotMount as exc:
+        pytest.skip(str(exc))
+
+
+def test_on_a_full_disk_a_block_that_does_not_fit_is_counted_and_freed_and_the_others_read_back(full_disk):
+    cache = BlockCache(full_disk / "cache", 1 << 30)
+    try:
+        for i in range(5):
+            cache.put(KEY, SIZE, i, block(i))
+        assert [i for i in range(5) if cache.contains(KEY, i)] == [0, 1] and cache.stats.write_errors == 3
+        assert [cache.get(KEY, SIZE, i) for i in range(5)] == [block(0), block(1), None, None, None]
+        assert cache.stats.damaged == 0
+        assert disk_bytes(full_disk / "cache") == 4096 + 2 * BLOCK_BYTES     # what a block half written took is freed
+    finally:
+        cache.close()
+    again = BlockCache(full_disk / "cache", 1 << 30)
+    try:
+        assert [again.get(KEY, SIZE, i) for i in range(3)] == [block(0), block(1), None]
+    finally:
+        again.close()

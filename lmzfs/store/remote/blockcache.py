@@ -390,6 +390,11 @@ class BlockCache:
             _pwrite_all(f.fd, _SLOT.pack(len(data), _PRESENT, time.time_ns(), digest), layout.slot_at(block))
         except OSError:
             self.stats.write_errors += 1
+            if f is not None:           # what of the block was written before the disk filled: freed
+                try:
+                    punch_hole(f.fd, layout.block_at(block), len(data))
+                except OSError:
+                    pass
             with self._lock:
                 if stem in self._layouts and self._present.get(stem) == 0 and k not in self._index:
                     self._remove_object_locked(stem)
