@@ -316,28 +316,6 @@ class BlockCache:
         with self._lock:
             return (self._stem(key), block) in self._index
 
-    def advise(self, key: str, blocks: list[int]) -> None:
-        """Tell the kernel these blocks will be read soon (POSIX_FADV_WILLNEED: it reads them in
-        the background), as its read-ahead does further along a file. May wait for the disk's
-        queue: call it off a reader's path."""
-        stem = self._stem(key)
-        with self._lock:
-            if stem not in self._layouts:
-                return
-            try:
-                f = self._acquire_locked(stem)
-            except OSError:
-                return
-        try:
-            for run in _runs(sorted(blocks)):
-                start = f.layout.block_at(run.start)
-                try:
-                    os.posix_fadvise(f.fd, start, f.layout.block_at(run.stop) - start, os.POSIX_FADV_WILLNEED)
-                except OSError:
-                    pass
-        finally:
-            self._release(f)
-
     def get(self, key: str, size: int, block: int) -> bytes | None:
         """The block's bytes if cached whole and sound, else None (a damaged one is dropped)."""
         stem = self._stem(key)
@@ -476,13 +454,3 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
             raise OSError(errno.ENOSPC, "no byte written")
         view, offset = view[n:], offset + n
 
-
-def _runs(blocks: list[int]) -> list[range]:
-    """Sorted block numbers grouped into runs of consecutive ones."""
-    out: list[range] = []
-    for b in blocks:
-        if out and out[-1].stop == b:
-            out[-1] = range(out[-1].start, b + 1)
-        else:
-            out.append(range(b, b + 1))
-    return out

@@ -35,7 +35,6 @@ FETCH_THREADS = 8
 # of 8 MiB, the block the decoder waits for came at an eighth of the link's rate, issue 50)
 AHEAD_RUNS = 4
 RECENT_BYTES = 32 << 20       # checked blocks kept in memory: a block serves several chunk reads
-ADVISED_BLOCKS = 4096         # cached blocks the kernel was lately asked to read in: not asked again
 
 
 @dataclass
@@ -77,7 +76,6 @@ class RangeFetcher:
         self._ahead_max = max(BLOCK_BYTES, min(READAHEAD_MAX, cache.capacity // 4))
         self._recent: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._recent_bytes = 0
-        self._advised: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lmz-fetch")
         self.last_error: str | None = None
         self.last_ok: float | None = None
@@ -274,46 +272,36 @@ class RangeFetcher:
                 return          # within the block read last: the window was planned for it
             s.window = min(self._ahead_max, s.window * 2)
             s.next_block = last + 1
-            issued, advise = self._plan_ahead(key, size, s)
-        self._submit_ahead(key, size, issued, advise)
+            issued = self._plan_ahead(key, size, s)
+        self._submit_ahead(key, size, issued)
 
-    def _plan_ahead(self, key: str, size: int, s: _Stream) -> tuple[list[tuple[range, list[Future]]], list[int]]:
+    def _plan_ahead(self, key: str, size: int, s: _Stream) -> list[tuple[range, list[Future]]]:
         """Under the lock: the runs of the stream's window not yet cached or in flight, in order,
-        as many as AHEAD_RUNS allows in flight, claimed; and the blocks of the window in the disk
-        cache not yet advised (the kernel is asked to read them in, off this thread)."""
+        as many as AHEAD_RUNS allows in flight, claimed. What is in the disk cache is left to the
+        kernel's own read-ahead: an object's blocks lie in one file, in order, and a stream reads
+        them in order (asking it to read them in with POSIX_FADV_WILLNEED cost a warm read of
+        astra a quarter more time, measured in-process: 0.215 s against 0.167 s)."""
         room = AHEAD_RUNS - self._ahead
         stop = min(-(-size // BLOCK_BYTES), s.next_block + s.window // BLOCK_BYTES)
         todo: list[int] = []
-        advise: list[int] = []
         complete = True
         for b in range(max(s.next_block, s.checked), stop):
             if (key, b) in self._inflight or (key, b) in self._recent:
                 continue
             if self.cache.contains(key, b):
-                if (key, b) not in self._advised:
-                    self._advised[(key, b)] = None
-                    advise.append(b)
                 continue
             if len(todo) >= max(0, room) * (MAX_GET_BYTES // BLOCK_BYTES):
                 complete = False
                 break
             todo.append(b)
-        while len(self._advised) > ADVISED_BLOCKS:
-            self._advised.popitem(last=False)
         runs = _runs(todo)
         if complete and len(runs) <= max(0, room):
             s.checked = stop                # all below is cached or on its way: no second look
         runs = runs[:max(0, room)]
         self._ahead += len(runs)
-        return [(run, self._claim(key, run)) for run in runs], advise
+        return [(run, self._claim(key, run)) for run in runs]
 
-    def _submit_ahead(self, key: str, size: int, issued: list[tuple[range, list[Future]]],
-                      advise: list[int] = ()) -> None:
-        try:
-            if advise:
-                self._pool.submit(self.cache.advise, key, advise)
-        except RuntimeError:
-            pass
+    def _submit_ahead(self, key: str, size: int, issued: list[tuple[range, list[Future]]]) -> None:
         for run, futs in issued:
             if not self._start(self._ahead_run, key, size, run, futs):
                 with self._lock:
@@ -337,8 +325,8 @@ class RangeFetcher:
                 self._ahead -= 1
                 s = self._streams.get(key)
                 # the window goes on filling while the reader waits on a block, not only when it reads
-                issued, advise = self._plan_ahead(key, size, s) if s is not None and s.window > 0 else ([], [])
-            self._submit_ahead(key, size, issued, advise)
+                issued = self._plan_ahead(key, size, s) if s is not None and s.window > 0 else []
+            self._submit_ahead(key, size, issued)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
