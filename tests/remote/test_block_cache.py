@@ -15,9 +15,9 @@ KEY = "packs/000001-0123456789abcdef.lmzp"
 SIZE = 5 * BLOCK_BYTES + 1000               # six blocks, the last 1000 bytes
 
 
-def block(i: int, size: int = SIZE) -> bytes:
+def block(i: int, size: int = SIZE, salt: int = 0) -> bytes:
     n = ObjectLayout.of(size).block_len(i)
-    return bytes([(i * 37 + 11) % 251]) * n
+    return bytes([(i * 37 + 11 + salt * 53) % 251]) * n
 
 
 def test_a_block_put_is_read_back_byte_for_byte_in_this_process_and_the_next(tmp_path):
@@ -232,3 +232,47 @@ def test_on_a_full_disk_a_block_that_does_not_fit_is_counted_and_freed_and_the_o
         assert [again.get(KEY, SIZE, i) for i in range(3)] == [block(0), block(1), None]
     finally:
         again.close()
+
+
+def test_threads_putting_reading_and_evicting_at_once_never_get_wrong_bytes_and_the_count_matches_the_files(tmp_path):
+    import random
+    import threading
+    keys = [f"packs/{i:06d}-{i:016x}.lmzp" for i in range(4)]
+    cap = 6 * BLOCK_BYTES + 4 * 8192
+    cache = BlockCache(tmp_path, cap)
+    wrong: list[tuple[str, int]] = []
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(300):
+                key, i = rng.choice(keys), rng.randrange(6)
+                if rng.random() < 0.5:
+                    cache.put(key, SIZE, i, block(i, salt=keys.index(key)))
+                else:
+                    got = cache.get(key, SIZE, i)
+                    if got is not None and got != block(i, salt=keys.index(key)):
+                        wrong.append((key, i))
+        except BaseException as exc:            # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == [] and wrong == []
+        assert cache.stats.evicted > 0 and cache.stats.damaged <= cache.stats.evicted
+        assert cache.size_bytes <= cap
+        held = cached_blocks(tmp_path)
+        assert len(held) == len(cache)
+        files = {b.path for b in held}
+        assert cache.size_bytes == sum(b.length for b in held) + 4096 * len(files)
+        for key in keys:
+            for i in range(6):
+                got = cache.get(key, SIZE, i)
+                assert got is None or got == block(i, salt=keys.index(key))
+    finally:
+        cache.close()
