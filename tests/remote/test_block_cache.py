@@ -175,6 +175,7 @@ def test_where_holes_cannot_be_punched_whole_objects_are_evicted_and_the_cap_sti
             cache.put(KEY, SIZE, i, block(i))
         cache.put(other, SIZE, 0, block(0))         # past the cap: KEY's oldest block goes, and with it KEY
         assert [cache.contains(KEY, i) for i in range(3)] == [False, False, False]
+        assert cache.stats.evicted == 3
         assert cache.get(other, SIZE, 0) == block(0)
         assert cache.size_bytes <= cap
         assert sum(p.stat().st_size for p in (ramfs / "objects").rglob("*") if p.is_file()) <= cap

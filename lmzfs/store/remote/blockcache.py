@@ -302,14 +302,18 @@ class BlockCache:
         while len(self._open) > MAX_OPEN_FILES:
             self._retire_locked(next(iter(self._open)))
 
-    def _remove_object_locked(self, stem: str) -> None:
+    def _remove_object_locked(self, stem: str) -> int:
+        """Forget the object and delete its file; how many of its blocks the index held."""
+        dropped = 0
         for block in range(self._layouts[stem].blocks):
             if self._index.pop((stem, block), None) is not None:
                 self._bytes -= self._lengths.pop((stem, block))
+                dropped += 1
         self._retire_locked(stem)
         self._bytes -= self._layouts.pop(stem).data_offset
         self._present.pop(stem, None)
         self._path(stem).unlink(missing_ok=True)
+        return dropped
 
     # -- the cache ----------------------------------------------------------------------------------
     def contains(self, key: str, block: int) -> bool:
@@ -391,22 +395,22 @@ class BlockCache:
             self._index.move_to_end(k)
             self._evict_locked()
 
-    def _drop_locked(self, k: tuple[str, int]) -> None:
-        """Forget the block and free its space: its slot cleared, its bytes a hole."""
+    def _drop_locked(self, k: tuple[str, int]) -> int:
+        """Forget the block and free its space: its slot cleared, its bytes a hole. Where the
+        hole cannot be punched, the object's whole file goes. How many blocks were dropped."""
         stem, block = k
         if self._index.pop(k, None) is None:
-            return
+            return 0
         self._bytes -= self._lengths.pop(k)
         self._present[stem] -= 1
         if self._present[stem] == 0:
             self._remove_object_locked(stem)
-            return
+            return 1
         layout = self._layouts[stem]
         try:
             f = self._acquire_locked(stem)
         except OSError:
-            self._remove_object_locked(stem)
-            return
+            return 1 + self._remove_object_locked(stem)
         try:
             _pwrite_all(f.fd, bytes(_SLOT.size), layout.slot_at(block))
             if self._punch:
@@ -414,20 +418,17 @@ class BlockCache:
         except OSError as exc:
             if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
                 self._punch = False
-            self._remove_object_locked(stem)     # space not freed otherwise: the whole object goes
+            return 1 + self._remove_object_locked(stem)     # space not freed otherwise: the whole object goes
         finally:
             f.users -= 1
             if f.retired and f.users == 0:
                 os.close(f.fd)
+        return 1
 
     def _evict_locked(self) -> None:
         while self._bytes > self.capacity and self._index:
             k = next(iter(self._index))
-            self.stats.evicted += 1
-            if self._punch:
-                self._drop_locked(k)
-            else:
-                self._remove_object_locked(k[0])
+            self.stats.evicted += self._drop_locked(k) if self._punch else self._remove_object_locked(k[0])
 
     @property
     def size_bytes(self) -> int:
