@@ -250,6 +250,14 @@ def unmount_quietly(mnt: Path) -> None:
         subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True, timeout=30)
 
 
+def keep_mount_traceback(out: Outcome, fs) -> None:
+    """The daemon's traceback, if its log (fs: lmzfs.testing.mount's MountedFS) holds one and the
+    case has none yet."""
+    log = fs.log()
+    if "Traceback (most recent call last)" in log and out.traceback is None:
+        out.traceback = log[-3000:]
+
+
 def mount_failed(out: Outcome, exc: AssertionError) -> Outcome:
     """A case's mount that failed (lmzfs.testing.mount raises AssertionError with the daemon's log):
     one problem line, and the daemon's traceback where its log holds one. Returns ``out``."""

@@ -17,8 +17,8 @@ from typing import Iterator
 
 from lmzfs.testing.torture import Case, Outcome, pushes, remotecache
 from lmzfs.testing.torture.common import (check_killed, check_ran, count_read_back, fork_writer_and_kill,
-                                          fresh_copy, listed_models, lmz, model_of, mount_failed, read_all,
-                                          sha, unmount_quietly)
+                                          fresh_copy, keep_mount_traceback, listed_models, lmz, model_of,
+                                          mount_failed, read_all, sha, unmount_quietly)
 from lmzfs.testing.torture.prepared import Prepared
 from lmzfs.testing.torture.reclaims import random_reclaim_case, reclaim_case
 
@@ -154,8 +154,7 @@ def mount_commit_case(prep: Prepared, scratch: Path, mode: str, delay: float) ->
                 out.info["file"] = "fsync'd but " + ("absent" if got is None else f"{len(got)} of {len(data)} bytes")
             (mnt / "wm").mkdir(exist_ok=True)
             f.write_bytes(data)         # the copy again
-            if "Traceback (most recent call last)" in fs.log():
-                out.traceback = fs.log()[-3000:]
+            keep_mount_traceback(out, fs)
     except AssertionError as exc:
         return mount_failed(out, exc)
     finally:

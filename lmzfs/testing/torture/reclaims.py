@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from lmzfs.testing.torture import Outcome
-from lmzfs.testing.torture.common import (check_ran, count_read_back, fresh_copy, lmz, mount_failed, read_all, sha,
-                                          unmount_quietly)
+from lmzfs.testing.torture.common import (check_ran, count_read_back, fresh_copy, keep_mount_traceback, lmz,
+                                          mount_failed, read_all, sha, unmount_quietly)
 from lmzfs.testing.torture.prepared import Prepared
 
 FILES = 4                       # files rewritten by the first mount
@@ -52,8 +52,7 @@ def reclaim_case(prep: Prepared, scratch: Path, point: str, delay: float) -> Out
             finished_first = "reclaimed " in fs.log()
             fs.process.kill()
             fs.process.wait()
-            if "Traceback (most recent call last)" in fs.log():
-                out.traceback = fs.log()[-3000:]
+            keep_mount_traceback(out, fs)
         unmount_quietly(mnt)
         _after(out, store, expected, "after the kill")
         with mounted(mnt, store, "--writable", "--reclaim-floor", LOW_FLOOR, timeout=30) as fs:
@@ -62,8 +61,7 @@ def reclaim_case(prep: Prepared, scratch: Path, point: str, delay: float) -> Out
                 time.sleep(0.1)
             if "reclaimed " not in fs.log() and not finished_first:
                 out.problems.append("the mount after the kill did not reclaim the dead bytes")
-            if "Traceback (most recent call last)" in fs.log() and out.traceback is None:
-                out.traceback = fs.log()[-3000:]
+            keep_mount_traceback(out, fs)
     except AssertionError as exc:
         return mount_failed(out, exc)
     finally:

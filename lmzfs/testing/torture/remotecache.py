@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from lmzfs.testing.torture import Outcome
-from lmzfs.testing.torture.common import fresh_copy, model_of, mount_failed, unmount_quietly
+from lmzfs.testing.torture.common import fresh_copy, keep_mount_traceback, model_of, mount_failed, unmount_quietly
 from lmzfs.testing.torture.prepared import Prepared
 
 
@@ -57,8 +57,7 @@ def remote_mount_case(prep: Prepared, scratch: Path, delay: float, flips: int, s
             out.info["writer_seconds"] = time.monotonic() - t0      # the next cases' kills fall within it
             disk = json.loads((mnt / ".lmzfs" / "stats.json").read_text())["remote"]["disk_cache"]
             out.info["cache blocks fetched again"] = disk["damaged"]
-            if "Traceback (most recent call last)" in fs.log():
-                out.traceback = fs.log()[-3000:]
+            keep_mount_traceback(out, fs)
     except AssertionError as exc:
         return mount_failed(out, exc)
     finally:
