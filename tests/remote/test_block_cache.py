@@ -118,12 +118,15 @@ def test_a_cache_file_of_another_version_or_with_a_damaged_header_is_removed_at_
         again.close()
 
 
-def test_a_cache_of_the_earlier_one_file_per_block_layout_is_dropped_at_start(tmp_path):
+def test_a_cache_of_the_earlier_one_file_per_block_layout_is_dropped_at_start_with_one_line(tmp_path, caplog):
     old = tmp_path / "blocks" / "ab"
     old.mkdir(parents=True)
     (old / "ab0123-00000000").write_bytes(b"LMZBLK1\0" + bytes(100))
-    cache = BlockCache(tmp_path, 1 << 30)
+    with caplog.at_level("INFO", logger="lmzfs.store.remote.blockcache"):
+        cache = BlockCache(tmp_path, 1 << 30)
     try:
+        assert [r.getMessage() for r in caplog.records] == [
+            f"{tmp_path}: dropping the cache of an earlier release (one file per block)"]
         assert not (tmp_path / "blocks").exists()
         assert len(cache) == 0
     finally:

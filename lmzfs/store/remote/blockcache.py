@@ -26,6 +26,7 @@ import errno
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import struct
@@ -48,6 +49,7 @@ _PRESENT = 1
 _PAGE = 4096
 MAX_OPEN_FILES = 128                   # object files kept open at once (least recently used closed)
 DIR_MODE, FILE_MODE = 0o700, 0o600
+log = logging.getLogger(__name__)
 
 
 class CacheBusy(OSError):
@@ -213,7 +215,9 @@ class BlockCache:
             os.close(self._owner)
             raise CacheBusy(f"the cache {self.root} is in use by another lmz process") from None
         # a cache of an earlier version (one file per block): dropped whole, it is only a cache
-        shutil.rmtree(self.root / "blocks", ignore_errors=True)
+        if (self.root / "blocks").is_dir():
+            log.info("%s: dropping the cache of an earlier release (one file per block)", self.root)
+            shutil.rmtree(self.root / "blocks", ignore_errors=True)
         self._objects_dir.mkdir(exist_ok=True, mode=DIR_MODE)
         self._load()
 
