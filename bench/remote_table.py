@@ -15,7 +15,8 @@ whatever happens; every mount is unmounted. Measures:
 - read: astra front to back in 1 MiB reads, the page cache dropped before each (`sync; echo 3 >
   /proc/sys/vm/drop_caches`, as root), each on a fresh mount: the local store's mount; the remote
   mount with an empty cache dir (cold); the remote mount again on the cache the cold read filled
-  (warm); ratios to the local mount within each run. The bytes the cold read fetched from the
+  (warm); the local store's mount again; ratios to the mean of the two local reads within each
+  run (one local read alone moves the ratios by its own noise). The bytes the cold read fetched from the
   engine (MNT/.lmzfs/stats.json, remote.fetch.bytes_fetched) beside the file's stored bytes;
 - two "hosts": two remote mounts, separate cache dirs and processes, serve every file of the
   prefix (astra and its fine-tune) with the originals' SHA-256;
@@ -303,6 +304,8 @@ class Bench:
             with self.mount_remote(self.work / "mnt-remote", cache, "--poll", "0") as m:
                 row["warm"] = self.timed_read(m.path / name, m.proc.pid)
                 row["warm_fetch"] = stats_of(m.path)["remote"]["fetch"]
+            with self.mount_local(self.work / "mnt-local") as m:       # again: the ratios use the mean
+                row["local_after"] = self.timed_read(m.path / name, m.proc.pid)
             shutil.rmtree(cache, ignore_errors=True)
             rows.append(row)
         self.out["reads"] = rows

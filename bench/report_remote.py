@@ -43,8 +43,10 @@ def remote_md(r: dict) -> list[str]:
                 + ("dropped before each (`echo 3 > /proc/sys/vm/drop_caches`)" if dropped else
                    "NOT dropped (not root)") + ": the local store's mount; `lmz mount --remote` with an empty "
                 "`--cache-dir` (cold: every byte from the engine); the same again on the cache the cold read "
-                "filled (warm: every byte from the disk cache). × local: within each run.", ""]
-        local = [x["local"]["seconds"] for x in reads]
+                "filled (warm: every byte from the disk cache). × local: within each run"
+                + (", against the mean of the local read before the remote ones and the same again after "
+                   "them (the local row: both)" if all("local_after" in x for x in reads) else "") + ".", ""]
+        local = [_local_seconds(x) for x in reads]
         has_cpu = all("mount_cpu_s" in x[k] for x in reads for k in ("local", "cold", "warm"))
 
         def cpu(key: str) -> list[str]:
@@ -63,8 +65,8 @@ def remote_md(r: dict) -> list[str]:
         if has_cpu and r.get("cpus"):
             # the cold read's work (the mount's and the engine's CPU seconds) spread over every CPU
             # at once, against the local read as it ran: the most the cold read could reach here
-            bound = summ([x["local"]["seconds"] * r["cpus"] / (x["cold"]["mount_cpu_s"] + x["cold"]["engine_cpu_s"])
-                          for x in reads])["median"]
+            bound = summ([t * r["cpus"] / (x["cold"]["mount_cpu_s"] + x["cold"]["engine_cpu_s"])
+                          for t, x in zip(local, reads)])["median"]
             out += [f"CPU s: the mount's process (every thread, user + system) over the read, median, and in "
                     f"brackets the engine's (it shares this host's {r['cpus']} CPUs). Were the cold read's CPU "
                     f"seconds, the mount's and the engine's, spread over all {r['cpus']} CPUs for its whole "
@@ -147,3 +149,11 @@ def remote_md(r: dict) -> list[str]:
 
 def section(res: dict) -> list[str]:
     return remote_md(res["remote"]) if res.get("remote") else []
+
+
+def _local_seconds(run: dict) -> float:
+    """A run's local read: the mean of the one before the remote reads and the one after them
+    where both were made (one local read moved by up to 1.5x between runs on a shared host)."""
+    if "local_after" in run:
+        return (run["local"]["seconds"] + run["local_after"]["seconds"]) / 2
+    return run["local"]["seconds"]
