@@ -153,7 +153,7 @@ def section(res: dict) -> list[str]:
 
 def _local_seconds(run: dict) -> float:
     """A run's local read: the mean of the one before the remote reads and the one after them
-    where both were made (one local read moved by up to 1.5x between runs on a shared host)."""
+    where both were made (a single local read on a shared host moves the ratios by its own noise)."""
     if "local_after" in run:
         return (run["local"]["seconds"] + run["local_after"]["seconds"]) / 2
     return run["local"]["seconds"]

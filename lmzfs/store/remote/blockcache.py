@@ -90,7 +90,7 @@ class ObjectLayout:
 
 @dataclass(frozen=True)
 class CachedBlock:
-    """A block the cache holds, as its object file says (for doctor and for tests that damage one)."""
+    """A block the cache holds, as its object file says (where a test finds the bytes to damage)."""
     path: Path
     block: int
     offset: int             # where its bytes start in the file
