@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import threading

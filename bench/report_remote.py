@@ -21,7 +21,7 @@ def remote_md(r: dict) -> list[str]:
     if pushes:
         secs = [p["seconds"] for p in pushes]
         up = pushes[0]["bytes_uploaded"]
-        rows = [[f"`lmz push` of a store holding astra to an empty prefix", cell(summ(mbps(secs, n)), 0),
+        rows = [["`lmz push` of a store holding astra to an empty prefix", cell(summ(mbps(secs, n)), 0),
                  f"{up:,} ({pushes[0]['objects']} pack object)", cell(summ(secs))]]
         again = r.get("push_again")
         if again:
@@ -91,7 +91,7 @@ def remote_md(r: dict) -> list[str]:
                 "Issue 45's goals here: " + "; ".join(marks) + ".", ""]
     two = r.get("two_hosts")
     if two:
-        out += [f"Two \"hosts\": two `lmz mount --remote` processes, each with its own cache dir, on the prefix "
+        out += ["Two \"hosts\": two `lmz mount --remote` processes, each with its own cache dir, on the prefix "
                 f"holding astra and its fine-tune (after the incremental push): every file "
                 + ("byte-identical to the original on both (SHA-256)." if two["identical"] else
                    "**NOT** served identically: " + "; ".join(

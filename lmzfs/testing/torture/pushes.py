@@ -164,7 +164,7 @@ def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = Fa
     if not first:
         # the previous snapshot, pushed in a child: this process keeps off obstore until its forks are done
         base = fresh_copy(prep.store, scratch / "base")
-        rc, err = _forked_lmz(base, ["push", url], scratch / "base-push.err")
+        rc, err = forked_lmz(base, ["push", url], scratch / "base-push.err")
         if rc != 0:
             out.problems.append(f"the push of the previous snapshot failed (rc={rc}): {err.strip()[-300:]}")
             return out
@@ -202,11 +202,11 @@ def push_case(prep: Prepared, scratch: Path, kills: list[Kill], first: bool = Fa
         check_ran(out, lmz(store, "verify", "--remote", url, "--cache-dir", str(scratch / "verify-again")),
                   "verify --remote after the push again")
     finally:
-        _forget(url)
+        forget_remote(url)
     return out
 
 
-def _forked_lmz(store: Path, argv: list[str], stderr_path: Path, bound: float = 120.0) -> tuple[int, str]:
+def forked_lmz(store: Path, argv: list[str], stderr_path: Path, bound: float = 120.0) -> tuple[int, str]:
     """`lmz ARGV` run to its end in a forked child: (its status, its stderr)."""
     pid = os.fork()
     if pid == 0:
@@ -307,7 +307,7 @@ def _check_pruned(out: Outcome, url: str) -> None:
         out.problems.append(f"push --prune --grace 0 deleted what the snapshot names: {sorted(want - have)[:3]}")
 
 
-def _forget(url: str) -> None:
+def forget_remote(url: str) -> None:
     """Delete the case's remote (the engine's disk is not the point)."""
     from lmzfs.store.remote.objects import ObjectStore, RemoteError, RemoteURL
     with contextlib.suppress(RemoteError):

@@ -32,7 +32,7 @@ def remote_mount_case(prep: Prepared, scratch: Path, delay: float, flips: int, s
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     url = f"s3://{os.environ.get('S3_BUCKET', 'models')}/torture/{secrets.token_hex(6)}"
-    rc, err = pushes._forked_lmz(fresh_copy(prep.store, scratch / "store"), ["push", url], scratch / "push.err")
+    rc, err = pushes.forked_lmz(fresh_copy(prep.store, scratch / "store"), ["push", url], scratch / "push.err")
     if rc != 0:
         out.problems.append(f"the push of the prepared store failed (rc={rc}): {err.strip()[-300:]}")
         return out
@@ -62,7 +62,7 @@ def remote_mount_case(prep: Prepared, scratch: Path, delay: float, flips: int, s
         return mount_failed(out, exc)
     finally:
         unmount_quietly(mnt)
-        pushes._forget(url)
+        pushes.forget_remote(url)
     return out
 
 
