@@ -92,7 +92,7 @@ def remote_md(r: dict) -> list[str]:
     two = r.get("two_hosts")
     if two:
         out += ["Two \"hosts\": two `lmz mount --remote` processes, each with its own cache dir, on the prefix "
-                f"holding astra and its fine-tune (after the incremental push): every file "
+                "holding astra and its fine-tune (after the incremental push): every file "
                 + ("byte-identical to the original on both (SHA-256)." if two["identical"] else
                    "**NOT** served identically: " + "; ".join(
                        f"{rel}: host {h} {'error' if v.startswith('error') else 'differs'}"
