@@ -183,13 +183,12 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
 
 class _ObjectFile:
     """An open object file; closed once no thread uses it and it has left the open set."""
-    __slots__ = ("stem", "layout", "fd", "users", "retired", "present")
+    __slots__ = ("stem", "layout", "fd", "users", "retired")
 
     def __init__(self, stem: str, layout: ObjectLayout, fd: int):
         self.stem, self.layout, self.fd = stem, layout, fd
         self.users = 0
         self.retired = False
-        self.present = 0        # blocks of the object the index holds
 
 
 class BlockCache:
@@ -199,7 +198,6 @@ class BlockCache:
         self.stats = BlockCacheStats()
         self._lock = threading.Lock()
         self._index: OrderedDict[tuple[str, int], bytes] = OrderedDict()   # (stem, block) -> XXH3-128, LRU first
-        self._lengths: dict[tuple[str, int], int] = {}
         self._layouts: dict[str, ObjectLayout] = {}       # objects with a file on disk
         self._present: dict[str, int] = {}                # stem -> blocks in the index
         self._open: OrderedDict[str, _ObjectFile] = OrderedDict()
@@ -233,13 +231,12 @@ class BlockCache:
             self._layouts[stem] = layout
             self._bytes += layout.data_offset
             self._present[stem] = 0
-            found += [(s.order, stem, s.block, s.length, s.digest) for s in read.present
+            found += [(s.order, stem, s.block, s.digest) for s in read.present
                       if s.length == layout.block_len(s.block)]
-        for _, stem, block, length, digest in sorted(found):
+        for _, stem, block, digest in sorted(found):
             self._index[(stem, block)] = digest
-            self._lengths[(stem, block)] = length
             self._present[stem] += 1
-            self._bytes += length
+            self._bytes += self._layouts[stem].block_len(block)
         with self._lock:
             for stem in [s for s, n in self._present.items() if n == 0]:
                 self._remove_object_locked(stem)
@@ -309,9 +306,10 @@ class BlockCache:
     def _remove_object_locked(self, stem: str) -> int:
         """Forget the object and delete its file; how many of its blocks the index held."""
         dropped = 0
-        for block in range(self._layouts[stem].blocks):
+        layout = self._layouts[stem]
+        for block in range(layout.blocks):
             if self._index.pop((stem, block), None) is not None:
-                self._bytes -= self._lengths.pop((stem, block))
+                self._bytes -= layout.block_len(block)
                 dropped += 1
         self._retire_locked(stem)
         self._bytes -= self._layouts.pop(stem).data_offset
@@ -334,7 +332,7 @@ class BlockCache:
                 self.stats.misses += 1
                 return None
             self._index.move_to_end(k)
-            length = self._lengths[k]
+            length = self._layouts[stem].block_len(block)
             try:
                 f = self._acquire_locked(stem)
             except OSError:
@@ -394,7 +392,6 @@ class BlockCache:
             if k not in self._index:
                 self._present[stem] += 1
                 self._bytes += len(data)
-                self._lengths[k] = len(data)
             self._index[k] = digest
             self._index.move_to_end(k)
             self._evict_locked()
@@ -405,7 +402,7 @@ class BlockCache:
         stem, block = k
         if self._index.pop(k, None) is None:
             return 0
-        self._bytes -= self._lengths.pop(k)
+        self._bytes -= self._layouts[stem].block_len(block)
         self._present[stem] -= 1
         if self._present[stem] == 0:
             self._remove_object_locked(stem)
